@@ -1,1 +1,34 @@
-pub fn x(){}
+//! `woodpecker_idem._core`: the Rust core of woodpecker_idem — idempotency keys, the dedup window
+//! and the dedup snapshot codec. The pure-Rust modules (`keys`, `varint`, `window`, `snapshot`)
+//! have no Python dependency and are unit-tested with `cargo test`; `py`, `args` and `errors` are
+//! the PyO3 layer. The contract is `docs/core-api.md`.
+
+#![forbid(unsafe_code)]
+
+pub mod args;
+pub mod errors;
+pub mod keys;
+pub mod py;
+pub mod snapshot;
+pub mod varint;
+pub mod window;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<py::PyDedupWindow>()?;
+    m.add_class::<py::PyWindowEntry>()?;
+    m.add_class::<py::PySnapshot>()?;
+    m.add_function(wrap_pyfunction!(py::content_key, m)?)?;
+    m.add_function(wrap_pyfunction!(py::explicit_key, m)?)?;
+    m.add_function(wrap_pyfunction!(py::content_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(py::content_keys_arrow, m)?)?;
+    m.add_function(wrap_pyfunction!(py::explicit_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(py::py_crc32c, m)?)?;
+    m.add_function(wrap_pyfunction!(py::encode_snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(py::decode_snapshot, m)?)?;
+    m.add("KEY_SIZE", keys::KEY_LEN)?;
+    m.add("SNAPSHOT_FORMAT_VERSION", snapshot::FORMAT_VERSION)?;
+    Ok(())
+}

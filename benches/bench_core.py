@@ -1,0 +1,428 @@
+"""Benchmarks of the Rust core (`woodpecker_idem._core`) with their targets asserted.
+
+Run (see benches/README.md):
+
+    mkdir -p bench-results
+    .venv/bin/python -m pytest benches/bench_core.py --benchmark-json=bench-results/core.json \
+        -p no:cacheprovider
+
+The machine is shared and noisy, so every comparison runs the two sides interleaved (A, B, A, B,
+...) for several rounds and compares the medians as a ratio. Every figure is recorded in
+``benchmark.extra_info`` (in the JSON) and printed (``-s`` shows it).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+import random
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from woodpecker_idem import _core
+
+HERE = Path(__file__).resolve().parent
+
+# targets (docs/core-api.md, DESIGN.md §6-7)
+BATCH_LOOKUPS_PER_S = 10_000_000
+BYTES_PER_KEY = 44.0
+HASH_SPEEDUP_100B = 2.0
+HASH_RATIO_8K = 0.9
+SNAPSHOT_BYTES_PER_ENTRY = 19.0
+SNAPSHOT_SPEEDUP = 20.0
+# loose limits for the single-call paths (no target; they catch an order-of-magnitude regression)
+SINGLE_GET_NS = 2_000
+SINGLE_ADD_NS = 3_000
+BATCH_INSERTS_PER_S = 2_000_000
+
+
+def int64s(values: list[int]) -> bytes:
+    return struct.pack(f"<{len(values)}q", *values)
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
+    """Median seconds per call of each function, run alternately for `rounds` rounds."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            gc.collect()
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def record(benchmark: Any, **figures: Any) -> None:
+    benchmark.extra_info.update(figures)
+    print(f"\n[{benchmark.name}] " + ", ".join(f"{k}={v}" for k, v in figures.items()))
+
+
+def random_keys(n: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(16 * n)
+
+
+def loaded_window(keys: bytes, max_keys: int | None = None) -> Any:
+    n = len(keys) // 16
+    w = _core.DedupWindow(max_keys or n, 3_600_000)
+    ids = int64s(list(range(n)))
+    assert w.add_committed_many(keys, int64s([1] * n), ids, int64s([1_000] * n)) == n
+    return w
+
+
+class NaiveWindow:
+    """What a plain-Python window costs: a dict plus a deque in commit order."""
+
+    def __init__(self, max_keys: int, window_ms: int) -> None:
+        self.max_keys = max_keys
+        self.window_ms = window_ms
+        self.index: dict[bytes, tuple[int, int, int]] = {}
+        self.order: deque[bytes] = deque()
+        self.hits = self.misses = 0
+
+    def get(self, key: bytes, now_ms: int | None = None) -> tuple[int, int, int] | None:
+        value = self.index.get(key)
+        if value is None or (now_ms is not None and now_ms - value[2] >= self.window_ms):
+            self.misses += 1
+            return None
+        self.hits += 1
+        return value
+
+    def add_committed(self, key: bytes, segment_id: int, entry_id: int, ts: int) -> bool:
+        if key in self.index:
+            return False
+        if len(self.order) >= self.max_keys:
+            del self.index[self.order.popleft()]
+        self.index[key] = (segment_id, entry_id, ts)
+        self.order.append(key)
+        return True
+
+
+# --- window: single calls and batches ---------------------------------------------------------
+
+N_SINGLE = 20_000
+
+
+def test_window_get_single(benchmark: Any) -> None:
+    keys = random_keys(100_000, 1)
+    w = loaded_window(keys)
+    naive = NaiveWindow(100_000, 3_600_000)
+    for i, key in enumerate(w.committed_entries()):
+        naive.add_committed(key[0], 1, i, 1_000)
+    probe = [keys[16 * i : 16 * i + 16] for i in range(0, 100_000, 5)]  # N_SINGLE present keys
+
+    def core_gets() -> None:
+        get = w.get
+        for key in probe:
+            get(key, 2_000)
+
+    def naive_gets() -> None:
+        get = naive.get
+        for key in probe:
+            get(key, 2_000)
+
+    med = interleaved({"core": core_gets, "naive": naive_gets}, rounds=7)
+    benchmark.pedantic(core_gets, rounds=5, iterations=1, warmup_rounds=1)
+    core_ns = med["core"] / N_SINGLE * 1e9
+    record(
+        benchmark,
+        get_ns_per_op=round(core_ns, 1),
+        naive_python_get_ns_per_op=round(med["naive"] / N_SINGLE * 1e9, 1),
+        ratio_naive_over_core=round(med["naive"] / med["core"], 2),
+    )
+    assert core_ns <= SINGLE_GET_NS
+
+
+def test_window_add_committed_single(benchmark: Any) -> None:
+    keys = random_keys(N_SINGLE, 2)
+    probe = [keys[16 * i : 16 * i + 16] for i in range(N_SINGLE)]
+
+    def core_adds() -> None:
+        w = _core.DedupWindow(N_SINGLE, 3_600_000)
+        add = w.add_committed
+        for i, key in enumerate(probe):
+            add(key, 1, i, 1_000 + i)
+
+    def naive_adds() -> None:
+        w = NaiveWindow(N_SINGLE, 3_600_000)
+        add = w.add_committed
+        for i, key in enumerate(probe):
+            add(key, 1, i, 1_000 + i)
+
+    med = interleaved({"core": core_adds, "naive": naive_adds}, rounds=7)
+    benchmark.pedantic(core_adds, rounds=5, iterations=1, warmup_rounds=1)
+    core_ns = med["core"] / N_SINGLE * 1e9
+    record(
+        benchmark,
+        add_committed_ns_per_op=round(core_ns, 1),
+        naive_python_add_ns_per_op=round(med["naive"] / N_SINGLE * 1e9, 1),
+        ratio_naive_over_core=round(med["naive"] / med["core"], 2),
+    )
+    assert core_ns <= SINGLE_ADD_NS
+
+
+@pytest.mark.parametrize("window_keys", [100_000, 1_000_000])
+def test_window_get_many(benchmark: Any, window_keys: int) -> None:
+    n_lookups = 1_000_000
+    keys = random_keys(window_keys, 3)
+    w = loaded_window(keys)
+    rng = random.Random(4)
+    # half present (random order), half absent
+    present = [rng.randrange(window_keys) for _ in range(n_lookups // 2)]
+    absent = rng.randbytes(16 * (n_lookups // 2))
+    parts = [keys[16 * i : 16 * i + 16] for i in present]
+    parts += [absent[16 * i : 16 * i + 16] for i in range(n_lookups // 2)]
+    rng.shuffle(parts)
+    batch = b"".join(parts)
+    del parts
+    status = w.get_many(batch, 2_000)[0]
+    assert status.count(2) == n_lookups // 2 and status.count(0) == n_lookups // 2
+
+    med = interleaved({"core": lambda: w.get_many(batch, 2_000)}, rounds=7)["core"]
+    benchmark.pedantic(w.get_many, args=(batch, 2_000), rounds=5, iterations=1)
+    per_s = n_lookups / med
+    record(
+        benchmark,
+        window_keys=window_keys,
+        lookups=n_lookups,
+        get_many_keys_per_s=round(per_s),
+        get_many_ns_per_key=round(med / n_lookups * 1e9, 2),
+    )
+    assert per_s >= BATCH_LOOKUPS_PER_S
+
+
+def test_window_add_committed_many(benchmark: Any) -> None:
+    n = 1_000_000
+    keys = random_keys(n, 5)
+    segs, ents, tss = int64s([1] * n), int64s(list(range(n))), int64s(list(range(n)))
+
+    def load() -> None:
+        w = _core.DedupWindow(n, 3_600_000)
+        assert w.add_committed_many(keys, segs, ents, tss) == n
+
+    med = interleaved({"core": load}, rounds=5)["core"]
+    benchmark.pedantic(load, rounds=3, iterations=1)
+    per_s = n / med
+    record(
+        benchmark,
+        keys=n,
+        add_committed_many_keys_per_s=round(per_s),
+        add_committed_many_ns_per_key=round(med / n * 1e9, 2),
+    )
+    assert per_s >= BATCH_INSERTS_PER_S
+
+
+# --- memory per committed key -----------------------------------------------------------------
+
+
+def probe_memory(impl: str, n: int) -> dict[str, Any]:
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
+    out = subprocess.run(
+        [sys.executable, str(HERE / "mem_probe.py"), impl, str(n)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("n", [100_000, 1_000_000])
+def test_memory_per_key(benchmark: Any, n: int) -> None:
+    results: dict[str, dict[str, Any]] = {}
+
+    def run() -> None:
+        results["core"] = probe_memory("core", n)
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    core = results["core"]
+    naive = probe_memory("python", n)
+    record(
+        benchmark,
+        keys=n,
+        core_rss_bytes_per_key=round(core["rss_per_key"], 2),
+        core_memory_bytes_per_key=round(core["memory_bytes_per_key"], 2),
+        naive_python_rss_bytes_per_key=round(naive["rss_per_key"], 2),
+        naive_over_core=round(naive["rss_per_key"] / max(core["rss_per_key"], 1e-9), 1),
+    )
+    assert core["memory_bytes_per_key"] <= BYTES_PER_KEY
+    assert core["rss_per_key"] <= BYTES_PER_KEY
+
+
+# --- key hashing ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("size", "count", "target"),
+    [(100, 100_000, HASH_SPEEDUP_100B), (8192, 4_000, HASH_RATIO_8K)],
+    ids=["100B", "8KiB"],
+)
+def test_content_keys_vs_hashlib(benchmark: Any, size: int, count: int, target: float) -> None:
+    rng = random.Random(size)
+    payloads = [rng.randbytes(size) for _ in range(count)]
+    md5 = hashlib.md5
+
+    def ours() -> bytes:
+        return _core.content_keys(payloads)
+
+    def theirs() -> bytes:
+        return b"".join([md5(p).digest() for p in payloads])
+
+    assert ours() == theirs()
+    med = interleaved({"content_keys": ours, "hashlib": theirs}, rounds=9)
+    benchmark.pedantic(ours, rounds=5, iterations=1)
+    ratio = med["hashlib"] / med["content_keys"]
+    mb = size * count / 1e6
+    record(
+        benchmark,
+        payload_bytes=size,
+        payloads=count,
+        content_keys_ms=round(med["content_keys"] * 1e3, 2),
+        hashlib_loop_ms=round(med["hashlib"] * 1e3, 2),
+        content_keys_mb_per_s=round(mb / med["content_keys"], 1),
+        hashlib_mb_per_s=round(mb / med["hashlib"], 1),
+        speedup=round(ratio, 2),
+        target=target,
+    )
+    assert ratio >= target
+
+
+# --- snapshot codec vs a naive protobuf-Python format -----------------------------------------
+
+
+def naive_snapshot_class() -> Any:
+    """NaiveSnapshot built with the protobuf dynamic API (no protoc step)."""
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name="wp_bench_naive_snapshot.proto", package="wp_bench", syntax="proto3"
+    )
+    f = descriptor_pb2.FieldDescriptorProto
+    entry = fdp.message_type.add(name="NaiveEntry")
+    for name, num, typ in [
+        ("key_hex", 1, f.TYPE_STRING),
+        ("segment_id", 2, f.TYPE_UINT64),
+        ("entry_id", 3, f.TYPE_UINT64),
+        ("timestamp_ms", 4, f.TYPE_INT64),
+    ]:
+        entry.field.add(name=name, number=num, type=typ, label=f.LABEL_OPTIONAL)
+    mark = fdp.message_type.add(name="NaiveWatermark")
+    mark.field.add(name="segment_id", number=1, type=f.TYPE_UINT64, label=f.LABEL_OPTIONAL)
+    mark.field.add(name="last_entry_id", number=2, type=f.TYPE_UINT64, label=f.LABEL_OPTIONAL)
+    snap = fdp.message_type.add(name="NaiveSnapshot")
+    snap.field.add(
+        name="entries",
+        number=1,
+        type=f.TYPE_MESSAGE,
+        type_name=".wp_bench.NaiveEntry",
+        label=f.LABEL_REPEATED,
+    )
+    for name, num, typ in [
+        ("log_id", 2, f.TYPE_UINT64),
+        ("epoch", 3, f.TYPE_UINT64),
+        ("timestamp_ms", 4, f.TYPE_INT64),
+        ("window_max_keys", 5, f.TYPE_UINT64),
+        ("window_ms", 6, f.TYPE_UINT64),
+    ]:
+        snap.field.add(name=name, number=num, type=typ, label=f.LABEL_OPTIONAL)
+    snap.field.add(
+        name="watermarks",
+        number=7,
+        type=f.TYPE_MESSAGE,
+        type_name=".wp_bench.NaiveWatermark",
+        label=f.LABEL_REPEATED,
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("wp_bench.NaiveSnapshot"))
+
+
+def naive_encode(cls: Any, d: Any) -> bytes:
+    w = d.window
+    msg = cls(
+        log_id=d.log_id,
+        epoch=d.epoch,
+        timestamp_ms=d.timestamp_ms,
+        window_max_keys=w.max_keys,
+        window_ms=w.window_ms,
+    )
+    for seg, last in d.watermarks.items():
+        msg.watermarks.add(segment_id=seg, last_entry_id=last)
+    add = msg.entries.add
+    for key, seg, ent, ts in w.committed_entries():
+        add(key_hex=key.hex(), segment_id=seg, entry_id=ent, timestamp_ms=ts)
+    return msg.SerializeToString()
+
+
+def naive_decode(cls: Any, data: bytes) -> dict[bytes, tuple[int, int, int]]:
+    msg = cls.FromString(data)
+    fromhex = bytes.fromhex
+    return {fromhex(e.key_hex): (e.segment_id, e.entry_id, e.timestamp_ms) for e in msg.entries}
+
+
+def our_encode(d: Any) -> bytes:
+    return _core.encode_snapshot(d.window, d.log_id, d.epoch, d.timestamp_ms, d.watermarks)
+
+
+def test_snapshot_encode(benchmark: Any, snapshot_data: Any) -> None:
+    cls = naive_snapshot_class()
+    d = snapshot_data
+    data = our_encode(d)
+    naive = naive_encode(cls, d)
+    assert _core.decode_snapshot(data).entries() == d.window.committed_entries()
+    med = interleaved({"ours": lambda: our_encode(d), "naive": lambda: naive_encode(cls, d)}, 7)
+    benchmark.pedantic(our_encode, args=(d,), rounds=10, iterations=1)
+    speedup = med["naive"] / med["ours"]
+    record(
+        benchmark,
+        entries=d.n,
+        snapshot_bytes=len(data),
+        snapshot_bytes_per_entry=round(len(data) / d.n, 3),
+        naive_bytes_per_entry=round(len(naive) / d.n, 3),
+        encode_ms=round(med["ours"] * 1e3, 3),
+        naive_encode_ms=round(med["naive"] * 1e3, 3),
+        encode_speedup=round(speedup, 1),
+    )
+    assert len(data) / d.n <= SNAPSHOT_BYTES_PER_ENTRY
+    assert speedup >= SNAPSHOT_SPEEDUP
+
+
+def test_snapshot_decode(benchmark: Any, snapshot_data: Any) -> None:
+    cls = naive_snapshot_class()
+    d = snapshot_data
+    data = our_encode(d)
+    naive = naive_encode(cls, d)
+    assert len(naive_decode(cls, naive)) == d.n
+
+    def ours() -> Any:  # parse and rebuild the index: the window itself
+        return _core.decode_snapshot(data).to_window()
+
+    assert ours().committed_entries() == d.window.committed_entries()
+    med = interleaved(
+        {
+            "ours": ours,
+            "ours_parse_only": lambda: _core.decode_snapshot(data),
+            "naive": lambda: naive_decode(cls, naive),
+        },
+        rounds=7,
+    )
+    benchmark.pedantic(ours, rounds=10, iterations=1)
+    speedup = med["naive"] / med["ours"]
+    record(
+        benchmark,
+        entries=d.n,
+        decode_to_window_ms=round(med["ours"] * 1e3, 3),
+        decode_parse_only_ms=round(med["ours_parse_only"] * 1e3, 3),
+        naive_decode_to_dict_ms=round(med["naive"] * 1e3, 3),
+        decode_speedup=round(speedup, 1),
+    )
+    assert speedup >= SNAPSHOT_SPEEDUP

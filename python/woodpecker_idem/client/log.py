@@ -1,0 +1,64 @@
+"""LogHandle: one log's name, id and the doors to its writer, readers and truncation."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..errors import NodeUnavailableError
+from ..types import LogMessageId, SegmentState
+from .reader import LogReader
+from .writer import LogWriter
+
+if TYPE_CHECKING:
+    from .client import WoodpeckerClient
+
+log = logging.getLogger(__name__)
+
+
+class LogHandle:
+    def __init__(self, client: WoodpeckerClient, log_id: int, name: str):
+        self.client = client
+        self.log_id = log_id
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"LogHandle(name={self.name!r}, log_id={self.log_id})"
+
+    def open_writer(self, idempotent: bool = False, **options: Any) -> LogWriter:
+        """Take the log over (epoch bump), complete what earlier writers left, open a segment.
+
+        With `idempotent=True` the writer also rebuilds its dedup window before it accepts writes;
+        options: `window_duration_s`, `window_max_keys` (defaults from config).
+        """
+        if idempotent:
+            from ..idempotency.writer import IdempotentLogWriter
+
+            return IdempotentLogWriter(self, **options)
+        if options:
+            raise TypeError(f"unexpected options for a plain writer: {sorted(options)}")
+        return LogWriter(self)
+
+    def open_reader(self, start: str | LogMessageId = "earliest") -> LogReader:
+        return LogReader(self, start)
+
+    def segments(self):
+        return self.client.meta.list_segments(self.log_id)
+
+    def truncate(self, message_id: LogMessageId) -> None:
+        """Drop every entry before `message_id`; whole segments before it are deleted."""
+        meta = self.client.meta
+        meta.set_truncation(self.log_id, LogMessageId(*message_id))
+        for seg in meta.list_segments(self.log_id):
+            if seg.segment_id >= message_id[0]:
+                break
+            if seg.state not in (SegmentState.COMPLETED, SegmentState.SEALED):
+                continue
+            meta.update_segment(None, dataclasses.replace(seg, state=SegmentState.TRUNCATED))
+            for node in seg.nodes:
+                try:
+                    self.client.transport.delete_segment(node, self.log_id, seg.segment_id)
+                except NodeUnavailableError as exc:
+                    log.warning("truncate: could not delete %s/%s on %s: %s", self.log_id,
+                                seg.segment_id, node, exc)

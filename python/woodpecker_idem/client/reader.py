@@ -1,0 +1,158 @@
+"""LogReader: reads committed entries in order, from completed segments and the open one's tail."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from ..errors import CorruptEntryError, EntryTruncatedError, NodeUnavailableError
+from ..logstore.blocks import decode_entry
+from ..meta.base import SegmentMeta
+from ..types import LogMessage, LogMessageId, SegmentState
+
+if TYPE_CHECKING:
+    from .log import LogHandle
+
+READ_BATCH = 500
+POLL_MIN_S = 0.005
+POLL_MAX_S = 0.2
+
+
+class LogReader:
+    """Iterate a log from a position; `read_next(timeout)` blocks for new entries (tail mode)."""
+
+    def __init__(self, handle: LogHandle, start: str | LogMessageId = "earliest"):
+        self._handle = handle
+        self._meta = handle.client.meta
+        self._transport = handle.client.transport
+        self.log_id = handle.log_id
+        self._buffer: deque[LogMessage] = deque()
+        self._segments: list[SegmentMeta] = []
+        self._pos = self._start_position(start)
+
+    def _start_position(self, start: str | LogMessageId) -> LogMessageId:
+        log_meta = self._meta.get_log_by_id(self.log_id)
+        floor = log_meta.truncated_to or LogMessageId(0, 0)
+        if start == "earliest":
+            return floor
+        if start == "latest":
+            segments = self._meta.list_segments(self.log_id)
+            if not segments:
+                return floor
+            last = segments[-1]
+            return LogMessageId(last.segment_id, self._visible_last(last) + 1)
+        if isinstance(start, tuple) and len(start) == 2:
+            start = LogMessageId(int(start[0]), int(start[1]))
+            if start < floor:
+                raise EntryTruncatedError(
+                    f"log {self.log_id} is truncated to {floor}; position {start} is gone"
+                )
+            return start
+        raise ValueError(f"start must be 'earliest', 'latest' or a LogMessageId, not {start!r}")
+
+    @property
+    def position(self) -> LogMessageId:
+        """The id of the next entry this reader returns."""
+        return self._buffer[0].message_id if self._buffer else self._pos
+
+    def read_next(self, timeout: float | None = 0.0) -> LogMessage | None:
+        """The next entry; waits up to `timeout` seconds (None: forever) for one to be written."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = POLL_MIN_S
+        while not self._buffer:
+            if self._fill():
+                continue
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            time.sleep(delay if left is None else min(delay, left))
+            delay = min(delay * 2, POLL_MAX_S)
+        return self._buffer.popleft()
+
+    def __iter__(self) -> Iterator[LogMessage]:
+        """Every entry currently in the log from the position on (does not wait for more)."""
+        while True:
+            msg = self.read_next(0)
+            if msg is None:
+                return
+            yield msg
+
+    def close(self) -> None:
+        self._buffer.clear()
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _segment(self, segment_id: int, refresh: bool) -> SegmentMeta | None:
+        """The first segment with id >= segment_id."""
+        if refresh or not self._segments or self._segments[-1].segment_id < segment_id:
+            self._segments = self._meta.list_segments(self.log_id)
+        for seg in self._segments:
+            if seg.segment_id >= segment_id:
+                return seg
+        return None
+
+    def _visible_last(self, seg: SegmentMeta) -> int:
+        """The last entry a reader may see: lastEntryId if completed, else the confirmed tail."""
+        if seg.state in (SegmentState.COMPLETED, SegmentState.SEALED):
+            return seg.last_entry_id
+        best = -1
+        for node in seg.nodes:
+            try:
+                held, lac = self._transport.last_add_confirmed(node, seg.log_id, seg.segment_id)
+            except NodeUnavailableError:
+                continue
+            # With aq == 1 every stored entry is committed; otherwise trust the piggybacked LAC.
+            best = max(best, held if seg.aq == 1 else lac)
+        return best
+
+    def _fill(self) -> bool:
+        """Buffer the next entries; False when nothing new is readable now."""
+        for refresh in (False, True):
+            seg = self._segment(self._pos.segment_id, refresh)
+            if seg is None:
+                continue
+            if seg.segment_id != self._pos.segment_id:
+                self._pos = LogMessageId(seg.segment_id, 0)
+            if seg.state is SegmentState.TRUNCATED:
+                self._pos = LogMessageId(seg.segment_id + 1, 0)
+                return True
+            last = self._visible_last(seg)
+            if self._pos.entry_id <= last:
+                self._read(seg, last)
+                return True
+            if seg.state is not SegmentState.ACTIVE:
+                self._pos = LogMessageId(seg.segment_id + 1, 0)
+                return True
+        return False
+
+    def _read(self, seg: SegmentMeta, last: int) -> None:
+        want = min(READ_BATCH, last - self._pos.entry_id + 1)
+        errors = []
+        for node in seg.nodes:
+            try:
+                raw = self._transport.read(node, seg.log_id, seg.segment_id, self._pos.entry_id,
+                                           want)
+            except NodeUnavailableError as exc:
+                errors.append(str(exc))
+                continue
+            if not raw:
+                continue
+            for i, data in enumerate(raw):
+                mid = LogMessageId(seg.segment_id, self._pos.entry_id + i)
+                entry = decode_entry(data, f"log {self.log_id} entry {mid}")
+                if (entry.segment_id, entry.entry_id) != mid:
+                    raise CorruptEntryError(
+                        f"log {self.log_id} entry {mid}: stored entry says "
+                        f"{entry.segment_id}:{entry.entry_id}"
+                    )
+                self._buffer.append(LogMessage(
+                    mid, entry.payload, dict(entry.properties), entry.timestamp_ms,
+                    entry.idempotency_key or None,
+                ))
+            self._pos = LogMessageId(seg.segment_id, self._pos.entry_id + len(raw))
+            return
+        raise NodeUnavailableError(
+            f"log {self.log_id}: no node could serve {self._pos} ({errors or 'entries missing'})"
+        )

@@ -1,0 +1,130 @@
+"""Completing a segment: fence it, find its last entry with BookKeeper's recovery rule, seal it.
+
+Used by a writer taking over (every ACTIVE segment of the log) and by a writer whose own segment lost
+its quorum. Nothing past the last entry found is ever read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from ..errors import NodeUnavailableError, QuorumUnavailableError, SegmentFencedError
+from ..logstore.transport import LogStoreTransport
+from ..meta.base import MetadataStore, SegmentMeta
+from ..types import SegmentState
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK = 1000
+
+
+def recover_segment(
+    transport: LogStoreTransport,
+    meta: MetadataStore,
+    epoch: int,
+    seg: SegmentMeta,
+    now_ms: int,
+) -> SegmentMeta:
+    """Fence `seg`, copy every entry some responding node holds up to aq copies, and complete it.
+
+    Returns the segment's record, SEALED with its lastEntryId. Raises `QuorumUnavailableError`
+    when fewer than es - aq + 1 nodes answer the fence (try again later), `WriterFencedError` when
+    another writer has taken the log over meanwhile.
+    """
+    if seg.state is not SegmentState.ACTIVE:
+        return seal(meta, epoch, seg, seg.last_entry_id, now_ms)
+    needed = seg.es - seg.aq + 1
+    replies: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    for node in seg.nodes:
+        try:
+            replies[node] = transport.fence(node, seg.log_id, seg.segment_id)[0]
+        except (NodeUnavailableError, SegmentFencedError) as exc:
+            errors[node] = str(exc)
+    if len(replies) < needed:
+        raise QuorumUnavailableError(
+            f"segment {seg.log_id}/{seg.segment_id}: {len(replies)} of {seg.es} nodes answered the "
+            f"fence, {needed} needed ({errors})"
+        )
+    entry = min(replies.values()) + 1  # every responder holds everything up to its minimum
+    copied = 0
+    while True:
+        chunks: dict[str, list[bytes]] = {}
+        for node in list(replies):
+            try:
+                chunks[node] = transport.read(node, seg.log_id, seg.segment_id, entry, READ_CHUNK)
+            except NodeUnavailableError as exc:
+                errors[node] = str(exc)
+                del replies[node]
+        if len(replies) < needed:
+            raise QuorumUnavailableError(
+                f"segment {seg.log_id}/{seg.segment_id}: nodes dropped out during recovery ({errors})"
+            )
+        n = max(len(c) for c in chunks.values())
+        if n == 0:
+            break
+        copies: dict[str, list[tuple[int, bytes]]] = {}
+        for i in range(n):
+            holders = [node for node, c in chunks.items() if len(c) > i]
+            lacking = [node for node, c in chunks.items() if len(c) <= i]
+            data = chunks[holders[0]][i]
+            for node in lacking[: max(0, seg.aq - len(holders))]:
+                copies.setdefault(node, []).append((entry + i, data))
+        for node, items in copies.items():
+            _copy(transport, node, seg, items)
+            copied += len(items)
+        entry += n
+    last = entry - 1
+    for node in replies:
+        try:
+            transport.complete(node, seg.log_id, seg.segment_id, last)
+        except NodeUnavailableError as exc:
+            log.warning("segment %s/%s: complete on %s failed: %s", seg.log_id, seg.segment_id,
+                        node, exc)
+    if copied:
+        log.info("segment %s/%s: recovery copied %d entries", seg.log_id, seg.segment_id, copied)
+    return seal(meta, epoch, seg, last, now_ms)
+
+
+def _copy(transport: LogStoreTransport, node: str, seg: SegmentMeta,
+          items: list[tuple[int, bytes]]) -> None:
+    """Write recovery copies to `node`, one frame per run of consecutive entries."""
+    from ..logstore.blocks import encode_record
+
+    run: list[bytes] = []
+    first = items[0][0]
+    prev = first - 1
+    for entry_id, data in items + [(-1, b"")]:
+        if entry_id != prev + 1 and run:
+            transport.add_entries(node, seg.log_id, seg.segment_id, first, b"".join(run),
+                                  recovery=True)
+            run = []
+            first = entry_id
+        if entry_id >= 0:
+            run.append(encode_record(data))
+            prev = entry_id
+
+
+def seal(meta: MetadataStore, epoch: int | None, seg: SegmentMeta, last_entry_id: int,
+         now_ms: int) -> SegmentMeta:
+    """ACTIVE -> COMPLETED (with lastEntryId) -> SEALED (object mode: footers are written)."""
+    current = meta.get_segment(seg.log_id, seg.segment_id) or seg
+    if current.state is SegmentState.ACTIVE:
+        current = meta.update_segment(
+            epoch,
+            dataclasses.replace(current, state=SegmentState.COMPLETED,
+                                last_entry_id=last_entry_id, completed_ms=now_ms),
+        )
+    if current.state is SegmentState.COMPLETED:
+        current = meta.update_segment(epoch, dataclasses.replace(current, state=SegmentState.SEALED))
+    return current
+
+
+def choose_nodes(node_ids: list[str], es: int, segment_id: int) -> tuple[str, ...]:
+    """The ensemble for a new segment: es nodes, rotated by segment id to spread load."""
+    if len(node_ids) < es:
+        raise QuorumUnavailableError(f"{len(node_ids)} LogStore nodes known, es={es} needed")
+    start = segment_id % len(node_ids)
+    ring = node_ids[start:] + node_ids[:start]
+    return tuple(ring[:es])

@@ -1,0 +1,621 @@
+"""LogWriter: the single writer of a log (Woodpecker's LogWriter).
+
+`write_async` assigns (segment, entry), encodes the entry once and queues it; a flusher thread cuts
+batches (size or linger) and hands each to one worker thread per node, which retries it up to
+`append.max_retries` times. A batch commits at aq acks, in entry order. A node that keeps failing is
+dropped from the segment; when fewer than aq nodes remain, the segment is completed by the recovery
+rule and its pending entries are resolved against it (present -> committed, absent -> dropped with
+`SegmentClosedError`), then writing goes on in a new segment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+from ..errors import (
+    EntryConflictError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    NodeUnavailableError,
+    PayloadTooLargeError,
+    QuorumUnavailableError,
+    SegmentClosedError,
+    SegmentFencedError,
+    WoodpeckerError,
+    WriterClosedError,
+    WriterFencedError,
+    WriteTimeoutError,
+)
+from ..logstore.blocks import encode_entry
+from ..meta.base import SegmentMeta
+from ..types import LogMessageId, SegmentState, WriteMessage, WriteResult
+from .recovery import choose_nodes, recover_segment, seal
+from .segment import Batch, PendingEntry, SegmentHandle, SegmentStatus
+
+if TYPE_CHECKING:
+    from .log import LogHandle
+
+log = logging.getLogger(__name__)
+
+LEASE_MS = 30_000
+REPAIR_RETRY_S = 0.2
+
+
+def coerce_message(message: WriteMessage | bytes | bytearray | memoryview,
+                   properties: dict[str, str] | None, max_bytes: int) -> tuple[bytes, dict | None]:
+    """Validate a payload and its properties; bad input fails here, before anything is queued."""
+    if isinstance(message, WriteMessage):
+        payload, props = message.payload, message.properties or None
+    else:
+        payload, props = message, None
+    if properties:
+        props = {**(props or {}), **properties}
+    if isinstance(payload, (bytearray, memoryview)):
+        payload = bytes(payload)
+    elif not isinstance(payload, bytes):
+        raise InvalidTypeError(
+            f"payload must be bytes, bytearray or memoryview, not {type(payload).__name__}"
+            + (" (encode str first)" if isinstance(payload, str) else "")
+        )
+    if len(payload) > max_bytes:
+        raise PayloadTooLargeError(
+            f"payload is {len(payload)} bytes; append.max_entry_bytes allows {max_bytes}"
+        )
+    if props is not None:
+        if not isinstance(props, dict):
+            raise InvalidTypeError(f"properties must be a dict[str, str], not {type(props).__name__}")
+        for k, v in props.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise InvalidTypeError(f"properties must map str to str; got {k!r}: {v!r}")
+    return payload, props
+
+
+class LogWriter:
+    """Appends to one log; thread-safe. Open it with `LogHandle.open_writer()`."""
+
+    def __init__(self, handle: LogHandle):
+        self._handle = handle
+        client = handle.client
+        self._cfg = client.config
+        self._clock = client.clock
+        self._meta = client.meta
+        self._transport = client.transport
+        self.log_id = handle.log_id
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        ap = self._cfg.append
+        self._max_batch_entries = ap.max_batch_entries
+        self._max_batch_bytes = ap.max_batch_bytes
+        self._linger_s = ap.linger_ms / 1000
+        self._timeout_s = ap.timeout_ms / 1000
+        self._max_retries = ap.max_retries
+        self._max_entry_bytes = ap.max_entry_bytes
+        self._max_inflight_entries = ap.max_inflight_entries
+        self._max_inflight_bytes = ap.max_inflight_bytes
+        sg = self._cfg.segment
+        self._roll_entries = sg.max_entries
+        self._roll_bytes = sg.max_size_bytes
+        self._roll_s = sg.max_interval_s
+
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)  # backpressure, flush, drain
+        self._wake = threading.Condition(self._lock)  # the flusher
+        self._closed = False
+        self._fenced: WriterFencedError | None = None
+        self._seq = 0
+        self._inflight_entries = 0
+        self._inflight_bytes = 0
+        self._segments: dict[int, SegmentHandle] = {}
+        self._current: SegmentHandle | None = None
+        self._repairing: SegmentHandle | None = None
+        self._workers: dict[str, _NodeWorker] = {}
+        self._maint = _Maintenance(self)
+        self.metrics: dict[str, float] = {"segments_rolled": 0, "segments_repaired": 0}
+
+        self.epoch = self._meta.take_over(self.log_id, self.owner, self._clock.now_ms(), LEASE_MS)
+        self._lease_renewed = time.monotonic()
+        self._take_over_segments()
+        with self._lock:
+            self._open_segment_locked()
+        self._flusher = threading.Thread(target=self._flush_loop, name=f"wp-flush-{self.log_id}",
+                                         daemon=True)
+        self._flusher.start()
+
+    # --- opening ---------------------------------------------------------------------------
+
+    def _take_over_segments(self) -> None:
+        """Complete every ACTIVE segment a previous writer left (DESIGN.md sections 3 and 4)."""
+        for seg in self._meta.list_segments(self.log_id):
+            if seg.state in (SegmentState.ACTIVE, SegmentState.COMPLETED):
+                done = recover_segment(self._transport, self._meta, self.epoch, seg,
+                                       self._clock.now_ms())
+                self._on_segment_completed(done.segment_id, done.last_entry_id)
+
+    def _open_segment_locked(self) -> SegmentHandle:
+        existing = self._meta.list_segments(self.log_id)
+        segment_id = (existing[-1].segment_id + 1) if existing else 0
+        es = self._cfg.quorum.es
+        aq = es // 2 + 1
+        meta = SegmentMeta(
+            log_id=self.log_id,
+            segment_id=segment_id,
+            state=SegmentState.ACTIVE,
+            nodes=choose_nodes(self._transport.node_ids, es, segment_id),
+            es=es,
+            wq=es,
+            aq=aq,
+            created_ms=self._clock.now_ms(),
+        )
+        try:
+            meta = self._meta.create_segment(self.epoch, meta)
+        except WriterFencedError as exc:
+            self._fence_locked(exc)
+            raise
+        handle = SegmentHandle(meta, time.monotonic())
+        self._segments[segment_id] = handle
+        self._current = handle
+        for node in meta.nodes:
+            if node not in self._workers:
+                self._workers[node] = _NodeWorker(self, node)
+        return handle
+
+    # --- writing -----------------------------------------------------------------------------
+
+    def write(self, message: WriteMessage | bytes, *, properties: dict[str, str] | None = None,
+              idempotency_id: str | bytes | None = None, timeout: float | None = None) -> WriteResult:
+        """Append and wait for the quorum ack."""
+        return self.write_async(message, properties=properties,
+                                idempotency_id=idempotency_id).result(timeout)
+
+    def write_async(self, message: WriteMessage | bytes, *,
+                    properties: dict[str, str] | None = None,
+                    idempotency_id: str | bytes | None = None) -> Future[WriteResult]:
+        """Queue an append; the future resolves at the quorum ack (or with the failure outcome)."""
+        if idempotency_id is not None:
+            raise InvalidArgumentError(
+                "idempotency_id given to a non-idempotent writer; open it with "
+                "open_writer(idempotent=True)"
+            )
+        payload, props = coerce_message(message, properties, self._max_entry_bytes)
+        future: Future[WriteResult] = Future()
+        with self._lock:
+            self._append_locked(payload, props, None, future, self._clock.now_ms())
+        return future
+
+    def _append_locked(self, payload: bytes, props: dict | None, key: bytes | None,
+                       future: Future | None, now_ms: int) -> PendingEntry | None:
+        """Assign the next id and queue the entry; on failure sets the future's exception."""
+        self._check_open_locked()
+        # Wait for room before taking an id, so ids stay in queue order.
+        size = len(payload) + 64
+        while (self._inflight_entries >= self._max_inflight_entries
+               or self._inflight_bytes + size > self._max_inflight_bytes) \
+                and self._inflight_entries and not self._closed and self._fenced is None:
+            self._space.wait(0.1)
+        self._check_open_locked()
+        seg = self._writable_segment_locked()
+        if seg is None:
+            if future is not None:
+                future.set_exception(self._unavailable_error())
+            return None
+        entry_id = seg.next_entry_id
+        seg.next_entry_id += 1
+        record = encode_entry(seg.segment_id, entry_id, now_ms, payload, props, key)
+        now = time.monotonic()
+        self._seq += 1
+        entry = PendingEntry(self._seq, seg.segment_id, entry_id, record, key, future,
+                             now + self._timeout_s)
+        seg.append(entry, now)
+        self._inflight_entries += 1
+        self._inflight_bytes += len(record)
+        if len(seg.unsent) == 1 or len(seg.unsent) >= self._max_batch_entries \
+                or seg.unsent_bytes >= self._max_batch_bytes:
+            self._wake.notify()
+        return entry
+
+    def _writable_segment_locked(self) -> SegmentHandle | None:
+        seg = self._current
+        if seg is None:
+            return None
+        if (seg.next_entry_id >= self._roll_entries or seg.size_bytes >= self._roll_bytes
+                or time.monotonic() - seg.created >= self._roll_s):
+            seg.status = SegmentStatus.ROLLED
+            self._wake.notify()
+            self.metrics["segments_rolled"] += 1
+            seg = self._open_segment_locked()
+        return seg
+
+    def _unavailable_error(self) -> WoodpeckerError:
+        bad = self._repairing
+        why = bad.failed_nodes if bad is not None else {}
+        return QuorumUnavailableError(
+            f"log {self.log_id}: segment {bad.segment_id if bad else '?'} lost its ack quorum "
+            f"({why}); writes resume once it is completed and a new segment is open"
+        )
+
+    def _check_open_locked(self) -> None:
+        if self._fenced is not None:
+            raise WriterFencedError(str(self._fenced))
+        if self._closed:
+            raise WriterClosedError(f"writer of log {self.log_id} is closed")
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every entry queued before this call is committed or failed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            target = self._seq
+            for seg in self._segments.values():
+                seg.unsent_since = 0.0  # send now
+            self._wake.notify()
+            while self._fenced is None:
+                oldest = min((s.pending[0].seq for s in self._segments.values() if s.pending),
+                             default=target + 1)
+                if oldest > target:
+                    return
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise WriteTimeoutError(f"flush of log {self.log_id} timed out")
+                self._space.wait(0.05 if left is None else min(left, 0.05))
+            raise WriterFencedError(str(self._fenced))
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Flush, then complete the open segment so readers see it sealed. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._fenced is None:
+                self.flush(timeout)
+        except WoodpeckerError as exc:
+            log.warning("log %s: closing with unflushed entries: %s", self.log_id, exc)
+        with self._lock:
+            self._closed = True
+            self._wake.notify_all()
+            self._space.notify_all()
+            segments = list(self._segments.values())
+        self._flusher.join(5)
+        for worker in self._workers.values():
+            worker.stop()
+        self._maint.stop()
+        if self._fenced is not None:
+            return
+        for seg in segments:
+            if seg.status in (SegmentStatus.OPEN, SegmentStatus.ROLLED) and seg.drained():
+                try:
+                    self._complete_drained(seg)
+                except WoodpeckerError as exc:
+                    log.warning("log %s: segment %s left for recovery: %s", self.log_id,
+                                seg.segment_id, exc)
+        self._on_close()
+
+    def __enter__(self) -> LogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def fenced(self) -> bool:
+        return self._fenced is not None
+
+    # --- hooks for the idempotent writer -------------------------------------------------------
+
+    def _on_committed(self, segment_id: int, entries: list[PendingEntry]) -> None:
+        """Entries reached aq, in entry order (called with the writer's lock held)."""
+
+    def _on_dropped(self, segment_id: int, entries: list[PendingEntry]) -> None:
+        """Entries of a completed segment that are not in it (called with the lock held)."""
+
+    def _on_segment_completed(self, segment_id: int, last_entry_id: int) -> None:
+        """A segment of this log is completed at `last_entry_id` (called without the lock)."""
+
+    def _on_close(self) -> None:
+        """The writer closed (not fenced)."""
+
+    # --- flusher -----------------------------------------------------------------------------
+
+    def _flush_loop(self) -> None:
+        while True:
+            sends: list[tuple[SegmentHandle, Batch]] = []
+            expired: list[tuple[Future, BaseException]] = []
+            with self._lock:
+                if self._closed or self._fenced is not None:
+                    return
+                now = time.monotonic()
+                wait = 0.05
+                for seg in list(self._segments.values()):
+                    if seg.status not in (SegmentStatus.OPEN, SegmentStatus.ROLLED):
+                        continue
+                    while seg.unsent:
+                        full = (len(seg.unsent) >= self._max_batch_entries
+                                or seg.unsent_bytes >= self._max_batch_bytes)
+                        due = seg.unsent_since + self._linger_s - now
+                        if not full and due > 0 and seg.status is SegmentStatus.OPEN:
+                            wait = min(wait, due)
+                            break
+                        batch = seg.take_batch(self._max_batch_entries, self._max_batch_bytes)
+                        sends.append((seg, batch))
+                        if seg.unsent:
+                            seg.unsent_since = now
+                    for entry in seg.pending:
+                        if entry.deadline > now:
+                            break
+                        if not entry.timed_out:
+                            entry.timed_out = True
+                            expired.extend(self._timeout_waiters(seg, entry))
+                    if seg.status is SegmentStatus.ROLLED and seg.drained():
+                        seg.status = SegmentStatus.DONE
+                        self._maint.submit(self._complete_drained, seg)
+                if now - self._lease_renewed > LEASE_MS / 3000:
+                    self._lease_renewed = now
+                    self._maint.submit(self._renew_lease)
+                if not sends and not expired:
+                    self._wake.wait(wait)
+                    continue
+            for seg, batch in sends:
+                for node in seg.meta.nodes:
+                    if node in seg.failed_nodes:
+                        batch.failed.add(node)
+                    else:
+                        self._workers[node].submit(seg, batch)
+            for future, exc in expired:
+                if not future.done():
+                    future.set_exception(exc)
+
+    def _timeout_waiters(self, seg: SegmentHandle, entry: PendingEntry):
+        exc = WriteTimeoutError(
+            f"entry {seg.segment_id}:{entry.entry_id} of log {self.log_id} not acknowledged by "
+            f"{seg.aq} nodes within {self._timeout_s:g} s; it stays pending and is retried"
+        )
+        waiters = [(f, exc) for f, _ in entry.waiters()]
+        entry.future = None
+        entry.joiners = None
+        return waiters
+
+    def _renew_lease(self) -> None:
+        try:
+            self._meta.renew_lease(self.log_id, self.epoch, self.owner, self._clock.now_ms(),
+                                   LEASE_MS)
+        except WriterFencedError as exc:
+            with self._lock:
+                resolved = self._fence_locked(exc)
+            _resolve(resolved)
+
+    # --- acks and failures (node worker threads) ------------------------------------------------
+
+    def _on_ack(self, node: str, seg: SegmentHandle, batch: Batch) -> None:
+        with self._lock:
+            if seg.status is SegmentStatus.DONE and not seg.pending or seg.status is \
+                    SegmentStatus.FAILED:
+                return
+            committed = seg.ack(node, batch)
+            if not committed:
+                return
+            resolved = self._commit_locked(seg, committed)
+            if seg.status is SegmentStatus.ROLLED and seg.drained():
+                seg.status = SegmentStatus.DONE
+                self._maint.submit(self._complete_drained, seg)
+        _resolve(resolved)
+
+    def _commit_locked(self, seg: SegmentHandle, committed: list[PendingEntry]):
+        self._on_committed(seg.segment_id, committed)
+        resolved = []
+        nbytes = 0
+        for entry in committed:
+            nbytes += len(entry.record)
+            mid = LogMessageId(seg.segment_id, entry.entry_id)
+            if entry.future is not None:
+                resolved.append((entry.future, WriteResult(mid, False)))
+            if entry.joiners:
+                resolved.extend((f, WriteResult(mid, True)) for f in entry.joiners)
+        self._inflight_entries -= len(committed)
+        self._inflight_bytes -= nbytes
+        self._space.notify_all()
+        return resolved
+
+    def _on_node_failed(self, node: str, seg: SegmentHandle, batch: Batch, exc: Exception) -> None:
+        if isinstance(exc, SegmentFencedError):
+            try:
+                self._meta.check_epoch(self.log_id, self.epoch)
+            except WriterFencedError as fenced:
+                with self._lock:
+                    resolved = self._fence_locked(fenced)
+                _resolve(resolved)
+                return
+        with self._lock:
+            if seg.status in (SegmentStatus.FAILED, SegmentStatus.DONE) and not seg.pending:
+                return
+            seg.failed_nodes[node] = str(exc)
+            batch.failed.add(node)
+            log.warning("log %s segment %s: node %s dropped after retries: %s", self.log_id,
+                        seg.segment_id, node, exc)
+            if not seg.quorum_lost() or seg.status is SegmentStatus.FAILED:
+                return
+            seg.status = SegmentStatus.FAILED
+            self._repairing = seg
+            if self._current is seg:
+                self._current = None
+        self._maint.submit(self._repair, seg)
+
+    def _repair(self, seg: SegmentHandle) -> None:
+        """Complete a segment that lost its quorum, resolve its pending entries, open the next."""
+        while True:
+            with self._lock:
+                if self._closed or self._fenced is not None:
+                    return
+            try:
+                done = recover_segment(self._transport, self._meta, self.epoch, seg.meta,
+                                       self._clock.now_ms())
+                break
+            except WriterFencedError as exc:
+                with self._lock:
+                    resolved = self._fence_locked(exc)
+                _resolve(resolved)
+                return
+            except (QuorumUnavailableError, NodeUnavailableError, EntryConflictError) as exc:
+                log.info("log %s: segment %s not completable yet: %s", self.log_id,
+                         seg.segment_id, exc)
+                time.sleep(REPAIR_RETRY_S)
+        with self._lock:
+            resolved = self._resolve_segment_locked(seg, done.last_entry_id)
+            self._segments.pop(seg.segment_id, None)
+            self.metrics["segments_repaired"] += 1
+            self._repairing = None
+            try:
+                self._open_segment_locked()
+            except WoodpeckerError as exc:
+                log.error("log %s: could not open a new segment: %s", self.log_id, exc)
+        _resolve(resolved)
+        self._on_segment_completed(done.segment_id, done.last_entry_id)
+
+    def _resolve_segment_locked(self, seg: SegmentHandle, last_entry_id: int):
+        committed, dropped = seg.resolve_completed(last_entry_id)
+        resolved = self._commit_locked(seg, committed) if committed else []
+        if dropped:
+            self._on_dropped(seg.segment_id, dropped)
+            exc = SegmentClosedError(
+                f"segment {self.log_id}/{seg.segment_id} was completed at entry {last_entry_id} "
+                f"without these entries; a retry writes them anew"
+            )
+            for entry in dropped:
+                resolved.extend((f, exc) for f, _ in entry.waiters())
+            self._inflight_entries -= len(dropped)
+            self._inflight_bytes -= sum(len(e.record) for e in dropped)
+            self._space.notify_all()
+        return resolved
+
+    def _complete_drained(self, seg: SegmentHandle) -> None:
+        """A rolled (or closing) segment with nothing pending: complete it at its LAC."""
+        last = seg.lac
+        for node in seg.live_nodes():
+            try:
+                self._transport.complete(node, self.log_id, seg.segment_id, last)
+            except (NodeUnavailableError, SegmentFencedError) as exc:
+                log.warning("log %s: complete of segment %s on %s failed: %s", self.log_id,
+                            seg.segment_id, node, exc)
+        current = self._meta.get_segment(self.log_id, seg.segment_id) or seg.meta
+        seal(self._meta, self.epoch,
+             dataclasses.replace(current, size_bytes=seg.size_bytes), last, self._clock.now_ms())
+        with self._lock:
+            seg.status = SegmentStatus.DONE
+            self._segments.pop(seg.segment_id, None)
+        self._on_segment_completed(seg.segment_id, last)
+
+    def _fence_locked(self, exc: WriterFencedError):
+        """Another writer took over: fail everything pending; every later call fails too."""
+        if self._fenced is not None:
+            return []
+        self._fenced = exc
+        log.warning("log %s: writer fenced: %s", self.log_id, exc)
+        resolved = []
+        for seg in self._segments.values():
+            for entry in seg.pending:
+                resolved.extend((f, WriterFencedError(str(exc))) for f, _ in entry.waiters())
+        self._wake.notify_all()
+        self._space.notify_all()
+        return resolved
+
+
+def _resolve(items: list) -> None:
+    """Set results/exceptions outside the writer's lock (callbacks may call back into it)."""
+    for future, outcome in items:
+        if future.done():
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+
+class _NodeWorker:
+    """Sends batches to one node in order, retrying each up to append.max_retries times."""
+
+    def __init__(self, writer: LogWriter, node: str):
+        self.writer = writer
+        self.node = node
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=f"wp-node-{node}", daemon=True)
+        self.thread.start()
+
+    def submit(self, seg: SegmentHandle, batch: Batch) -> None:
+        self.queue.put((seg, batch))
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join(5)
+
+    def _run(self) -> None:
+        w = self.writer
+        transport = w._transport
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            seg, batch = item
+            attempt = 0
+            while True:
+                if w._fenced is not None:
+                    break
+                if seg.status is SegmentStatus.DONE and not seg.pending or \
+                        seg.status is SegmentStatus.FAILED or self.node in seg.failed_nodes:
+                    break
+                try:
+                    transport.add_entries(self.node, w.log_id, seg.segment_id,
+                                          batch.first_entry_id, batch.frame, seg.lac)
+                except NodeUnavailableError as exc:
+                    attempt += 1
+                    if attempt > w._max_retries:
+                        w._on_node_failed(self.node, seg, batch, exc)
+                        break
+                    time.sleep(min(0.05 * 2 ** (attempt - 1), max(w._timeout_s / 10, 0.01)))
+                    continue
+                except (SegmentFencedError, EntryConflictError) as exc:
+                    w._on_node_failed(self.node, seg, batch, exc)
+                    break
+                except Exception as exc:  # a bug or a storage error: do not kill the worker
+                    log.exception("log %s: add to %s failed", w.log_id, self.node)
+                    w._on_node_failed(self.node, seg, batch, exc)
+                    break
+                w._on_ack(self.node, seg, batch)
+                break
+
+
+class _Maintenance:
+    """One background thread for slow metadata/recovery work, off the write path."""
+
+    def __init__(self, writer: LogWriter):
+        self.writer = writer
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=f"wp-maint-{writer.log_id}",
+                                       daemon=True)
+        self.thread.start()
+
+    def submit(self, fn, *args) -> None:
+        self.queue.put((fn, args))
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join(10)
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            fn, args = item
+            try:
+                fn(*args)
+            except WriterFencedError as exc:
+                with self.writer._lock:
+                    resolved = self.writer._fence_locked(exc)
+                _resolve(resolved)
+            except Exception:
+                log.exception("log %s: background task %s failed", self.writer.log_id,
+                              getattr(fn, "__name__", fn))

@@ -1,0 +1,165 @@
+"""One error hierarchy for the whole package.
+
+Every error is a `WoodpeckerError` with a stable `code`, so callers can branch on the code across
+versions. Argument errors also subclass `ValueError` or `TypeError`, so generic code that already
+catches those keeps working. The Rust core raises these same classes (it imports this module).
+"""
+
+from __future__ import annotations
+
+
+class WoodpeckerError(Exception):
+    """Base class of every error raised by woodpecker_idem."""
+
+    code: str = "WOODPECKER_ERROR"
+    retriable: bool = False
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+
+class InvalidArgumentError(WoodpeckerError, ValueError):
+    """An argument has the right type but a bad value (the message names the argument)."""
+
+    code = "INVALID_ARGUMENT"
+
+
+class InvalidTypeError(WoodpeckerError, TypeError):
+    """An argument has the wrong type (the message names the argument)."""
+
+    code = "INVALID_TYPE"
+
+
+class PayloadTooLargeError(InvalidArgumentError):
+    """A payload is larger than the configured maximum entry size."""
+
+    code = "PAYLOAD_TOO_LARGE"
+
+
+class ConfigError(WoodpeckerError, ValueError):
+    """A configuration value is invalid; the message names the key and the allowed range."""
+
+    code = "INVALID_CONFIG"
+
+
+# --- logs and metadata -----------------------------------------------------------------------
+
+
+class LogNotFoundError(WoodpeckerError, LookupError):
+    """The named log does not exist."""
+
+    code = "LOG_NOT_FOUND"
+
+
+class LogExistsError(WoodpeckerError):
+    """A log with that name already exists."""
+
+    code = "LOG_EXISTS"
+
+
+class MetadataConflictError(WoodpeckerError):
+    """A compare-and-swap on metadata lost: the record changed since it was read."""
+
+    code = "METADATA_CONFLICT"
+    retriable = True
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+class WriterFencedError(WoodpeckerError):
+    """A newer writer took over the log; this writer can no longer write (it never re-takes it)."""
+
+    code = "WRITER_FENCED"
+
+
+class WriterClosedError(WoodpeckerError):
+    """The writer was closed."""
+
+    code = "WRITER_CLOSED"
+
+
+class WriteTimeoutError(WoodpeckerError, TimeoutError):
+    """The entry did not reach the ack quorum in time; it is still pending and being retried.
+
+    An idempotent retry of the same key joins the pending entry and gets the same id.
+    """
+
+    code = "WRITE_TIMEOUT"
+    retriable = True
+
+
+class SegmentClosedError(WoodpeckerError):
+    """The entry's segment was completed without it: it was not written, a retry writes it anew."""
+
+    code = "SEGMENT_CLOSED"
+    retriable = True
+
+
+class SegmentFencedError(WoodpeckerError):
+    """A LogStore refused an add because the segment is fenced or completed."""
+
+    code = "SEGMENT_FENCED"
+
+
+class EntryConflictError(WoodpeckerError):
+    """A LogStore holds different bytes at that (segment, entry): never overwritten."""
+
+    code = "ENTRY_CONFLICT"
+
+
+class NodeUnavailableError(WoodpeckerError):
+    """A LogStore node did not answer (down, unreachable, or the reply was lost)."""
+
+    code = "NODE_UNAVAILABLE"
+    retriable = True
+
+
+class QuorumUnavailableError(WoodpeckerError):
+    """Too few LogStore nodes answered to reach the quorum the operation needs."""
+
+    code = "QUORUM_UNAVAILABLE"
+    retriable = True
+
+
+# --- storage and reading -----------------------------------------------------------------------
+
+
+class StorageUnavailableError(WoodpeckerError):
+    """Object storage or the metadata store could not be reached after retries with backoff."""
+
+    code = "STORAGE_UNAVAILABLE"
+    retriable = True
+
+
+class CorruptEntryError(WoodpeckerError):
+    """Stored bytes failed their checksum or could not be parsed; the message names the position."""
+
+    code = "CORRUPT_ENTRY"
+
+
+class SnapshotCorruptError(WoodpeckerError):
+    """A dedup snapshot could not be decoded (truncated, flipped, unknown version, bad layout)."""
+
+    code = "SNAPSHOT_CORRUPT"
+
+
+class EntryTruncatedError(WoodpeckerError):
+    """The requested position lies before the log's truncation point."""
+
+    code = "ENTRY_TRUNCATED"
+
+
+# --- Spark -------------------------------------------------------------------------------------
+
+
+class RowsNotPreparedError(WoodpeckerError, ValueError):
+    """A Spark partition holds rows routed to another log: call `woodpecker_idem.spark.prepare`."""
+
+    code = "ROWS_NOT_PREPARED"
+
+
+class LogGroupSizeMismatchError(WoodpeckerError, ValueError):
+    """A log group exists with a different partition count than the one requested."""
+
+    code = "LOG_GROUP_SIZE_MISMATCH"

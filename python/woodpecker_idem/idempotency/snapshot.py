@@ -1,0 +1,155 @@
+"""Dedup snapshots on object storage: naming, writing off the write path, retention, loading.
+
+Key: `dedup_snapshot/{log_id}/snapshot_{epoch:020}_{timestamp_ms:020}` (relative to the object store's
+root), so lexical order is (epoch, time) order and the newest snapshot sorts last.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .._core import DedupWindow, Snapshot, decode_snapshot, encode_snapshot
+from ..errors import SnapshotCorruptError, WoodpeckerError
+from ..objectstore.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+def snapshot_prefix(log_id: int) -> str:
+    return f"dedup_snapshot/{log_id}/"
+
+
+def snapshot_key(log_id: int, epoch: int, timestamp_ms: int) -> str:
+    return f"{snapshot_prefix(log_id)}snapshot_{epoch:020d}_{timestamp_ms:020d}"
+
+
+def list_snapshots(store: ObjectStore, log_id: int) -> list[str]:
+    """Snapshot keys, oldest first."""
+    prefix = snapshot_prefix(log_id)
+    return sorted(k for k in store.list(prefix) if k[len(prefix):].startswith("snapshot_"))
+
+
+def load_newest(store: ObjectStore, log_id: int) -> tuple[Snapshot | None, int]:
+    """The newest snapshot that decodes; falls back to older ones. Returns (snapshot, corrupt count)."""
+    corrupt = 0
+    for key in reversed(list_snapshots(store, log_id)):
+        data = store.get(key)
+        if data is None:
+            continue
+        try:
+            snap = decode_snapshot(data)
+        except SnapshotCorruptError as exc:
+            corrupt += 1
+            log.warning("log %s: snapshot %s is corrupt, trying an older one: %s", log_id, key, exc)
+            continue
+        if snap.log_id != log_id:
+            corrupt += 1
+            log.warning("log %s: snapshot %s belongs to log %s; ignored", log_id, key, snap.log_id)
+            continue
+        return snap, corrupt
+    return None, corrupt
+
+
+@dataclass
+class SnapshotSource:
+    """What the writer hands the snapshotter, captured under the writer's lock."""
+
+    window: DedupWindow  # a committed-only copy
+    watermarks: dict[int, int]
+    new_keys: int
+
+
+class Snapshotter:
+    """Writes snapshots every `interval_s` or after `threshold` new keys, off the write path.
+
+    A failed write is logged, counted and retried on the next tick; writes go on meanwhile. A fenced
+    writer stops and deletes nothing.
+    """
+
+    def __init__(self, store: ObjectStore, log_id: int, epoch: int, clock_ms: Callable[[], int],
+                 capture: Callable[[], SnapshotSource | None], new_keys: Callable[[], int],
+                 still_owner: Callable[[], bool], interval_s: float, threshold: int, kept: int):
+        self.store = store
+        self.log_id = log_id
+        self.epoch = epoch
+        self._clock_ms = clock_ms
+        self._capture = capture
+        self._new_keys = new_keys
+        self._still_owner = still_owner
+        self.interval_s = interval_s
+        self.threshold = threshold
+        self.kept = kept
+        self.writes = 0
+        self.failures = 0
+        self.bytes_written = 0
+        self.last_key: str | None = None
+        self._stop = threading.Event()
+        self._kick = threading.Event()
+        self._last = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=f"wp-snapshot-{log_id}", daemon=True)
+        self._thread.start()
+
+    def kick(self) -> None:
+        """Ask for a snapshot soon (threshold reached)."""
+        self._kick.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._kick.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        backoff = 0.0
+        while not self._stop.is_set():
+            self._kick.wait(min(self.interval_s, 1.0) if not backoff else backoff)
+            self._kick.clear()
+            if self._stop.is_set():
+                return
+            due = time.monotonic() - self._last >= self.interval_s
+            if not due and self._new_keys() < self.threshold and not backoff:
+                continue
+            if self.write_now():
+                backoff = 0.0
+            else:
+                backoff = min(max(backoff * 2, 0.5), 10.0)
+
+    def write_now(self) -> bool:
+        """Capture, encode and put one snapshot, then trim old ones. False if it failed."""
+        if not self._still_owner():
+            self._stop.set()
+            return False
+        source = self._capture()
+        if source is None:
+            return False
+        now = self._clock_ms()
+        key = snapshot_key(self.log_id, self.epoch, now)
+        try:
+            data = encode_snapshot(source.window, self.log_id, self.epoch, now, source.watermarks)
+            self.store.put(key, data)
+        except WoodpeckerError as exc:
+            self.failures += 1
+            log.warning("log %s: snapshot write failed (%s); retrying, writes continue",
+                        self.log_id, exc)
+            return False
+        self.writes += 1
+        self.bytes_written += len(data)
+        self.last_key = key
+        self._last = time.monotonic()
+        self._trim(key)
+        return True
+
+    def _trim(self, newest: str) -> None:
+        """Keep the newest `kept` snapshots; delete only older ones, and never once fenced."""
+        if not self._still_owner():
+            return
+        keys = list_snapshots(self.store, self.log_id)
+        older = [k for k in keys if k < newest]
+        for key in older[: max(0, len(older) - (self.kept - 1))]:
+            try:
+                self.store.delete(key)
+            except WoodpeckerError as exc:
+                log.warning("log %s: could not delete old snapshot %s: %s", self.log_id, key, exc)

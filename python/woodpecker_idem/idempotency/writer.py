@@ -1,0 +1,259 @@
+"""IdempotentLogWriter: every retry of one logical write lands at most once within the window.
+
+write(msg, idempotency_id) -> key -> window lookup:
+  committed -> the original id, duplicate=True, no server round trip;
+  pending   -> join the in-flight entry (same future outcome, duplicate=True);
+  absent    -> a new entry (encoded once, key persisted in it), pending until the quorum ack.
+The window is rebuilt (snapshot + gap) before the writer accepts anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from array import array
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .._core import DedupWindow, content_key, content_keys, explicit_key, explicit_keys
+from ..client.segment import PendingEntry
+from ..client.writer import LogWriter, coerce_message
+from ..errors import InvalidArgumentError, WriterFencedError
+from ..types import LogMessageId, WriteMessage, WriteResult
+from .recovery import RecoveryReport, rebuild_window
+from .snapshot import SnapshotSource, Snapshotter
+
+if TYPE_CHECKING:
+    from ..client.log import LogHandle
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WriteManyResult:
+    """Columnar results of `write_many`: no object per row."""
+
+    segment_ids: array  # array('q')
+    entry_ids: array  # array('q')
+    duplicate: bytearray  # 1 where the row did not create its entry
+
+    def __len__(self) -> int:
+        return len(self.entry_ids)
+
+    def message_id(self, i: int) -> LogMessageId:
+        return LogMessageId(self.segment_ids[i], self.entry_ids[i])
+
+
+class IdempotentLogWriter(LogWriter):
+    """A LogWriter with a dedup window, snapshots and window recovery."""
+
+    def __init__(self, handle: LogHandle, window_duration_s: float | None = None,
+                 window_max_keys: int | None = None):
+        cfg = handle.client.config.idempotency
+        duration = cfg.window_duration_s if window_duration_s is None else window_duration_s
+        max_keys = cfg.window_max_keys if window_max_keys is None else window_max_keys
+        if not isinstance(duration, (int, float)) or isinstance(duration, bool) or duration <= 0:
+            raise InvalidArgumentError(f"window_duration_s must be > 0, not {duration!r}")
+        if not isinstance(max_keys, int) or isinstance(max_keys, bool) or max_keys < 1:
+            raise InvalidArgumentError(f"window_max_keys must be an int >= 1, not {max_keys!r}")
+        self._window = DedupWindow(max_keys, max(1, int(duration * 1000)))
+        self._watermarks: dict[int, int] = {}
+        self._new_keys = 0
+        self._duplicates = 0
+        self.recovery: RecoveryReport | None = None
+        self._snapshotter: Snapshotter | None = None
+        super().__init__(handle)  # takes over, completes segments, rebuilds the window, opens one
+        self._snapshotter = Snapshotter(
+            handle.client.objects, self.log_id, self.epoch, self._clock.now_ms,
+            self._capture, lambda: self._new_keys, self._still_owner,
+            cfg.snapshot_interval_s, cfg.snapshot_threshold, cfg.snapshots_kept,
+        )
+
+    # --- recovery (runs inside LogWriter.__init__, before any write is accepted) ---------------
+
+    def _take_over_segments(self) -> None:
+        super()._take_over_segments()
+        client = self._handle.client
+        report, covered = rebuild_window(self._window, self.log_id, client.meta, client.objects,
+                                         client.transport, self._clock.now_ms())
+        self._watermarks.update(covered)
+        self.recovery = report
+        log.info("log %s: window rebuilt in %.3f s: %d keys from snapshot (age %s ms), %d entries "
+                 "replayed from %d segments, %d corrupt snapshots", self.log_id, report.seconds,
+                 report.snapshot_key_count, report.snapshot_age_ms, report.entries_replayed,
+                 report.segments_replayed, report.corrupt_snapshots)
+
+    # --- writing -----------------------------------------------------------------------------
+
+    def write_async(self, message: WriteMessage | bytes, *,
+                    properties: dict[str, str] | None = None,
+                    idempotency_id: str | bytes | None = None) -> Future[WriteResult]:
+        payload, props = coerce_message(message, properties, self._max_entry_bytes)
+        key = content_key(payload) if idempotency_id is None else explicit_key(idempotency_id)
+        future: Future[WriteResult] = Future()
+        with self._lock:
+            self._write_locked(payload, props, key, future)
+        return future
+
+    def _write_locked(self, payload: bytes, props: dict | None, key: bytes,
+                      future: Future) -> None:
+        self._check_open_locked()
+        now = self._clock.now_ms()
+        window = self._window
+        window.evict(now)
+        hit = window.get(key, now)
+        if hit is not None:
+            if hit.committed:
+                self._duplicates += 1
+                future.set_result(WriteResult(LogMessageId(hit.segment_id, hit.entry_id), True))
+                return
+            self._join_locked(hit.segment_id, hit.entry_id, future)
+            return
+        entry = self._append_locked(payload, props, key, future, now)
+        if entry is not None:
+            window.add_pending(key, entry.segment_id, entry.entry_id, now)
+
+    def _join_locked(self, segment_id: int, entry_id: int, future: Future) -> None:
+        seg = self._segments.get(segment_id)
+        entry = seg.by_entry.get(entry_id) if seg is not None else None
+        if entry is None:  # cannot happen while pending keys and segments move together
+            raise RuntimeError(f"pending key without its entry {segment_id}:{entry_id}")
+        if entry.joiners is None:
+            entry.joiners = []
+        entry.joiners.append(future)
+        self._duplicates += 1
+        if entry.timed_out:  # a retry after a timeout gets a fresh deadline
+            entry.timed_out = False
+            entry.deadline = time.monotonic() + self._timeout_s
+
+    def write_many(self, payloads: Sequence[bytes], ids: Sequence[str | bytes] | None = None,
+                   timeout: float | None = None) -> WriteManyResult:
+        """Write a batch; one window pass, columnar results. Raises the first failure."""
+        if ids is not None and len(ids) != len(payloads):
+            raise InvalidArgumentError(
+                f"ids has {len(ids)} items but payloads has {len(payloads)}")
+        keys = content_keys(payloads) if ids is None else explicit_keys(ids)
+        futures: list[tuple[int, Future]] = []
+        with self._lock:
+            self._check_open_locked()
+            now = self._clock.now_ms()
+            self._window.evict(now)
+            status, segs, ents = self._window.get_many(keys, now)
+            seg_ids = array("q")
+            seg_ids.frombytes(segs)
+            entry_ids = array("q")
+            entry_ids.frombytes(ents)
+            duplicate = bytearray(b"\x01" * len(payloads))
+            committed = status.count(2)
+            self._duplicates += committed
+            if committed != len(payloads):
+                for i in range(len(payloads)):
+                    if status[i] == 2:
+                        continue
+                    payload, props = coerce_message(payloads[i], None, self._max_entry_bytes)
+                    future: Future = Future()
+                    self._write_locked(payload, props, keys[16 * i:16 * i + 16], future)
+                    futures.append((i, future))
+        for i, future in futures:
+            result = future.result(timeout)
+            seg_ids[i], entry_ids[i] = result.message_id
+            duplicate[i] = result.duplicate
+        return WriteManyResult(seg_ids, entry_ids, duplicate)
+
+    # --- hooks from LogWriter (lock held) ------------------------------------------------------
+
+    def _on_committed(self, segment_id: int, entries: list[PendingEntry]) -> None:
+        window = self._window
+        before = window.early_evictions
+        for entry in entries:
+            window.commit(entry.key)
+        self._new_keys += len(entries)
+        self._watermarks[segment_id] = entries[-1].entry_id
+        early = window.early_evictions - before
+        if early:
+            log.warning("log %s: %d keys evicted by capacity before window_duration_s (window_max_keys"
+                        "=%d is too small for this rate); retries of them would be new writes",
+                        self.log_id, early, window.max_keys)
+        if self._snapshotter is not None and self._new_keys >= self._snapshotter.threshold:
+            self._snapshotter.kick()
+
+    def _on_dropped(self, segment_id: int, entries: list[PendingEntry]) -> None:
+        for entry in entries:
+            self._window.drop_pending(entry.key)
+
+    def _on_segment_completed(self, segment_id: int, last_entry_id: int) -> None:
+        with self._lock:
+            self._watermarks[segment_id] = last_entry_id
+
+    def _on_close(self) -> None:
+        if self._snapshotter is not None:
+            self._snapshotter.stop()
+            if self._still_owner():
+                self._snapshotter.write_now()  # a clean close leaves a fresh snapshot
+
+    # --- snapshots -------------------------------------------------------------------------------
+
+    def _capture(self) -> SnapshotSource | None:
+        """A committed-only copy of the window and watermarks, under one lock (DESIGN.md 7)."""
+        with self._lock:
+            if self._fenced is not None:
+                return None
+            marks = dict(self._watermarks)
+            for seg in self._segments.values():
+                marks[seg.segment_id] = seg.lac
+            source = SnapshotSource(self._window.clone_committed(), marks, self._new_keys)
+            self._new_keys = 0
+        return source
+
+    def _still_owner(self) -> bool:
+        if self._fenced is not None:
+            return False
+        try:
+            self._meta.check_epoch(self.log_id, self.epoch)
+        except WriterFencedError as exc:
+            with self._lock:
+                resolved = self._fence_locked(exc)
+            from ..client.writer import _resolve
+
+            _resolve(resolved)
+            return False
+        return True
+
+    def _fence_locked(self, exc: WriterFencedError):
+        resolved = super()._fence_locked(exc)
+        if self._snapshotter is not None:
+            self._snapshotter._stop.set()
+        return resolved
+
+    # --- metrics -------------------------------------------------------------------------------
+
+    def metrics_snapshot(self) -> dict[str, float | int | None]:
+        """Duplicates suppressed, window size/memory, evictions, snapshots, last recovery."""
+        w = self._window
+        s = self._snapshotter
+        r = self.recovery
+        with self._lock:
+            pending = w.pending_count
+        return {
+            "duplicates_suppressed": self._duplicates,
+            "pending": pending,
+            "window_keys": w.committed_count,
+            "window_memory_bytes": w.memory_bytes(),
+            "evictions": w.evictions,
+            "early_evictions": w.early_evictions,
+            "snapshot_writes": s.writes if s else 0,
+            "snapshot_failures": s.failures if s else 0,
+            "snapshot_bytes": s.bytes_written if s else 0,
+            "recovery_seconds": r.seconds if r else None,
+            "recovery_snapshot_age_ms": r.snapshot_age_ms if r else None,
+            "recovery_entries_replayed": r.entries_replayed if r else 0,
+        }
+
+    @property
+    def window(self) -> DedupWindow:
+        return self._window
+
+
+__all__ = ["IdempotentLogWriter", "WriteManyResult"]

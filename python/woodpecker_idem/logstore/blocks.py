@@ -1,0 +1,141 @@
+"""Byte layouts of the LogStore: entry records, batch frames, block objects and segment footers.
+
+A record is `length u32 | crc32c u32 | LogEntry bytes`; a frame is records back to back. The writer
+builds each record once, so a resend is byte-identical and a node stores a frame without parsing the
+entries in it. A block object is a 32-byte header followed by one frame.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from .._core import crc32c
+from .._proto.logstore_pb2 import BlockIndex, LogEntry, SegmentFooter
+from ..errors import CorruptEntryError
+
+RECORD_HEADER = struct.Struct("<II")
+BLOCK_HEADER = struct.Struct("<4sHHqIq")  # magic, version, kind, first_entry_id, count, lac
+BLOCK_HEADER_SIZE = BLOCK_HEADER.size + 4  # + header crc32c
+BLOCK_MAGIC = b"WPBK"
+BLOCK_VERSION = 1
+FOOTER_MAGIC = b"WPFT"
+
+KIND_DATA = 0
+KIND_FENCE = 1
+KIND_RECOVERY = 2
+
+
+def encode_record(entry_bytes: bytes) -> bytes:
+    """One record: the CRC covers the entry bytes so any flipped bit is caught on read."""
+    return RECORD_HEADER.pack(len(entry_bytes), crc32c(entry_bytes)) + entry_bytes
+
+
+def encode_entry(
+    segment_id: int,
+    entry_id: int,
+    timestamp_ms: int,
+    payload: bytes,
+    properties: dict[str, str] | None,
+    idempotency_key: bytes | None,
+) -> bytes:
+    """Encode a LogEntry as a ready-to-send record."""
+    entry = LogEntry(
+        segment_id=segment_id,
+        entry_id=entry_id,
+        timestamp_ms=timestamp_ms,
+        payload=payload,
+        properties=properties or None,
+        idempotency_key=idempotency_key or b"",
+    )
+    return encode_record(entry.SerializeToString())
+
+
+def split_frame(frame: bytes | memoryview, where: str) -> list[memoryview]:
+    """The records of a frame (each with its header), checking lengths but not parsing entries."""
+    view = memoryview(frame)
+    records = []
+    pos = 0
+    end = len(view)
+    while pos < end:
+        if end - pos < RECORD_HEADER.size:
+            raise CorruptEntryError(f"{where}: truncated record header at byte {pos}")
+        length, _ = RECORD_HEADER.unpack_from(view, pos)
+        stop = pos + RECORD_HEADER.size + length
+        if stop > end:
+            raise CorruptEntryError(f"{where}: record at byte {pos} runs past the end ({length} B)")
+        records.append(view[pos:stop])
+        pos = stop
+    return records
+
+
+def record_entry(record: memoryview | bytes, where: str) -> bytes:
+    """The entry bytes of a record, after checking its CRC."""
+    length, crc = RECORD_HEADER.unpack_from(record, 0)
+    data = bytes(record[RECORD_HEADER.size : RECORD_HEADER.size + length])
+    if len(data) != length or crc32c(data) != crc:
+        raise CorruptEntryError(f"{where}: checksum mismatch")
+    return data
+
+
+def decode_entry(data: bytes, where: str) -> LogEntry:
+    try:
+        return LogEntry.FromString(data)
+    except Exception as exc:  # protobuf raises DecodeError, but be strict about anything
+        raise CorruptEntryError(f"{where}: unparseable entry ({exc})") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class BlockHeader:
+    kind: int
+    first_entry_id: int
+    count: int
+    lac: int
+
+    @property
+    def last_entry_id(self) -> int:
+        return self.first_entry_id + self.count - 1
+
+
+def encode_block(kind: int, first_entry_id: int, count: int, lac: int, frame: bytes) -> bytes:
+    header = BLOCK_HEADER.pack(BLOCK_MAGIC, BLOCK_VERSION, kind, first_entry_id, count, lac)
+    return b"".join((header, struct.pack("<I", crc32c(header)), frame))
+
+
+def decode_block_header(data: bytes, where: str) -> BlockHeader:
+    if len(data) < BLOCK_HEADER_SIZE:
+        raise CorruptEntryError(f"{where}: block shorter than its header ({len(data)} B)")
+    magic, version, kind, first, count, lac = BLOCK_HEADER.unpack_from(data, 0)
+    (crc,) = struct.unpack_from("<I", data, BLOCK_HEADER.size)
+    if magic != BLOCK_MAGIC or crc32c(data[: BLOCK_HEADER.size]) != crc:
+        raise CorruptEntryError(f"{where}: bad block header")
+    if version != BLOCK_VERSION:
+        raise CorruptEntryError(f"{where}: unsupported block version {version}")
+    if kind not in (KIND_DATA, KIND_FENCE, KIND_RECOVERY):
+        raise CorruptEntryError(f"{where}: unknown block kind {kind}")
+    return BlockHeader(kind, first, count, lac)
+
+
+def block_records(data: bytes, header: BlockHeader, where: str) -> list[memoryview]:
+    records = split_frame(memoryview(data)[BLOCK_HEADER_SIZE:], where)
+    if len(records) != header.count:
+        raise CorruptEntryError(f"{where}: header says {header.count} records, found {len(records)}")
+    return records
+
+
+def encode_footer(last_entry_id: int, blocks: list[tuple[int, int, int]]) -> bytes:
+    body = SegmentFooter(
+        last_entry_id=last_entry_id,
+        blocks=[BlockIndex(block=n, first_entry_id=f, last_entry_id=last) for n, f, last in blocks],
+    ).SerializeToString()
+    return FOOTER_MAGIC + struct.pack("<I", crc32c(body)) + body
+
+
+def decode_footer(data: bytes, where: str) -> SegmentFooter:
+    if len(data) < 8 or data[:4] != FOOTER_MAGIC:
+        raise CorruptEntryError(f"{where}: bad footer")
+    (crc,) = struct.unpack_from("<I", data, 4)
+    body = data[8:]
+    if crc32c(body) != crc:
+        raise CorruptEntryError(f"{where}: footer checksum mismatch")
+    return SegmentFooter.FromString(body)

@@ -1,0 +1,317 @@
+"""A LogStore node in object mode: per (log, segment) CRC-checked blocks on object storage.
+
+Every block put is create-if-absent, and fencing creates the first free block key as a marker, so a
+writer in another process that still holds the segment collides with the marker on its next put and
+stops (DESIGN.md section 3). A block that landed before the marker is part of the segment; nothing
+after it is, except recovery copies written while completing the segment.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from ..errors import CorruptEntryError, EntryConflictError, SegmentFencedError
+from ..objectstore.base import ObjectStore
+from .blocks import (
+    KIND_DATA,
+    KIND_FENCE,
+    KIND_RECOVERY,
+    block_records,
+    decode_block_header,
+    decode_footer,
+    encode_block,
+    encode_footer,
+    record_entry,
+    split_frame,
+)
+
+log = logging.getLogger(__name__)
+
+
+def segment_prefix(log_id: int, segment_id: int) -> str:
+    return f"{log_id}/{segment_id}/"
+
+
+@dataclass
+class _Segment:
+    """What a node knows of one segment; rebuilt from the store when another process may have moved it."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    loaded: bool = False
+    next_block: int = 0
+    index: list[tuple[int, int, int]] = field(default_factory=list)  # (first, last, block), sorted
+    fenced: bool = False
+    completed_last: int | None = None
+    lac: int = -1
+
+    def contiguous_last(self) -> int:
+        """The last entry id held with no gap from entry 0."""
+        last = -1
+        for first, end, _ in self.index:
+            if first > last + 1:
+                break
+            last = max(last, end)
+        return last
+
+    def holds(self, entry_id: int) -> int | None:
+        """The block holding `entry_id`, if any (runs never overlap: only missing ones are written)."""
+        pos = bisect.bisect_right(self.index, (entry_id, 1 << 62, 0)) - 1
+        if pos >= 0:
+            first, end, block = self.index[pos]
+            if first <= entry_id <= end:
+                return block
+        return None
+
+    def add_block(self, first: int, last: int, block: int) -> None:
+        bisect.insort(self.index, (first, last, block))
+
+
+class LogStoreEngine:
+    """One node's storage for every segment it is given; thread-safe."""
+
+    def __init__(self, store: ObjectStore, node_id: str = "node-0", cache_bytes: int = 32 << 20):
+        self.store = store
+        self.node_id = node_id
+        self._segments: dict[tuple[int, int], _Segment] = {}
+        self._segments_lock = threading.Lock()
+        self._cache: OrderedDict[tuple[int, int, int], tuple[bytes, list[memoryview]]] = OrderedDict()
+        self._cache_bytes = 0
+        self._cache_limit = cache_bytes
+        self._cache_lock = threading.Lock()
+
+    # --- state -----------------------------------------------------------------------------
+
+    def _segment(self, log_id: int, segment_id: int) -> _Segment:
+        key = (log_id, segment_id)
+        with self._segments_lock:
+            seg = self._segments.get(key)
+            if seg is None:
+                seg = self._segments[key] = _Segment()
+            return seg
+
+    def _load(self, log_id: int, segment_id: int, seg: _Segment) -> None:
+        """Rebuild `seg` from the store (caller holds seg.lock)."""
+        prefix = segment_prefix(log_id, segment_id)
+        blocks: list[int] = []
+        footer = None
+        for key in self.store.list(prefix):
+            name = key[len(prefix) :]
+            if name == "footer":
+                footer = key
+            elif name.endswith(".blk") and name[:-4].isdigit():
+                blocks.append(int(name[:-4]))
+        blocks.sort()
+        seg.index = []
+        seg.fenced = False
+        seg.lac = -1
+        seg.next_block = (blocks[-1] + 1) if blocks else 0
+        for n in blocks:
+            header, _ = self._block(log_id, segment_id, n)
+            if header.kind == KIND_FENCE:
+                seg.fenced = True
+            elif header.count and (header.kind == KIND_RECOVERY or not seg.fenced):
+                seg.add_block(header.first_entry_id, header.last_entry_id, n)
+                seg.lac = max(seg.lac, header.lac)
+            elif header.count:
+                log.warning("%s: ignoring data block %d written after the fence", prefix, n)
+        if footer is not None:
+            data = self.store.get(footer)
+            if data is not None:
+                seg.completed_last = decode_footer(data, f"{self.node_id}:{footer}").last_entry_id
+        seg.loaded = True
+
+    def _ensure(self, log_id: int, segment_id: int, seg: _Segment, refresh: bool = False) -> None:
+        if refresh or not seg.loaded:
+            self._load(log_id, segment_id, seg)
+
+    def _block(self, log_id: int, segment_id: int, n: int, data: bytes | None = None):
+        key = (log_id, segment_id, n)
+        with self._cache_lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return decode_block_header(hit[0], ""), hit[1]
+        where = f"{self.node_id}:{log_id}/{segment_id}/{n}.blk"
+        if data is None:
+            data = self.store.get(f"{log_id}/{segment_id}/{n}.blk")
+            if data is None:
+                raise CorruptEntryError(f"{where}: block listed but missing")
+        header = decode_block_header(data, where)
+        records = block_records(data, header, where)
+        with self._cache_lock:
+            self._cache[key] = (data, records)
+            self._cache_bytes += len(data)
+            while self._cache_bytes > self._cache_limit and len(self._cache) > 1:
+                _, (old, _) = self._cache.popitem(last=False)
+                self._cache_bytes -= len(old)
+        return header, records
+
+    def _stored_record(self, log_id: int, segment_id: int, block: int, entry_id: int) -> bytes:
+        header, records = self._block(log_id, segment_id, block)
+        return bytes(records[entry_id - header.first_entry_id])
+
+    # --- the node API ------------------------------------------------------------------------
+
+    def add_entries(
+        self,
+        log_id: int,
+        segment_id: int,
+        first_entry_id: int,
+        frame: bytes,
+        lac: int = -1,
+        recovery: bool = False,
+    ) -> int:
+        """Store a frame of consecutive entries; returns the last contiguous entry id held.
+
+        An entry already held is acknowledged again if its bytes are identical and refused with
+        `EntryConflictError` if they differ; only the missing runs are written.
+        """
+        where = f"{self.node_id}:{log_id}/{segment_id}"
+        records = split_frame(frame, where)
+        seg = self._segment(log_id, segment_id)
+        with seg.lock:
+            self._ensure(log_id, segment_id, seg)
+            if seg.completed_last is not None:
+                raise SegmentFencedError(f"{where} is completed; add of {first_entry_id} refused")
+            if seg.fenced and not recovery:
+                raise SegmentFencedError(f"{where} is fenced; add of {first_entry_id} refused")
+            runs: list[tuple[int, int]] = []  # [start, stop) indexes into records still missing
+            start = None
+            for i, record in enumerate(records):
+                block = seg.holds(first_entry_id + i) if seg.index else None
+                if block is None:
+                    if start is None:
+                        start = i
+                    continue
+                if start is not None:
+                    runs.append((start, i))
+                    start = None
+                stored = self._stored_record(log_id, segment_id, block, first_entry_id + i)
+                if stored != record:
+                    raise EntryConflictError(
+                        f"{where}: entry {first_entry_id + i} already stored with other bytes"
+                    )
+            if start is not None:
+                runs.append((start, len(records)))
+            kind = KIND_RECOVERY if recovery else KIND_DATA
+            for lo, hi in runs:
+                body = frame if (lo, hi) == (0, len(records)) else b"".join(records[lo:hi])
+                self._put_block(log_id, segment_id, seg, kind, first_entry_id + lo, hi - lo, lac, body)
+            if lac > seg.lac:
+                seg.lac = lac
+            return seg.contiguous_last()
+
+    def _put_block(self, log_id, segment_id, seg: _Segment, kind, first, count, lac, body) -> None:
+        data = encode_block(kind, first, count, lac, body)
+        n = seg.next_block
+        key = f"{log_id}/{segment_id}/{n}.blk"
+        if not self.store.put(key, data, if_none_match=True):
+            existing = self.store.get(key)
+            if existing != data:
+                # Someone else took block n: a fence marker or another writer's block.
+                self._load(log_id, segment_id, seg)
+                raise SegmentFencedError(
+                    f"{self.node_id}:{log_id}/{segment_id}: block {n} was taken (fenced); "
+                    f"add of {first} refused"
+                )
+        seg.next_block = n + 1
+        seg.add_block(first, first + count - 1, n)
+        self._block(log_id, segment_id, n, data)
+
+    def fence(self, log_id: int, segment_id: int) -> tuple[int, int]:
+        """Fence the segment; returns (last contiguous entry id held, highest LAC seen)."""
+        seg = self._segment(log_id, segment_id)
+        with seg.lock:
+            self._load(log_id, segment_id, seg)
+            if seg.completed_last is None and not seg.fenced:
+                marker = encode_block(KIND_FENCE, 0, 0, -1, b"")
+                while not self.store.put(
+                    f"{log_id}/{segment_id}/{seg.next_block}.blk", marker, if_none_match=True
+                ):
+                    self._load(log_id, segment_id, seg)  # a block landed just before: keep it
+                    if seg.fenced:
+                        break
+                else:
+                    seg.next_block += 1
+                seg.fenced = True
+            last = seg.contiguous_last()
+            if seg.completed_last is not None:
+                last = min(last, seg.completed_last)
+            return last, seg.lac
+
+    def complete(self, log_id: int, segment_id: int, last_entry_id: int) -> None:
+        """Seal the segment at `last_entry_id` with a footer; later adds are refused."""
+        seg = self._segment(log_id, segment_id)
+        with seg.lock:
+            self._ensure(log_id, segment_id, seg, refresh=True)
+            if seg.completed_last is not None:
+                if seg.completed_last != last_entry_id:
+                    raise EntryConflictError(
+                        f"{self.node_id}:{log_id}/{segment_id} already completed at "
+                        f"{seg.completed_last}, not {last_entry_id}"
+                    )
+                return
+            blocks = [(b, f, min(e, last_entry_id)) for f, e, b in seg.index if f <= last_entry_id]
+            footer = encode_footer(last_entry_id, sorted(blocks))
+            key = f"{log_id}/{segment_id}/footer"
+            if not self.store.put(key, footer, if_none_match=True):
+                self._load(log_id, segment_id, seg)
+                if seg.completed_last != last_entry_id:
+                    raise EntryConflictError(f"{self.node_id}:{key} exists with another end")
+            seg.completed_last = last_entry_id
+            seg.fenced = True
+
+    def read(self, log_id: int, segment_id: int, from_entry_id: int, max_entries: int) -> list[bytes]:
+        """Up to `max_entries` consecutive entries (LogEntry bytes) from `from_entry_id`."""
+        seg = self._segment(log_id, segment_id)
+        with seg.lock:
+            self._ensure(log_id, segment_id, seg)
+            if seg.completed_last is None and seg.holds(from_entry_id) is None:
+                self._load(log_id, segment_id, seg)  # another process may have added blocks
+            end = seg.completed_last
+        out: list[bytes] = []
+        entry_id = from_entry_id
+        while len(out) < max_entries and (end is None or entry_id <= end):
+            with seg.lock:
+                block = seg.holds(entry_id)
+            if block is None:
+                break
+            header, records = self._block(log_id, segment_id, block)
+            stop = header.last_entry_id if end is None else min(header.last_entry_id, end)
+            stop = min(stop, entry_id + max_entries - len(out) - 1)
+            for eid in range(entry_id, stop + 1):
+                where = f"{self.node_id}:{log_id}/{segment_id}/{block}.blk entry {eid}"
+                out.append(record_entry(records[eid - header.first_entry_id], where))
+            entry_id = stop + 1
+        return out
+
+    def last_add_confirmed(self, log_id: int, segment_id: int) -> tuple[int, int]:
+        """(last contiguous entry id held, highest LAC piggybacked), refreshed from the store."""
+        seg = self._segment(log_id, segment_id)
+        with seg.lock:
+            self._load(log_id, segment_id, seg)
+            last = seg.contiguous_last()
+            if seg.completed_last is not None:
+                return min(last, seg.completed_last), seg.completed_last
+            return last, seg.lac
+
+    def delete_segment(self, log_id: int, segment_id: int) -> None:
+        seg = self._segment(log_id, segment_id)
+        with seg.lock:
+            self.store.delete_prefix(segment_prefix(log_id, segment_id))
+            with self._segments_lock:
+                self._segments.pop((log_id, segment_id), None)
+        with self._cache_lock:
+            for key in [k for k in self._cache if k[:2] == (log_id, segment_id)]:
+                data, _ = self._cache.pop(key)
+                self._cache_bytes -= len(data)
+
+    def delete_log(self, log_id: int) -> None:
+        self.store.delete_prefix(f"{log_id}/")
+        with self._segments_lock:
+            for key in [k for k in self._segments if k[0] == log_id]:
+                del self._segments[key]

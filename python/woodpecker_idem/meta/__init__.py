@@ -1,0 +1,51 @@
+"""Metadata stores: the backend-neutral contract (`base`) and its backends.
+
+`open_metadata_store` is the one place that maps a `meta.type` config value to a backend, so callers
+(client, CLI, Spark workers) never import a backend module directly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from ..errors import ConfigError
+from .base import LogGroupMeta, LogMeta, MetadataStore, NodeInfo, SegmentMeta
+from .sqlite import SqliteMetadataStore
+
+__all__ = [
+    "LogGroupMeta",
+    "LogMeta",
+    "MetadataStore",
+    "NodeInfo",
+    "SegmentMeta",
+    "SqliteMetadataStore",
+    "open_metadata_store",
+]
+
+META_TYPES = ("sqlite", "etcd")
+
+
+def open_metadata_store(
+    type: str,  # shadows the builtin on purpose: it is the `meta.type` config key
+    *,
+    path: str | os.PathLike[str] | None = None,
+    endpoints: Sequence[str] | None = None,
+    prefix: str = "/woodpecker",
+) -> MetadataStore:
+    """Open the metadata backend named by `meta.type`.
+
+    sqlite needs `path` (the config resolves its default, `<data_dir>/meta.sqlite`); etcd will use
+    `endpoints` and `prefix`.
+    """
+    if type == "sqlite":
+        if path is None:
+            raise ConfigError("meta.path is required when meta.type is 'sqlite'")
+        return SqliteMetadataStore(path)
+    if type == "etcd":
+        raise ConfigError(
+            "meta.type 'etcd' is not yet available in this version; use meta.type 'sqlite'"
+        )
+    raise ConfigError(
+        f"meta.type = {type!r} is invalid: allowed values are {', '.join(META_TYPES)}"
+    )

@@ -1,0 +1,141 @@
+"""The metadata contract: logs, segments, writer epochs, nodes — every change a compare-and-swap.
+
+Backends: SQLite (embedded default, safe across processes) and etcd (service mode). One contract
+suite (`tests/test_meta_contract.py`) runs against each.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from ..types import LogMessageId, SegmentState
+
+
+@dataclass(frozen=True, slots=True)
+class LogMeta:
+    log_id: int
+    name: str
+    created_ms: int
+    writer_epoch: int = 0
+    lease_owner: str = ""
+    lease_expires_ms: int = 0
+    truncated_to: LogMessageId | None = None  # entries before it are gone
+    group: str = ""  # log group name ("" if none)
+    revision: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentMeta:
+    log_id: int
+    segment_id: int
+    state: SegmentState
+    nodes: tuple[str, ...]  # LogStore node ids, ensemble order
+    es: int
+    wq: int
+    aq: int
+    created_ms: int
+    last_entry_id: int = -1  # set on completion: the last entry in the segment (-1: empty)
+    completed_ms: int = 0
+    size_bytes: int = 0
+    revision: int = 0  # assigned by the store; pass the one you read to update
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    node_id: str
+    address: str  # "inproc://name" or "host:port"
+    registered_ms: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LogGroupMeta:
+    name: str
+    partitions: int
+    created_ms: int
+
+
+class MetadataStore(ABC):
+    """Every method is atomic. Writer-issued changes carry the writer's epoch and fail with
+    `WriterFencedError` when the log's epoch has moved on."""
+
+    # --- logs ---
+    @abstractmethod
+    def create_log(self, name: str, now_ms: int, group: str = "") -> LogMeta:
+        """New log with the next numeric id; `LogExistsError` if the name is taken."""
+
+    @abstractmethod
+    def get_log(self, name: str) -> LogMeta:
+        """`LogNotFoundError` if absent."""
+
+    @abstractmethod
+    def get_log_by_id(self, log_id: int) -> LogMeta:
+        """`LogNotFoundError` if absent."""
+
+    @abstractmethod
+    def list_logs(self) -> list[LogMeta]:
+        """All logs, ordered by log id."""
+
+    @abstractmethod
+    def delete_log(self, name: str) -> LogMeta:
+        """Remove the log and all its segment records; returns what was removed."""
+
+    # --- writer epoch and lease ---
+    @abstractmethod
+    def take_over(self, log_id: int, owner: str, now_ms: int, lease_ms: int) -> int:
+        """Bump the writer epoch (one transaction) and record the lease; returns the new epoch."""
+
+    @abstractmethod
+    def renew_lease(self, log_id: int, epoch: int, owner: str, now_ms: int, lease_ms: int) -> None:
+        """Extend the lease; `WriterFencedError` if `epoch` is no longer current."""
+
+    @abstractmethod
+    def check_epoch(self, log_id: int, epoch: int) -> None:
+        """`WriterFencedError` if `epoch` is no longer the log's current writer epoch."""
+
+    # --- segments ---
+    @abstractmethod
+    def create_segment(self, epoch: int, seg: SegmentMeta) -> SegmentMeta:
+        """Create if absent, conditioned on epoch. `MetadataConflictError` if it exists."""
+
+    @abstractmethod
+    def update_segment(self, epoch: int | None, seg: SegmentMeta) -> SegmentMeta:
+        """Compare-and-swap on `seg.revision` (and on epoch unless None); returns the stored record
+        with its new revision. `MetadataConflictError` on a revision mismatch."""
+
+    @abstractmethod
+    def get_segment(self, log_id: int, segment_id: int) -> SegmentMeta | None: ...
+
+    @abstractmethod
+    def list_segments(self, log_id: int) -> list[SegmentMeta]:
+        """Segments of a log, ordered by segment id."""
+
+    @abstractmethod
+    def delete_segment(self, log_id: int, segment_id: int) -> None: ...
+
+    @abstractmethod
+    def set_truncation(self, log_id: int, to: LogMessageId) -> LogMeta:
+        """Move the truncation point forward (never back); returns the updated log."""
+
+    # --- log groups (Spark) ---
+    @abstractmethod
+    def create_log_group(self, name: str, partitions: int, now_ms: int) -> LogGroupMeta:
+        """Create, or return the existing group; `LogGroupSizeMismatchError` if the size differs."""
+
+    @abstractmethod
+    def get_log_group(self, name: str) -> LogGroupMeta | None: ...
+
+    # --- node registry ---
+    @abstractmethod
+    def register_node(self, node: NodeInfo) -> None: ...
+
+    @abstractmethod
+    def unregister_node(self, node_id: str) -> None: ...
+
+    @abstractmethod
+    def list_nodes(self) -> list[NodeInfo]:
+        """Registered nodes ordered by node id."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""

@@ -1,0 +1,599 @@
+"""SQLite `MetadataStore`: the embedded default, one file shared safely by processes and threads.
+
+Why it is safe across processes: WAL mode (readers never block the writer), a `busy_timeout` so a
+writer waits for another instead of failing at once, and every mutation inside `BEGIN IMMEDIATE`,
+which takes the write lock up front so a read-then-write (compare-and-swap, epoch check) can never
+interleave with another writer. Each thread gets its own connection, and a forked child opens new
+ones: SQLite connections must never cross a fork.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..errors import (
+    InvalidArgumentError,
+    InvalidTypeError,
+    LogExistsError,
+    LogGroupSizeMismatchError,
+    LogNotFoundError,
+    MetadataConflictError,
+    StorageUnavailableError,
+    WriterFencedError,
+)
+from ..types import LogMessageId, SegmentState
+from .base import LogGroupMeta, LogMeta, MetadataStore, NodeInfo, SegmentMeta
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUSY_TIMEOUT_MS = 10_000
+
+_SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS schema_info (
+    version INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS logs (
+    log_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL UNIQUE,
+    created_ms INTEGER NOT NULL,
+    writer_epoch INTEGER NOT NULL DEFAULT 0,
+    lease_owner TEXT NOT NULL DEFAULT '',
+    lease_expires_ms INTEGER NOT NULL DEFAULT 0,
+    trunc_segment_id INTEGER,
+    trunc_entry_id INTEGER,
+    grp TEXT NOT NULL DEFAULT '',
+    revision INTEGER NOT NULL DEFAULT 1
+);
+CREATE TABLE IF NOT EXISTS segments (
+    log_id INTEGER NOT NULL,
+    segment_id INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    nodes TEXT NOT NULL,
+    es INTEGER NOT NULL,
+    wq INTEGER NOT NULL,
+    aq INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL,
+    last_entry_id INTEGER NOT NULL DEFAULT -1,
+    completed_ms INTEGER NOT NULL DEFAULT 0,
+    size_bytes INTEGER NOT NULL DEFAULT 0,
+    revision INTEGER NOT NULL DEFAULT 1,
+    PRIMARY KEY (log_id, segment_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS log_groups (
+    name TEXT PRIMARY KEY,
+    partitions INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS nodes (
+    node_id TEXT PRIMARY KEY,
+    address TEXT NOT NULL,
+    registered_ms INTEGER NOT NULL,
+    labels TEXT NOT NULL
+) WITHOUT ROWID;
+"""
+
+_LOG_COLUMNS = (
+    "log_id, name, created_ms, writer_epoch, lease_owner, lease_expires_ms, "
+    "trunc_segment_id, trunc_entry_id, grp, revision"
+)
+_SEG_COLUMNS = (
+    "log_id, segment_id, state, nodes, es, wq, aq, created_ms, last_entry_id, completed_ms, "
+    "size_bytes, revision"
+)
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+def _check_name(what: str, name: object) -> str:
+    if not isinstance(name, str):
+        raise InvalidTypeError(f"{what} must be a str, got {type(name).__name__}")
+    if not name:
+        raise InvalidArgumentError(f"{what} must not be empty")
+    return name
+
+
+def _row_to_log(row: tuple[Any, ...]) -> LogMeta:
+    trunc = None if row[6] is None else LogMessageId(row[6], row[7])
+    return LogMeta(
+        log_id=row[0],
+        name=row[1],
+        created_ms=row[2],
+        writer_epoch=row[3],
+        lease_owner=row[4],
+        lease_expires_ms=row[5],
+        truncated_to=trunc,
+        group=row[8],
+        revision=row[9],
+    )
+
+
+def _row_to_segment(row: tuple[Any, ...]) -> SegmentMeta:
+    return SegmentMeta(
+        log_id=row[0],
+        segment_id=row[1],
+        state=SegmentState(row[2]),
+        nodes=tuple(json.loads(row[3])),
+        es=row[4],
+        wq=row[5],
+        aq=row[6],
+        created_ms=row[7],
+        last_entry_id=row[8],
+        completed_ms=row[9],
+        size_bytes=row[10],
+        revision=row[11],
+    )
+
+
+def _state_value(state: object) -> str:
+    """Accept the enum (or its exact value) and store the value, so rows always parse back."""
+    try:
+        return SegmentState(state).value
+    except ValueError:
+        allowed = ", ".join(s.value for s in SegmentState)
+        raise InvalidArgumentError(
+            f"segment state must be one of {allowed}, got {state!r}"
+        ) from None
+
+
+class SqliteMetadataStore(MetadataStore):
+    """`MetadataStore` on one SQLite file; safe to share between threads and processes."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
+    ):
+        text = os.fspath(path)
+        if not text or text == ":memory:" or text.startswith("file:"):
+            # Per-thread connections to ":memory:" would each see a different empty database.
+            raise InvalidArgumentError(
+                f"SqliteMetadataStore path must be a file path, got {text!r}"
+            )
+        if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int):
+            raise InvalidTypeError("busy_timeout_ms must be an int")
+        if busy_timeout_ms < 0:
+            raise InvalidArgumentError(f"busy_timeout_ms must be >= 0, got {busy_timeout_ms}")
+        self._path = Path(text)
+        self._busy_timeout_ms = busy_timeout_ms
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        # (pid, connection) of every connection opened; close() closes this process's own.
+        self._conns: list[tuple[int, sqlite3.Connection]] = []
+        # Connections inherited across fork: kept referenced so they are never closed (or
+        # finalised) in the child, which could disturb the parent's locks and WAL.
+        self._inherited: list[sqlite3.Connection] = []
+        self._owner_pid = os.getpid()
+        self._closed = False
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._init_schema()
+
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickles as (path, timeout): the receiving process opens its own connections."""
+        return (_reopen, (str(self._path), self._busy_timeout_ms))
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    # --- connections and transactions ---------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = sqlite3.connect(
+                self._path,
+                timeout=self._busy_timeout_ms / 1000.0,
+                isolation_level=None,  # autocommit: we issue BEGIN IMMEDIATE ourselves
+                check_same_thread=False,  # used by one thread; close() may run on another
+            )
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                log.warning("SQLite %s: journal_mode is %s, not wal", self._path, mode)
+            # Epochs and fencing decisions must survive power loss: fsync every commit.
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.OperationalError as exc:
+            if conn is not None:
+                conn.close()
+            raise self._unavailable("open", exc) from exc
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._closed:
+            raise StorageUnavailableError(f"SQLite metadata store {self._path} is closed")
+        pid = os.getpid()
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == pid:
+            return conn
+        with self._lock:
+            if pid != self._owner_pid:
+                # First use after a fork: every connection we know of belongs to the parent.
+                self._inherited.extend(c for _, c in self._conns)
+                self._conns = []
+                self._owner_pid = pid
+                log.debug("SQLite %s: new connections after fork (pid %d)", self._path, pid)
+        conn = self._connect()  # outside the lock: opening may wait on busy_timeout
+        with self._lock:
+            if self._closed:  # close() ran while we were opening
+                conn.close()
+                raise StorageUnavailableError(f"SQLite metadata store {self._path} is closed")
+            self._conns.append((pid, conn))
+        self._local.conn = conn
+        self._local.pid = pid
+        return conn
+
+    def _unavailable(self, op: str, exc: sqlite3.OperationalError) -> StorageUnavailableError:
+        if _is_busy(exc):
+            return StorageUnavailableError(
+                f"SQLite metadata store {self._path} stayed locked for "
+                f"{self._busy_timeout_ms} ms during {op}: {exc}"
+            )
+        return StorageUnavailableError(
+            f"SQLite metadata store {self._path} failed during {op}: {exc}"
+        )
+
+    @contextmanager
+    def _write(self, op: str) -> Iterator[sqlite3.Connection]:
+        """One mutation: BEGIN IMMEDIATE takes the write lock first, so reads inside see the latest
+        committed state and nothing else can commit between our check and our write."""
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise self._unavailable(op, exc) from exc
+        try:
+            yield conn
+        except BaseException:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:  # pragma: no cover - rollback after a failed statement
+                log.debug("SQLite rollback failed after error in %s", op, exc_info=True)
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise self._unavailable(op, exc) from exc
+
+    def _read(self, op: str, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        try:
+            return self._conn().execute(sql, args).fetchall()
+        except sqlite3.OperationalError as exc:
+            raise self._unavailable(op, exc) from exc
+
+    def _init_schema(self) -> None:
+        with self._write("schema") as conn:
+            try:
+                # Statement by statement: executescript() would COMMIT our transaction.
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        conn.execute(stmt)
+                row = conn.execute("SELECT version FROM schema_info").fetchone()
+                if row is None:
+                    conn.execute("INSERT INTO schema_info(version) VALUES (?)", (_SCHEMA_VERSION,))
+                elif row[0] != _SCHEMA_VERSION:
+                    raise StorageUnavailableError(
+                        f"SQLite metadata store {self._path} has schema version {row[0]}; "
+                        f"this version of woodpecker_idem reads version {_SCHEMA_VERSION}"
+                    )
+            except sqlite3.OperationalError as exc:
+                raise self._unavailable("schema", exc) from exc
+
+    @staticmethod
+    def _log_row(conn: sqlite3.Connection, log_id: int) -> tuple[Any, ...]:
+        row = conn.execute(
+            f"SELECT {_LOG_COLUMNS} FROM logs WHERE log_id = ?", (log_id,)
+        ).fetchone()
+        if row is None:
+            raise LogNotFoundError(f"log id {log_id} does not exist")
+        return row
+
+    @staticmethod
+    def _check_epoch_in(conn: sqlite3.Connection, log_id: int, epoch: int, op: str) -> None:
+        row = conn.execute(
+            "SELECT name, writer_epoch FROM logs WHERE log_id = ?", (log_id,)
+        ).fetchone()
+        if row is None:
+            raise LogNotFoundError(f"log id {log_id} does not exist")
+        name, current = row
+        if current != epoch:
+            raise WriterFencedError(
+                f"log {name!r} (id {log_id}): {op} by writer epoch {epoch} refused, "
+                f"current writer epoch is {current}"
+            )
+
+    # --- logs ---------------------------------------------------------------------------------
+
+    def create_log(self, name: str, now_ms: int, group: str = "") -> LogMeta:
+        _check_name("log name", name)
+        if not isinstance(group, str):
+            raise InvalidTypeError(f"group must be a str, got {type(group).__name__}")
+        with self._write("create_log") as conn:
+            if conn.execute("SELECT 1 FROM logs WHERE name = ?", (name,)).fetchone():
+                raise LogExistsError(f"log {name!r} already exists")
+            cur = conn.execute(
+                "INSERT INTO logs(name, created_ms, grp) VALUES (?, ?, ?)", (name, now_ms, group)
+            )
+            row = self._log_row(conn, int(cur.lastrowid or 0))
+        meta = _row_to_log(row)
+        log.info("created log %r (id %d)", name, meta.log_id)
+        return meta
+
+    def get_log(self, name: str) -> LogMeta:
+        rows = self._read("get_log", f"SELECT {_LOG_COLUMNS} FROM logs WHERE name = ?", (name,))
+        if not rows:
+            raise LogNotFoundError(f"log {name!r} does not exist")
+        return _row_to_log(rows[0])
+
+    def get_log_by_id(self, log_id: int) -> LogMeta:
+        rows = self._read(
+            "get_log_by_id", f"SELECT {_LOG_COLUMNS} FROM logs WHERE log_id = ?", (log_id,)
+        )
+        if not rows:
+            raise LogNotFoundError(f"log id {log_id} does not exist")
+        return _row_to_log(rows[0])
+
+    def list_logs(self) -> list[LogMeta]:
+        rows = self._read("list_logs", f"SELECT {_LOG_COLUMNS} FROM logs ORDER BY log_id")
+        return [_row_to_log(r) for r in rows]
+
+    def delete_log(self, name: str) -> LogMeta:
+        with self._write("delete_log") as conn:
+            row = conn.execute(
+                f"SELECT {_LOG_COLUMNS} FROM logs WHERE name = ?", (name,)
+            ).fetchone()
+            if row is None:
+                raise LogNotFoundError(f"log {name!r} does not exist")
+            conn.execute("DELETE FROM segments WHERE log_id = ?", (row[0],))
+            conn.execute("DELETE FROM logs WHERE log_id = ?", (row[0],))
+        log.info("deleted log %r (id %d)", name, row[0])
+        return _row_to_log(row)
+
+    # --- writer epoch and lease ----------------------------------------------------------------
+
+    def take_over(self, log_id: int, owner: str, now_ms: int, lease_ms: int) -> int:
+        with self._write("take_over") as conn:
+            row = self._log_row(conn, log_id)
+            epoch = row[3] + 1
+            conn.execute(
+                "UPDATE logs SET writer_epoch = ?, lease_owner = ?, lease_expires_ms = ?, "
+                "revision = revision + 1 WHERE log_id = ?",
+                (epoch, owner, now_ms + lease_ms, log_id),
+            )
+        log.info("log %r (id %d): writer %r took over at epoch %d", row[1], log_id, owner, epoch)
+        return epoch
+
+    def renew_lease(self, log_id: int, epoch: int, owner: str, now_ms: int, lease_ms: int) -> None:
+        with self._write("renew_lease") as conn:
+            self._check_epoch_in(conn, log_id, epoch, "renew_lease")
+            conn.execute(
+                "UPDATE logs SET lease_owner = ?, lease_expires_ms = ?, revision = revision + 1 "
+                "WHERE log_id = ?",
+                (owner, now_ms + lease_ms, log_id),
+            )
+
+    def check_epoch(self, log_id: int, epoch: int) -> None:
+        rows = self._read(
+            "check_epoch", "SELECT name, writer_epoch FROM logs WHERE log_id = ?", (log_id,)
+        )
+        if not rows:
+            raise LogNotFoundError(f"log id {log_id} does not exist")
+        name, current = rows[0]
+        if current != epoch:
+            raise WriterFencedError(
+                f"log {name!r} (id {log_id}): writer epoch {epoch} is fenced, "
+                f"current writer epoch is {current}"
+            )
+
+    # --- segments -----------------------------------------------------------------------------
+
+    def create_segment(self, epoch: int, seg: SegmentMeta) -> SegmentMeta:
+        state = _state_value(seg.state)
+        nodes = json.dumps(list(seg.nodes))
+        with self._write("create_segment") as conn:
+            self._check_epoch_in(conn, seg.log_id, epoch, "create_segment")
+            exists = conn.execute(
+                "SELECT revision FROM segments WHERE log_id = ? AND segment_id = ?",
+                (seg.log_id, seg.segment_id),
+            ).fetchone()
+            if exists is not None:
+                raise MetadataConflictError(
+                    f"segment {seg.segment_id} of log id {seg.log_id} already exists"
+                )
+            conn.execute(
+                f"INSERT INTO segments({_SEG_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,1)",
+                (
+                    seg.log_id,
+                    seg.segment_id,
+                    state,
+                    nodes,
+                    seg.es,
+                    seg.wq,
+                    seg.aq,
+                    seg.created_ms,
+                    seg.last_entry_id,
+                    seg.completed_ms,
+                    seg.size_bytes,
+                ),
+            )
+            row = self._segment_row(conn, seg.log_id, seg.segment_id)
+        return _row_to_segment(row)
+
+    @staticmethod
+    def _segment_row(conn: sqlite3.Connection, log_id: int, segment_id: int) -> tuple[Any, ...]:
+        return conn.execute(
+            f"SELECT {_SEG_COLUMNS} FROM segments WHERE log_id = ? AND segment_id = ?",
+            (log_id, segment_id),
+        ).fetchone()
+
+    def update_segment(self, epoch: int | None, seg: SegmentMeta) -> SegmentMeta:
+        state = _state_value(seg.state)
+        nodes = json.dumps(list(seg.nodes))
+        with self._write("update_segment") as conn:
+            if epoch is not None:
+                self._check_epoch_in(conn, seg.log_id, epoch, "update_segment")
+            cur = conn.execute(
+                "UPDATE segments SET state = ?, nodes = ?, es = ?, wq = ?, aq = ?, created_ms = ?, "
+                "last_entry_id = ?, completed_ms = ?, size_bytes = ?, revision = revision + 1 "
+                "WHERE log_id = ? AND segment_id = ? AND revision = ?",
+                (
+                    state,
+                    nodes,
+                    seg.es,
+                    seg.wq,
+                    seg.aq,
+                    seg.created_ms,
+                    seg.last_entry_id,
+                    seg.completed_ms,
+                    seg.size_bytes,
+                    seg.log_id,
+                    seg.segment_id,
+                    seg.revision,
+                ),
+            )
+            if cur.rowcount != 1:
+                found = conn.execute(
+                    "SELECT revision FROM segments WHERE log_id = ? AND segment_id = ?",
+                    (seg.log_id, seg.segment_id),
+                ).fetchone()
+                now = "it does not exist" if found is None else f"it is at revision {found[0]}"
+                raise MetadataConflictError(
+                    f"segment {seg.segment_id} of log id {seg.log_id}: update expected revision "
+                    f"{seg.revision} but {now}"
+                )
+            row = self._segment_row(conn, seg.log_id, seg.segment_id)
+        return _row_to_segment(row)
+
+    def get_segment(self, log_id: int, segment_id: int) -> SegmentMeta | None:
+        rows = self._read(
+            "get_segment",
+            f"SELECT {_SEG_COLUMNS} FROM segments WHERE log_id = ? AND segment_id = ?",
+            (log_id, segment_id),
+        )
+        return _row_to_segment(rows[0]) if rows else None
+
+    def list_segments(self, log_id: int) -> list[SegmentMeta]:
+        rows = self._read(
+            "list_segments",
+            f"SELECT {_SEG_COLUMNS} FROM segments WHERE log_id = ? ORDER BY segment_id",
+            (log_id,),
+        )
+        return [_row_to_segment(r) for r in rows]
+
+    def delete_segment(self, log_id: int, segment_id: int) -> None:
+        with self._write("delete_segment") as conn:
+            conn.execute(
+                "DELETE FROM segments WHERE log_id = ? AND segment_id = ?", (log_id, segment_id)
+            )
+
+    def set_truncation(self, log_id: int, to: LogMessageId) -> LogMeta:
+        to = LogMessageId(*to)
+        with self._write("set_truncation") as conn:
+            row = self._log_row(conn, log_id)
+            current = None if row[6] is None else LogMessageId(row[6], row[7])
+            if current is None or to > current:
+                conn.execute(
+                    "UPDATE logs SET trunc_segment_id = ?, trunc_entry_id = ?, "
+                    "revision = revision + 1 WHERE log_id = ?",
+                    (to.segment_id, to.entry_id, log_id),
+                )
+                row = self._log_row(conn, log_id)
+            else:
+                log.debug(
+                    "log id %d: truncation to %s ignored (already at %s)", log_id, to, current
+                )
+        return _row_to_log(row)
+
+    # --- log groups ---------------------------------------------------------------------------
+
+    def create_log_group(self, name: str, partitions: int, now_ms: int) -> LogGroupMeta:
+        _check_name("log group name", name)
+        if isinstance(partitions, bool) or not isinstance(partitions, int):
+            raise InvalidTypeError(f"partitions must be an int, got {type(partitions).__name__}")
+        if partitions < 1:
+            raise InvalidArgumentError(f"partitions must be >= 1, got {partitions}")
+        with self._write("create_log_group") as conn:
+            row = conn.execute(
+                "SELECT name, partitions, created_ms FROM log_groups WHERE name = ?", (name,)
+            ).fetchone()
+            if row is None:
+                conn.execute(
+                    "INSERT INTO log_groups(name, partitions, created_ms) VALUES (?, ?, ?)",
+                    (name, partitions, now_ms),
+                )
+                row = (name, partitions, now_ms)
+        group = LogGroupMeta(name=row[0], partitions=row[1], created_ms=row[2])
+        if group.partitions != partitions:
+            raise LogGroupSizeMismatchError(
+                f"log group {name!r} exists with {group.partitions} partitions, not {partitions}"
+            )
+        return group
+
+    def get_log_group(self, name: str) -> LogGroupMeta | None:
+        rows = self._read(
+            "get_log_group",
+            "SELECT name, partitions, created_ms FROM log_groups WHERE name = ?",
+            (name,),
+        )
+        return LogGroupMeta(*rows[0]) if rows else None
+
+    # --- node registry ------------------------------------------------------------------------
+
+    def register_node(self, node: NodeInfo) -> None:
+        _check_name("node_id", node.node_id)
+        labels = json.dumps(dict(node.labels), sort_keys=True)
+        with self._write("register_node") as conn:
+            conn.execute(
+                "INSERT INTO nodes(node_id, address, registered_ms, labels) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(node_id) DO UPDATE SET address = excluded.address, "
+                "registered_ms = excluded.registered_ms, labels = excluded.labels",
+                (node.node_id, node.address, node.registered_ms, labels),
+            )
+
+    def unregister_node(self, node_id: str) -> None:
+        with self._write("unregister_node") as conn:
+            conn.execute("DELETE FROM nodes WHERE node_id = ?", (node_id,))
+
+    def list_nodes(self) -> list[NodeInfo]:
+        rows = self._read(
+            "list_nodes",
+            "SELECT node_id, address, registered_ms, labels FROM nodes ORDER BY node_id",
+        )
+        return [NodeInfo(r[0], r[1], r[2], json.loads(r[3])) for r in rows]
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close this process's connections (all threads); inherited ones are left alone."""
+        with self._lock:
+            self._closed = True
+            pid = os.getpid()
+            mine = [c for p, c in self._conns if p == pid]
+            self._conns = []
+        for conn in mine:
+            try:
+                conn.close()
+            except sqlite3.Error:  # pragma: no cover
+                log.debug("closing SQLite connection failed", exc_info=True)
+
+    def __repr__(self) -> str:
+        return f"SqliteMetadataStore({str(self._path)!r})"
+
+
+def _reopen(path: str, busy_timeout_ms: int) -> SqliteMetadataStore:
+    return SqliteMetadataStore(path, busy_timeout_ms=busy_timeout_ms)

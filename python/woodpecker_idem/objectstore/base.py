@@ -1,0 +1,42 @@
+"""The object-storage contract the LogStore and the snapshot writer rely on."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+
+class ObjectStore(ABC):
+    """Flat key -> bytes storage with create-if-absent puts.
+
+    Keys are relative, "/"-separated, never start with "/" and never contain "..". `put` with
+    `if_none_match=True` is the fencing primitive: exactly one of several concurrent creators wins.
+    Transient failures are retried with backoff inside the backend; when retries run out the backend
+    raises `StorageUnavailableError`.
+    """
+
+    @abstractmethod
+    def put(self, key: str, data: bytes, *, if_none_match: bool = False) -> bool:
+        """Store `data` at `key`. With `if_none_match`, returns False (and writes nothing) if the key
+        exists; otherwise returns True. Without it, atomically replaces. Durable when it returns."""
+
+    @abstractmethod
+    def get(self, key: str) -> bytes | None:
+        """The object's bytes, or None if absent."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Every key starting with `prefix`, sorted lexicographically."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove `key`; deleting an absent key is not an error."""
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Remove every key under `prefix`; returns how many were removed."""
+        keys = self.list(prefix)
+        for key in keys:
+            self.delete(key)
+        return len(keys)
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections; the default has none."""

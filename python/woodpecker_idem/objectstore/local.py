@@ -1,0 +1,310 @@
+"""Local-directory ObjectStore: the embedded default.
+
+Every object is one file below `root`. Puts are atomic and durable: the bytes go to a temp file in
+the target directory, which is fsynced and then published with `os.link` (create-if-absent: the
+kernel refuses an existing name, so exactly one of several concurrent creators wins, across threads
+and processes) or `os.replace` (overwrite); the directory is fsynced afterwards so the new name
+survives a crash. Readers therefore see either the whole old or the whole new file, never a part.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import time
+from collections.abc import Iterator
+
+from woodpecker_idem.errors import InvalidArgumentError, InvalidTypeError
+from woodpecker_idem.objectstore.base import ObjectStore
+
+logger = logging.getLogger(__name__)
+
+#: Temp files start with this; `list` skips them and keys may not use it (so switching backends
+#: never makes a valid key invalid).
+TEMP_PREFIX = ".wp-tmp-"
+
+_O_BINARY = getattr(os, "O_BINARY", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_BINARY | _O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC
+_datasync = getattr(os, "fdatasync", os.fsync)  # data + size is all a fresh file needs
+# Temp names: pid + a process-wide counter (next() on a count is atomic under the GIL); cheaper
+# than a random name per put. O_EXCL still guards against a crashed process's leftovers.
+_temp_seq = itertools.count()
+
+
+def validate_key(key: object, *, name: str = "key") -> str:
+    """Reject keys that are not portable across backends or could escape the root."""
+    if not isinstance(key, str):
+        raise InvalidTypeError(f"{name} must be a str, got {type(key).__name__}")
+    if not key:
+        raise InvalidArgumentError(f"{name} must not be empty")
+    _check_common(key, name)
+    for part in key.split("/"):
+        if part in ("", "."):
+            raise InvalidArgumentError(
+                f"{name} {key!r} has an empty or '.' path component (use single '/' separators)"
+            )
+        if part.startswith(TEMP_PREFIX):
+            raise InvalidArgumentError(f"{name} {key!r} uses the reserved prefix {TEMP_PREFIX!r}")
+    return key
+
+
+def validate_prefix(prefix: object, *, name: str = "prefix") -> str:
+    """Like `validate_key`, but a prefix may be empty and may end with '/' (a string prefix)."""
+    if not isinstance(prefix, str):
+        raise InvalidTypeError(f"{name} must be a str, got {type(prefix).__name__}")
+    if prefix:
+        _check_common(prefix, name)
+    return prefix
+
+
+def _check_common(value: str, name: str) -> None:
+    if value.startswith("/"):
+        raise InvalidArgumentError(f"{name} {value!r} must be relative (no leading '/')")
+    if "\\" in value:
+        raise InvalidArgumentError(f"{name} {value!r} must not contain a backslash")
+    if "\x00" in value:
+        raise InvalidArgumentError(f"{name} {value!r} must not contain a NUL character")
+    if ".." in value.split("/"):
+        raise InvalidArgumentError(f"{name} {value!r} must not contain a '..' component")
+
+
+def as_bytes(data: object) -> bytes | bytearray | memoryview:
+    """Accept any bytes-like payload; refuse str and friends with a clear error."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        return data
+    raise InvalidTypeError(f"data must be bytes-like, got {type(data).__name__}")
+
+
+class LocalObjectStore(ObjectStore):
+    """Objects as files below a root directory (safe across threads and processes)."""
+
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        """`fsync=False` skips every fsync: only for tests and benchmarks, never for real data."""
+        self.root = os.path.abspath(os.fspath(root))
+        self._fsync = fsync
+        if not os.path.isdir(self.root):
+            self._make_dirs(self.root)
+
+    def __repr__(self) -> str:
+        return f"LocalObjectStore({self.root!r})"
+
+    # --- paths ---------------------------------------------------------------------------------
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, key)
+
+    def _make_dirs(self, path: str) -> None:
+        """mkdir -p that fsyncs the parent of each directory it creates (so the name is durable)."""
+        missing: list[str] = []
+        cur = path
+        while not os.path.isdir(cur):
+            missing.append(cur)
+            parent = os.path.dirname(cur)
+            if parent == cur:
+                break
+            cur = parent
+        for d in reversed(missing):
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                if not os.path.isdir(d):
+                    raise
+                continue  # a concurrent creator made it; it fsyncs the parent itself
+            self._sync_dir(os.path.dirname(d))
+
+    def _sync_dir(self, path: str) -> None:
+        if not self._fsync:
+            return
+        fd = os.open(path, _DIR_FLAGS)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _write_temp(self, final: str, data: bytes | bytearray | memoryview) -> str:
+        """Write `data` to a fresh fsynced temp file beside `final`; returns its path."""
+        head, tail = os.path.split(final)
+        for _attempt in range(5):
+            tmp = os.path.join(head, f"{TEMP_PREFIX}{tail}.{os.getpid()}.{next(_temp_seq)}")
+            try:
+                fd = os.open(tmp, _TEMP_FLAGS, 0o666)
+            except FileExistsError:
+                continue  # a leftover of a crashed process that had our pid: pick another name
+            except FileNotFoundError:
+                # First object in this directory, or a delete_prefix removed it meanwhile.
+                self._make_dirs(head)
+                continue
+            except NotADirectoryError:
+                raise InvalidArgumentError(
+                    f"key {os.path.relpath(final, self.root)!r} lies below an existing object"
+                ) from None
+            try:
+                view = memoryview(data)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+                if self._fsync:
+                    _datasync(fd)
+            except BaseException:
+                os.close(fd)
+                _unlink_quietly(tmp)
+                raise
+            os.close(fd)
+            return tmp
+        raise OSError(errno.ENOENT, f"directory keeps vanishing (attempts={_attempt + 1})", head)
+
+    # --- contract ------------------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes, *, if_none_match: bool = False) -> bool:
+        """Atomic, durable put; with `if_none_match` exactly one concurrent creator gets True."""
+        validate_key(key)
+        payload = as_bytes(data)
+        final = self._path(key)
+        tmp = self._write_temp(final, payload)
+        try:
+            if if_none_match:
+                try:
+                    os.link(tmp, final)
+                except FileExistsError:
+                    if os.path.isdir(final):
+                        raise InvalidArgumentError(
+                            f"key {key!r} names a directory of other objects"
+                        ) from None
+                    return False
+            else:
+                try:
+                    os.replace(tmp, final)
+                except IsADirectoryError:
+                    raise InvalidArgumentError(
+                        f"key {key!r} names a directory of other objects"
+                    ) from None
+                except OSError as exc:
+                    if exc.errno in (errno.ENOTEMPTY, errno.EEXIST) and os.path.isdir(final):
+                        raise InvalidArgumentError(
+                            f"key {key!r} names a directory of other objects"
+                        ) from None
+                    raise
+                tmp = ""
+        finally:
+            if tmp:
+                _unlink_quietly(tmp)
+        self._sync_dir(os.path.dirname(final))
+        return True
+
+    def get(self, key: str) -> bytes | None:
+        """The file's bytes, or None; a directory is not an object."""
+        validate_key(key)
+        try:
+            with open(self._path(key), "rb", buffering=0) as f:
+                return f.readall()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+
+    def list(self, prefix: str) -> list[str]:
+        """Keys starting with `prefix` (a string prefix), sorted; walks only below its directory."""
+        validate_prefix(prefix)
+        slash = prefix.rfind("/")
+        base_rel, name_prefix = prefix[: slash + 1], prefix[slash + 1 :]
+        keys: list[str] = []
+        try:
+            it = os.scandir(os.path.join(self.root, base_rel) if base_rel else self.root)
+        except (FileNotFoundError, NotADirectoryError):
+            return keys
+        with it:
+            top = [e for e in it if e.name.startswith(name_prefix)]
+        for entry in top:
+            keys.extend(_walk_entry(entry, base_rel))
+        keys.sort()
+        return keys
+
+    def delete(self, key: str) -> None:
+        """Unlink the file; absent is fine."""
+        validate_key(key)
+        path = self._path(key)
+        try:
+            os.unlink(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except IsADirectoryError:
+            return  # a directory of other objects is not an object
+        except PermissionError:
+            if os.path.isdir(path):  # macOS reports EPERM for unlink(dir)
+                return
+            raise
+        self._sync_dir(os.path.dirname(path))
+
+    def sweep_temp_files(self, max_age_s: float = 3600.0) -> int:
+        """Remove temp files older than `max_age_s` (left by processes that crashed mid-put)."""
+        cutoff = time.time() - max_age_s
+        removed = 0
+        for dirpath, _, files in os.walk(self.root):
+            for name in files:
+                if not name.startswith(TEMP_PREFIX):
+                    continue
+                path = os.path.join(dirpath, name)
+                try:
+                    if os.stat(path).st_mtime < cutoff:
+                        os.unlink(path)
+                        removed += 1
+                except FileNotFoundError:
+                    continue
+        if removed:
+            logger.info("removed %d stale temp file(s) below %s", removed, self.root)
+        return removed
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Remove every key under `prefix` and prune the directories it emptied."""
+        validate_prefix(prefix)
+        keys = self.list(prefix)
+        dirs: set[str] = set()
+        for key in keys:
+            path = self._path(key)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            dirs.add(os.path.dirname(path))
+        # Prune empty directories, deepest first; a concurrent put simply recreates them.
+        pruned: set[str] = set()
+        for d in sorted(dirs, key=len, reverse=True):
+            while d != self.root and d.startswith(self.root + os.sep) and d not in pruned:
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    break
+                pruned.add(d)
+                d = os.path.dirname(d)
+            dirs.add(d)
+        for d in dirs - pruned:
+            if os.path.isdir(d):
+                self._sync_dir(d)
+        return len(keys)
+
+
+def _walk_entry(entry: os.DirEntry[str], rel_dir: str) -> Iterator[str]:
+    """Every object key at or below `entry` (iterative: no recursion limit on deep trees)."""
+    stack: list[tuple[os.DirEntry[str], str]] = [(entry, rel_dir)]
+    while stack:
+        e, rel = stack.pop()
+        if e.name.startswith(TEMP_PREFIX):
+            continue
+        if e.is_dir(follow_symlinks=False):
+            sub = f"{rel}{e.name}/"
+            try:
+                with os.scandir(e.path) as it:
+                    stack.extend((child, sub) for child in it)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # removed while we walked
+        elif e.is_file(follow_symlinks=False):
+            yield rel + e.name
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

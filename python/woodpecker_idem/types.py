@@ -1,0 +1,53 @@
+"""The value types users see: positions, messages, results, segment states."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class LogMessageId(NamedTuple):
+    """Position of an entry: ordered by (segment_id, entry_id), hashable, cheap to create."""
+
+    segment_id: int
+    entry_id: int
+
+    def __str__(self) -> str:
+        return f"{self.segment_id}:{self.entry_id}"
+
+
+class SegmentState(enum.Enum):
+    """Woodpecker's segment life cycle: ACTIVE -> COMPLETED -> SEALED -> TRUNCATED."""
+
+    ACTIVE = "ACTIVE"
+    COMPLETED = "COMPLETED"
+    SEALED = "SEALED"
+    TRUNCATED = "TRUNCATED"
+
+
+@dataclass(frozen=True, slots=True)
+class WriteMessage:
+    """A payload plus optional string properties (properties are not part of the content key)."""
+
+    payload: bytes
+    properties: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """Where a write landed; `duplicate` is True iff this call did not create the entry."""
+
+    message_id: LogMessageId
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LogMessage:
+    """An entry read back from the log."""
+
+    message_id: LogMessageId
+    payload: bytes
+    properties: dict[str, str]
+    timestamp_ms: int
+    idempotency_key: bytes | None = None

@@ -1,0 +1,177 @@
+//! Argument extraction: bytes-like buffers (zero-copy for `bytes`), little-endian int64 columns,
+//! keys and range-checked integers, each failing with the package's error classes and the
+//! argument's name.
+
+use pyo3::buffer::PyBuffer;
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes, PyInt, PyString};
+
+use crate::errors::{invalid_argument, invalid_type, type_name};
+use crate::keys::{Key, KEY_LEN};
+
+/// Bytes of a bytes-like argument: borrowed from an immutable `bytes` object, otherwise copied
+/// out of the buffer while the GIL is held. The copy is deliberate: a writable exporter
+/// (bytearray, array, numpy) could be resized or written by another thread once the GIL is
+/// released, so only `bytes` is safe to read in place without the GIL.
+pub enum ByteArg<'py> {
+    Borrowed(Bound<'py, PyBytes>),
+    Owned(Vec<u8>),
+}
+
+impl ByteArg<'_> {
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            ByteArg::Borrowed(b) => b.as_bytes(),
+            ByteArg::Owned(v) => v,
+        }
+    }
+}
+
+/// Extract a bytes-like object (bytes, bytearray, memoryview, array.array, any C-contiguous
+/// buffer of any item type: the raw bytes are used).
+pub fn bytes_like<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<ByteArg<'py>> {
+    let py = obj.py();
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(ByteArg::Borrowed(b.clone()));
+    }
+    if let Ok(b) = obj.cast::<PyByteArray>() {
+        return Ok(ByteArg::Owned(b.to_vec()));
+    }
+    if !obj.is_instance_of::<PyString>() {
+        if let Ok(buf) = PyBuffer::<u8>::get(obj) {
+            return Ok(ByteArg::Owned(buf.to_vec(py)?));
+        }
+        // Other item formats ('q', 'I', 'd', ...): view the same memory as unsigned bytes.
+        let raw = py
+            .import("builtins")
+            .and_then(|b| b.getattr("memoryview"))
+            .and_then(|mv| mv.call1((obj,)))
+            .and_then(|view| view.call_method1("cast", ("B",)));
+        if let Ok(view) = raw {
+            if let Ok(buf) = PyBuffer::<u8>::get(&view) {
+                return Ok(ByteArg::Owned(buf.to_vec(py)?));
+            }
+        }
+    }
+    Err(invalid_type(
+        py,
+        format!("{name} must be a bytes-like object, not {}", type_name(obj)),
+    ))
+}
+
+/// A 16-byte key argument.
+pub fn key(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Key> {
+    let b = bytes_like(obj, name)?;
+    <Key>::try_from(b.as_slice()).map_err(|_| {
+        invalid_argument(
+            obj.py(),
+            format!(
+                "{name} must be exactly {KEY_LEN} bytes, got {}",
+                b.as_slice().len()
+            ),
+        )
+    })
+}
+
+/// A buffer of N*16 key bytes.
+pub fn key_buffer<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<ByteArg<'py>> {
+    let b = bytes_like(obj, name)?;
+    if b.as_slice().len() % KEY_LEN != 0 {
+        return Err(invalid_argument(
+            obj.py(),
+            format!(
+                "{name} must be a multiple of {KEY_LEN} bytes (N concatenated keys), got {}",
+                b.as_slice().len()
+            ),
+        ));
+    }
+    Ok(b)
+}
+
+/// A column of little-endian int64: a buffer of int64/uint64 items (array('q'), numpy), or raw
+/// bytes whose length is a multiple of 8.
+pub fn i64_column(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
+    let py = obj.py();
+    if !obj.is_instance_of::<PyBytes>() && !obj.is_instance_of::<PyByteArray>() {
+        if let Ok(buf) = PyBuffer::<i64>::get(obj) {
+            return buf.to_vec(py);
+        }
+        if let Ok(buf) = PyBuffer::<u64>::get(obj) {
+            return buf
+                .to_vec(py)?
+                .into_iter()
+                .map(|v| {
+                    i64::try_from(v).map_err(|_| {
+                        invalid_argument(py, format!("{name} holds {v}, beyond int64"))
+                    })
+                })
+                .collect();
+        }
+    }
+    let raw = bytes_like(obj, name)?;
+    let raw = raw.as_slice();
+    if raw.len() % 8 != 0 {
+        return Err(invalid_argument(
+            py,
+            format!(
+                "{name} must hold whole little-endian int64 values, got {} bytes",
+                raw.len()
+            ),
+        ));
+    }
+    Ok(raw
+        .chunks_exact(8)
+        .map(|c| <[u8; 8]>::try_from(c).map_or(0, i64::from_le_bytes))
+        .collect())
+}
+
+/// An int argument as i64 (bool counts as int, like everywhere in Python).
+pub fn int_i64(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
+    let py = obj.py();
+    if !obj.is_instance_of::<PyInt>() {
+        return Err(invalid_type(
+            py,
+            format!("{name} must be an int, not {}", type_name(obj)),
+        ));
+    }
+    obj.extract::<i64>()
+        .map_err(|_| invalid_argument(py, format!("{name} = {obj} does not fit int64")))
+}
+
+fn out_of_range(obj: &Bound<'_, PyAny>, name: &str, range: &str) -> PyErr {
+    invalid_argument(obj.py(), format!("{name} = {obj} is out of range {range}"))
+}
+
+/// An int argument that must fit u32 (segment and entry ids).
+pub fn int_u32(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
+    let range = "0..=4294967295";
+    let v = int_i64(obj, name).map_err(|e| {
+        if obj.is_instance_of::<PyInt>() {
+            out_of_range(obj, name, range)
+        } else {
+            e
+        }
+    })?;
+    u32::try_from(v).map_err(|_| out_of_range(obj, name, range))
+}
+
+/// An int argument that must fit u64 (log ids, epochs).
+pub fn int_u64(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
+    if !obj.is_instance_of::<PyInt>() {
+        return Err(invalid_type(
+            obj.py(),
+            format!("{name} must be an int, not {}", type_name(obj)),
+        ));
+    }
+    obj.extract::<u64>()
+        .map_err(|_| out_of_range(obj, name, "0..=18446744073709551615"))
+}
+
+/// An optional int64 argument (`None` allowed).
+pub fn opt_i64(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<i64>> {
+    match obj {
+        None => Ok(None),
+        Some(o) if o.is_none() => Ok(None),
+        Some(o) => int_i64(o, name).map(Some),
+    }
+}

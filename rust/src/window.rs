@@ -1,0 +1,660 @@
+//! The dedup window: pending keys in a small side table, committed keys in a preallocated ring
+//! kept in commit order and indexed by a `HashTable<u32>` of ring slot numbers.
+//!
+//! Layout per committed key: one 32-byte [`Record`] in the ring plus one `u32` slot number and one
+//! control byte in the index (~ 32 + 5 * 8/7 .. 32 + 5 * 16/7 bytes, i.e. 37.7..43.5 bytes).
+
+use std::collections::TryReserveError;
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
+
+use crate::keys::{Key, KEY_LEN};
+
+/// Largest accepted `max_keys`: ring slots are addressed by `u32`.
+pub const MAX_KEYS_LIMIT: u64 = u32::MAX as u64;
+
+/// One window entry, exactly 32 bytes: the ring element and the pending-table element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct Record {
+    pub key: Key,
+    pub segment_id: u32,
+    pub entry_id: u32,
+    pub timestamp_ms: i64,
+}
+
+const _: () = assert!(std::mem::size_of::<Record>() == 32);
+
+/// Status codes used by batch lookups.
+pub const ABSENT: u8 = 0;
+pub const PENDING: u8 = 1;
+pub const COMMITTED: u8 = 2;
+
+/// Result of a single lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    Absent,
+    Pending(Record),
+    Committed(Record),
+}
+
+/// Why a window operation failed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WindowError {
+    /// `add_pending` of a key that is already pending or committed.
+    KeyPresent,
+}
+
+/// Counters, all monotonically increasing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    pub early_evictions: u64,
+}
+
+/// The dedup window. Not synchronised: the Python class wraps it in a mutex.
+#[derive(Debug)]
+pub struct Window {
+    max_keys: usize,
+    window_ms: i64,
+    seed: u64,
+    /// Committed records; live ones are `[head, head + len)` modulo `max_keys`. Capacity is
+    /// reserved up front and the vector only grows by `push` until it wraps.
+    ring: Vec<Record>,
+    head: usize,
+    len: usize,
+    /// Ring slot numbers, hashed on the key of the record in that slot.
+    index: HashTable<u32>,
+    pending: HashTable<Record>,
+    counters: Counters,
+}
+
+/// murmur3's 64-bit finaliser: a bijection with full avalanche.
+#[inline]
+fn fmix64(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+/// Hash of a key. Keys are usually MD5 output, but callers may pass structured keys (counters,
+/// zero-padded ids), so all 16 bytes are mixed; the per-window random seed keeps crafted keys
+/// from piling into one probe sequence.
+#[inline]
+fn key_hash(seed: u64, key: &Key) -> u64 {
+    let (lo, hi) = key.split_at(8);
+    let lo = <[u8; 8]>::try_from(lo).map_or(0, u64::from_le_bytes);
+    let hi = <[u8; 8]>::try_from(hi).map_or(0, u64::from_le_bytes);
+    fmix64(fmix64(lo ^ seed) ^ hi)
+}
+
+fn random_seed() -> u64 {
+    std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64)
+}
+
+/// Age of an entry at `now`, without overflow for any pair of i64 timestamps.
+#[inline]
+fn age(now_ms: i64, ts_ms: i64) -> i128 {
+    i128::from(now_ms) - i128::from(ts_ms)
+}
+
+impl Window {
+    /// A window for at most `max_keys` committed keys (1..=[`MAX_KEYS_LIMIT`]) and `window_ms`
+    /// (>= 1). Ring and index are reserved for `max_keys` now, so inserts never reallocate.
+    pub fn new(max_keys: usize, window_ms: i64) -> Result<Self, TryReserveError> {
+        Self::with_seed(max_keys, window_ms, random_seed())
+    }
+
+    fn with_seed(max_keys: usize, window_ms: i64, seed: u64) -> Result<Self, TryReserveError> {
+        debug_assert!(max_keys >= 1 && max_keys as u64 <= MAX_KEYS_LIMIT && window_ms >= 1);
+        let mut ring = Vec::new();
+        ring.try_reserve_exact(max_keys)?;
+        let mut index = HashTable::new();
+        index
+            .try_reserve(max_keys, |_: &u32| 0)
+            .map_err(|_| alloc_error())?;
+        Ok(Self {
+            max_keys,
+            window_ms,
+            seed,
+            ring,
+            head: 0,
+            len: 0,
+            index,
+            pending: HashTable::new(),
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+    pub fn window_ms(&self) -> i64 {
+        self.window_ms
+    }
+    pub fn committed_count(&self) -> usize {
+        self.len
+    }
+    pub fn pending_count(&self) -> usize {
+        self.pending.len()
+    }
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Heap bytes owned: ring capacity, index and pending table allocations.
+    pub fn memory_bytes(&self) -> usize {
+        self.ring.capacity() * std::mem::size_of::<Record>()
+            + self.index.allocation_size()
+            + self.pending.allocation_size()
+    }
+
+    #[inline]
+    fn slot(&self, nth: usize) -> usize {
+        let s = self.head + nth;
+        if s >= self.max_keys {
+            s - self.max_keys
+        } else {
+            s
+        }
+    }
+
+    #[inline]
+    fn find_committed(&self, key: &Key, hash: u64) -> Option<&Record> {
+        let ring = &self.ring;
+        self.index
+            .find(hash, |&s| ring.get(s as usize).is_some_and(|r| r.key == *key))
+            .and_then(|&s| ring.get(s as usize))
+    }
+
+    #[inline]
+    fn find_pending(&self, key: &Key, hash: u64) -> Option<&Record> {
+        self.pending.find(hash, |r| r.key == *key)
+    }
+
+    /// Uncounted lookup. With `now_ms`, a committed entry at least `window_ms` old is absent.
+    #[inline]
+    pub fn peek(&self, key: &Key, now_ms: Option<i64>) -> Lookup {
+        let h = key_hash(self.seed, key);
+        if let Some(r) = self.find_committed(key, h) {
+            return match now_ms {
+                Some(now) if age(now, r.timestamp_ms) >= i128::from(self.window_ms) => {
+                    Lookup::Absent
+                }
+                _ => Lookup::Committed(*r),
+            };
+        }
+        match self.find_pending(key, h) {
+            Some(r) => Lookup::Pending(*r),
+            None => Lookup::Absent,
+        }
+    }
+
+    /// Counted lookup: pending and committed entries are hits, anything else a miss.
+    pub fn get(&mut self, key: &Key, now_ms: Option<i64>) -> Lookup {
+        let found = self.peek(key, now_ms);
+        if found == Lookup::Absent {
+            self.counters.misses += 1;
+        } else {
+            self.counters.hits += 1;
+        }
+        found
+    }
+
+    /// Register an in-flight write. The key must be neither pending nor committed.
+    pub fn add_pending(&mut self, rec: Record) -> Result<(), WindowError> {
+        let h = key_hash(self.seed, &rec.key);
+        if self.find_committed(&rec.key, h).is_some() || self.find_pending(&rec.key, h).is_some()
+        {
+            return Err(WindowError::KeyPresent);
+        }
+        let seed = self.seed;
+        self.pending
+            .insert_unique(h, rec, |r| key_hash(seed, &r.key));
+        Ok(())
+    }
+
+    fn take_pending(&mut self, key: &Key, h: u64) -> Option<Record> {
+        self.pending
+            .find_entry(h, |r| r.key == *key)
+            .ok()
+            .map(|e| e.remove().0)
+    }
+
+    /// Move a pending key to the newest end of the commit order; false if it is not pending.
+    pub fn commit(&mut self, key: &Key) -> bool {
+        let h = key_hash(self.seed, key);
+        match self.take_pending(key, h) {
+            Some(rec) => {
+                self.push_committed(rec, h);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Forget a pending key (its write failed); false if it is not pending.
+    pub fn drop_pending(&mut self, key: &Key) -> bool {
+        let h = key_hash(self.seed, key);
+        self.take_pending(key, h).is_some()
+    }
+
+    /// Recovery insert at the newest end. An existing committed entry wins (returns false); a
+    /// pending entry is replaced by the given ids and becomes committed.
+    pub fn add_committed(&mut self, rec: Record) -> bool {
+        let h = key_hash(self.seed, &rec.key);
+        if self.find_committed(&rec.key, h).is_some() {
+            return false;
+        }
+        self.take_pending(&rec.key, h);
+        self.push_committed(rec, h);
+        true
+    }
+
+    /// Append a record known to be absent, evicting the oldest when the ring is full.
+    fn push_committed(&mut self, rec: Record, h: u64) {
+        if self.len == self.max_keys {
+            if let Some(old) = self.pop_oldest() {
+                if age(rec.timestamp_ms, old.timestamp_ms) < i128::from(self.window_ms) {
+                    self.counters.early_evictions += 1;
+                }
+            }
+        }
+        let slot = self.slot(self.len);
+        // Slots are written in order 0, 1, .. until the ring wraps, so `slot` is either an
+        // existing element or exactly the next one to push.
+        match self.ring.get_mut(slot) {
+            Some(dst) => *dst = rec,
+            None => self.ring.push(rec),
+        }
+        self.len += 1;
+        let ring = &self.ring;
+        let seed = self.seed;
+        // max_keys <= u32::MAX, so every slot number fits.
+        self.index.insert_unique(h, slot as u32, |&s| {
+            ring.get(s as usize).map_or(0, |r| key_hash(seed, &r.key))
+        });
+    }
+
+    /// The oldest committed record.
+    fn oldest(&self) -> Option<Record> {
+        if self.len == 0 {
+            None
+        } else {
+            self.ring.get(self.head).copied()
+        }
+    }
+
+    /// Remove the oldest committed record (counted as an eviction).
+    fn pop_oldest(&mut self) -> Option<Record> {
+        if self.len == 0 {
+            return None;
+        }
+        let slot = self.head;
+        let rec = *self.ring.get(slot)?;
+        let h = key_hash(self.seed, &rec.key);
+        if let Ok(e) = self.index.find_entry(h, |&s| s as usize == slot) {
+            e.remove();
+        }
+        self.head = self.slot(1);
+        self.len -= 1;
+        self.counters.evictions += 1;
+        Some(rec)
+    }
+
+    /// Evict committed keys from the oldest end while they are at least `window_ms` old.
+    pub fn evict(&mut self, now_ms: i64) -> usize {
+        let mut n = 0;
+        while let Some(ts) = self.oldest().map(|r| r.timestamp_ms) {
+            if age(now_ms, ts) < i128::from(self.window_ms) {
+                break;
+            }
+            self.pop_oldest();
+            n += 1;
+        }
+        n
+    }
+
+    /// Committed records in commit order as two slices (oldest part first), like `VecDeque`.
+    pub fn committed_slices(&self) -> (&[Record], &[Record]) {
+        let end = self.head + self.len;
+        if end <= self.ring.len() {
+            (self.ring.get(self.head..end).unwrap_or_default(), &[])
+        } else {
+            let wrapped = end - self.max_keys;
+            (
+                self.ring.get(self.head..).unwrap_or_default(),
+                self.ring.get(..wrapped).unwrap_or_default(),
+            )
+        }
+    }
+
+    /// Committed records in commit order, oldest first.
+    pub fn committed_iter(&self) -> impl Iterator<Item = &Record> + '_ {
+        let (a, b) = self.committed_slices();
+        a.iter().chain(b)
+    }
+
+    /// Same config and committed entries in the same order; no pending, zero counters. Copies the
+    /// ring and the index as they are (no rehashing).
+    pub fn clone_committed(&self) -> Result<Self, TryReserveError> {
+        let mut ring = Vec::new();
+        ring.try_reserve_exact(self.max_keys)?;
+        ring.extend_from_slice(&self.ring);
+        Ok(Self {
+            max_keys: self.max_keys,
+            window_ms: self.window_ms,
+            seed: self.seed,
+            ring,
+            head: self.head,
+            len: self.len,
+            index: self.index.clone(),
+            pending: HashTable::new(),
+            counters: Counters::default(),
+        })
+    }
+
+    /// Batch lookup of `keys` (N*16 bytes). Writes N status bytes and N little-endian i64 segment
+    /// and entry ids (-1 where absent) and counts hits and misses. Large batches are split over
+    /// threads; the lookups only read the window.
+    pub fn get_many(&mut self, keys: &[u8], now_ms: Option<i64>) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+        let n = keys.len() / KEY_LEN;
+        let mut status = vec![0u8; n];
+        let mut segs = vec![0u8; n * 8];
+        let mut ents = vec![0u8; n * 8];
+        let threads = crate::keys::parallelism();
+        let hits = if threads < 2 || n < GET_MANY_PARALLEL_MIN {
+            self.lookup_into(keys, now_ms, &mut status, &mut segs, &mut ents)
+        } else {
+            let per = n.div_ceil(threads);
+            let this = &*self;
+            std::thread::scope(|s| {
+                let mut parts = keys
+                    .chunks(per * KEY_LEN)
+                    .zip(status.chunks_mut(per))
+                    .zip(segs.chunks_mut(per * 8).zip(ents.chunks_mut(per * 8)));
+                let first = parts.next();
+                let handles: Vec<_> = parts
+                    .map(|((k, st), (sg, en))| {
+                        s.spawn(move || this.lookup_into(k, now_ms, st, sg, en))
+                    })
+                    .collect();
+                let mut hits = first
+                    .map_or(0, |((k, st), (sg, en))| this.lookup_into(k, now_ms, st, sg, en));
+                for h in handles {
+                    // A lookup cannot panic; if a thread somehow did, re-raise it here.
+                    hits += h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+                }
+                hits
+            })
+        };
+        self.counters.hits += hits as u64;
+        self.counters.misses += (n - hits) as u64;
+        (status, segs, ents)
+    }
+
+    fn lookup_into(
+        &self,
+        keys: &[u8],
+        now_ms: Option<i64>,
+        status: &mut [u8],
+        segs: &mut [u8],
+        ents: &mut [u8],
+    ) -> usize {
+        let mut hits = 0;
+        let rows = keys
+            .chunks_exact(KEY_LEN)
+            .zip(status.iter_mut())
+            .zip(segs.chunks_exact_mut(8).zip(ents.chunks_exact_mut(8)));
+        for ((k, st), (sg, en)) in rows {
+            let key = <Key>::try_from(k).unwrap_or_default();
+            let (code, seg, ent) = match self.peek(&key, now_ms) {
+                Lookup::Absent => (ABSENT, -1i64, -1i64),
+                Lookup::Pending(r) => (PENDING, i64::from(r.segment_id), i64::from(r.entry_id)),
+                Lookup::Committed(r) => {
+                    (COMMITTED, i64::from(r.segment_id), i64::from(r.entry_id))
+                }
+            };
+            hits += usize::from(code != ABSENT);
+            *st = code;
+            sg.copy_from_slice(&seg.to_le_bytes());
+            en.copy_from_slice(&ent.to_le_bytes());
+        }
+        hits
+    }
+
+    /// Recovery insert of many records in order; returns how many were inserted.
+    pub fn add_committed_many(&mut self, recs: impl IntoIterator<Item = Record>) -> usize {
+        recs.into_iter().filter(|r| self.add_committed(*r)).count()
+    }
+}
+
+/// Batches at least this long are looked up on several threads.
+pub const GET_MANY_PARALLEL_MIN: usize = 65_536;
+
+fn alloc_error() -> TryReserveError {
+    // hashbrown's error type differs from std's; produce a std one for a uniform signature.
+    Vec::<u8>::new()
+        .try_reserve(usize::MAX)
+        .expect_err("reserving usize::MAX bytes always fails")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(i: u64) -> Key {
+        let mut key = [0u8; 16];
+        key[8..].copy_from_slice(&i.to_be_bytes());
+        key
+    }
+
+    fn rec(i: u64, ts: i64) -> Record {
+        Record {
+            key: k(i),
+            segment_id: (i / 10) as u32,
+            entry_id: i as u32,
+            timestamp_ms: ts,
+        }
+    }
+
+    fn order(w: &Window) -> Vec<u32> {
+        w.committed_iter().map(|r| r.entry_id).collect()
+    }
+
+    #[test]
+    fn pending_then_commit() {
+        let mut w = Window::new(4, 1000).unwrap();
+        w.add_pending(rec(1, 5)).unwrap();
+        assert_eq!(w.add_pending(rec(1, 6)), Err(WindowError::KeyPresent));
+        assert_eq!(w.get(&k(1), None), Lookup::Pending(rec(1, 5)));
+        assert!(w.commit(&k(1)));
+        assert!(!w.commit(&k(1)));
+        assert_eq!(w.get(&k(1), None), Lookup::Committed(rec(1, 5)));
+        assert_eq!(w.add_pending(rec(1, 6)), Err(WindowError::KeyPresent));
+        assert_eq!(w.get(&k(2), None), Lookup::Absent);
+        assert_eq!(w.counters().hits, 2);
+        assert_eq!(w.counters().misses, 1);
+        w.add_pending(rec(3, 5)).unwrap();
+        assert!(w.drop_pending(&k(3)));
+        assert!(!w.drop_pending(&k(3)));
+        assert_eq!(w.peek(&k(3), None), Lookup::Absent);
+    }
+
+    #[test]
+    fn pending_is_never_evicted_and_not_counted() {
+        let mut w = Window::new(2, 10).unwrap();
+        for i in 100..110 {
+            w.add_pending(rec(i, 0)).unwrap();
+        }
+        for i in 0..50 {
+            assert!(w.add_committed(rec(i, 1_000 + i as i64)));
+        }
+        assert_eq!(w.committed_count(), 2);
+        assert_eq!(w.pending_count(), 10);
+        w.evict(i64::MAX);
+        assert_eq!(w.committed_count(), 0);
+        for i in 100..110 {
+            assert_eq!(w.peek(&k(i), Some(i64::MAX)), Lookup::Pending(rec(i, 0)));
+        }
+    }
+
+    #[test]
+    fn capacity_eviction_follows_commit_order() {
+        let mut w = Window::new(3, 1_000).unwrap();
+        for i in [5, 1, 9, 2] {
+            w.add_pending(rec(i, 0)).unwrap();
+        }
+        // Commit in a different order than the pending adds.
+        for i in [9, 1, 5] {
+            assert!(w.commit(&k(i)));
+        }
+        assert_eq!(order(&w), vec![9, 1, 5]);
+        assert!(w.commit(&k(2)));
+        assert_eq!(order(&w), vec![1, 5, 2]);
+        assert_eq!(w.peek(&k(9), None), Lookup::Absent);
+        assert_eq!(w.counters().evictions, 1);
+        assert_eq!(w.counters().early_evictions, 1);
+    }
+
+    #[test]
+    fn early_eviction_only_within_the_window() {
+        let mut w = Window::new(1, 100).unwrap();
+        w.add_committed(rec(1, 0));
+        w.add_committed(rec(2, 100)); // evicts an entry exactly window_ms old: not early
+        w.add_committed(rec(3, 199)); // 99 ms old: early
+        let c = w.counters();
+        assert_eq!((c.evictions, c.early_evictions), (2, 1));
+    }
+
+    #[test]
+    fn time_eviction() {
+        let mut w = Window::new(10, 100).unwrap();
+        for (i, ts) in [(1, 0), (2, 50), (3, 20), (4, 150)] {
+            w.add_committed(rec(i, ts));
+        }
+        assert_eq!(w.peek(&k(1), Some(99)), Lookup::Committed(rec(1, 0)));
+        assert_eq!(w.peek(&k(1), Some(100)), Lookup::Absent);
+        // Stops at the first entry (in commit order) that is still young.
+        assert_eq!(w.evict(149), 1);
+        assert_eq!(order(&w), vec![2, 3, 4]);
+        assert_eq!(w.evict(i64::MAX), 3);
+        assert_eq!(w.evict(i64::MIN), 0);
+        assert_eq!(w.counters().evictions, 4);
+        assert_eq!(w.counters().early_evictions, 0);
+        // Extreme timestamps must not overflow.
+        w.add_committed(rec(7, i64::MIN));
+        assert_eq!(w.peek(&k(7), Some(i64::MAX)), Lookup::Absent);
+        assert_eq!(w.evict(i64::MAX), 1);
+    }
+
+    #[test]
+    fn add_committed_semantics() {
+        let mut w = Window::new(10, 100).unwrap();
+        assert!(w.add_committed(rec(1, 0)));
+        let mut other = rec(1, 5);
+        other.entry_id = 77;
+        assert!(!w.add_committed(other));
+        assert_eq!(w.peek(&k(1), None), Lookup::Committed(rec(1, 0)));
+        w.add_pending(rec(2, 0)).unwrap();
+        let mut upgrade = rec(2, 3);
+        upgrade.segment_id = 42;
+        assert!(w.add_committed(upgrade));
+        assert_eq!(w.pending_count(), 0);
+        assert_eq!(w.peek(&k(2), None), Lookup::Committed(upgrade));
+        assert_eq!(w.add_committed_many([rec(1, 0), rec(3, 0), rec(3, 0)]), 1);
+    }
+
+    #[test]
+    fn ring_wraps_many_times_and_index_stays_consistent() {
+        let mut w = Window::new(7, 1_000_000).unwrap();
+        for i in 0..1_000u64 {
+            w.add_committed(rec(i, i as i64));
+            if i % 13 == 0 {
+                w.evict(i as i64 - 3 + 1_000_000);
+            }
+            let live: Vec<u32> = order(&w);
+            assert!(live.len() <= 7);
+            for e in &live {
+                assert!(matches!(w.peek(&k(u64::from(*e)), None), Lookup::Committed(_)));
+            }
+            if i >= 7 {
+                assert_eq!(w.peek(&k(i - 7), None), Lookup::Absent);
+            }
+        }
+        assert_eq!(w.memory_bytes() >= 7 * 32, true);
+    }
+
+    #[test]
+    fn clone_committed_copies_order_only() {
+        let mut w = Window::new(4, 100).unwrap();
+        for i in 0..6 {
+            w.add_committed(rec(i, 0));
+        }
+        w.add_pending(rec(50, 0)).unwrap();
+        w.get(&k(1), None);
+        let mut c = w.clone_committed().unwrap();
+        assert_eq!(order(&c), order(&w));
+        assert_eq!(c.pending_count(), 0);
+        assert_eq!(c.counters(), Counters::default());
+        assert_eq!(c.peek(&k(5), None), Lookup::Committed(rec(5, 0)));
+        c.add_committed(rec(9, 0));
+        assert_eq!(order(&c), vec![3, 4, 5, 9]);
+        assert_eq!(order(&w), vec![2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn get_many_matches_get() {
+        let mut w = Window::new(100_000, 1_000).unwrap();
+        for i in 0..100_000u64 {
+            w.add_committed(rec(i, (i % 2000) as i64));
+        }
+        w.add_pending(rec(200_000, 0)).unwrap();
+        let probe: Vec<u64> = (0..70_000u64).map(|i| i * 3).chain([200_000]).collect();
+        let keys: Vec<u8> = probe.iter().flat_map(|&i| k(i)).collect();
+        let (st, sg, en) = w.get_many(&keys, Some(1_500));
+        for (row, &i) in probe.iter().enumerate() {
+            let want = w.peek(&k(i), Some(1_500));
+            let seg = i64::from_le_bytes(sg[row * 8..row * 8 + 8].try_into().unwrap());
+            let ent = i64::from_le_bytes(en[row * 8..row * 8 + 8].try_into().unwrap());
+            match want {
+                Lookup::Absent => assert_eq!((st[row], seg, ent), (ABSENT, -1, -1)),
+                Lookup::Pending(r) => {
+                    assert_eq!((st[row], seg, ent), (PENDING, r.segment_id.into(), r.entry_id.into()))
+                }
+                Lookup::Committed(r) => assert_eq!(
+                    (st[row], seg, ent),
+                    (COMMITTED, r.segment_id.into(), r.entry_id.into())
+                ),
+            }
+        }
+        let c = w.counters();
+        assert_eq!(c.hits + c.misses, probe.len() as u64);
+        assert!(c.hits > 0 && c.misses > 0);
+    }
+
+    #[test]
+    fn memory_target() {
+        for n in [100_000usize, 1_000_000] {
+            let mut w = Window::new(n, 1_000).unwrap();
+            for i in 0..n as u64 {
+                w.add_committed(rec(i, 0));
+            }
+            let per_key = w.memory_bytes() as f64 / n as f64;
+            assert!(per_key <= 44.0, "{n}: {per_key} bytes per key");
+        }
+    }
+
+    #[test]
+    fn structured_keys_hash_apart() {
+        let seed = 1;
+        let a = key_hash(seed, &k(1));
+        let b = key_hash(seed, &k(2));
+        assert_ne!(a, b);
+    }
+}

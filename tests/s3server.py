@@ -1,0 +1,169 @@
+"""Run moto's standalone S3 server as a child process for tests (127.0.0.1 only).
+
+`freeze()`/`thaw()` send SIGSTOP/SIGCONT: the kernel still accepts TCP connections into the
+listen backlog, but nothing answers: what a hung or partitioned object store looks like to a client.
+
+moto checks `If-None-Match: *` and then stores the object in two separate steps (not atomically), so
+two racing conditional PUTs can both succeed there, unlike on S3. With `atomic_conditional_puts`
+(the default) the server runs through a tiny bootstrap that serializes PutObject calls under one
+lock, which restores S3's documented behaviour (exactly one creator wins).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from types import TracebackType
+
+logger = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+
+_BOOTSTRAP = """
+import sys, threading
+import moto.server
+from moto.s3.responses import S3Response
+_lock = threading.Lock()
+_orig_put = S3Response.put_object
+def _put_object(self, *args, **kwargs):
+    with _lock:
+        return _orig_put(self, *args, **kwargs)
+S3Response.put_object = _put_object
+moto.server.main(sys.argv[1:])
+"""
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (bind to 0 and read it back)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+class MotoS3Server:
+    """A moto S3 server process; stop it with `stop()` (by PID, never by name)."""
+
+    def __init__(self, *, atomic_conditional_puts: bool = True, start_timeout_s: float = 30.0):
+        self.atomic_conditional_puts = atomic_conditional_puts
+        self.start_timeout_s = start_timeout_s
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._frozen = False
+        self._log: tempfile._TemporaryFileWrapper[bytes] | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "server not started"
+        return self.proc.pid
+
+    def start(self) -> MotoS3Server:
+        """Start on a free port and wait until it answers HTTP (retrying if the port was taken)."""
+        last_err = ""
+        for _ in range(3):
+            self.port = free_port()
+            args = ["-H", HOST, "-p", str(self.port)]
+            if self.atomic_conditional_puts:
+                cmd = [sys.executable, "-c", _BOOTSTRAP, *args]
+            else:
+                cmd = [sys.executable, "-m", "moto.server", *args]
+            env = dict(os.environ)
+            env.setdefault("AWS_ACCESS_KEY_ID", "testing")
+            env.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+            # A file, not a pipe: moto logs every request, and an undrained pipe would block it.
+            self._log = tempfile.NamedTemporaryFile(prefix="moto-", suffix=".log")  # noqa: SIM115
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+            if self._wait_ready():
+                logger.info("moto S3 server pid %d at %s", self.proc.pid, self.endpoint_url)
+                return self
+            last_err = self._stop_and_collect()
+        raise RuntimeError(f"moto server did not start: {last_err[-2000:]}")
+
+    def _wait_ready(self) -> bool:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                with urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1.0):
+                    return True
+            except urllib.error.HTTPError:
+                return True  # any HTTP answer means it is serving
+            except OSError:
+                time.sleep(0.05)
+        return False
+
+    def log_tail(self, limit: int = 4000) -> str:
+        """The end of the server's combined output (for failure messages)."""
+        if self._log is None:
+            return ""
+        with open(self._log.name, "rb") as f:
+            data = f.read()
+        return data[-limit:].decode(errors="replace")
+
+    def _stop_and_collect(self) -> str:
+        tail = self.log_tail()
+        self.stop()
+        return tail
+
+    def freeze(self) -> None:
+        """SIGSTOP: connections still queue in the backlog, but nothing is answered."""
+        os.kill(self.pid, signal.SIGSTOP)
+        self._frozen = True
+
+    def thaw(self) -> None:
+        """SIGCONT: resume serving (queued requests are then processed)."""
+        os.kill(self.pid, signal.SIGCONT)
+        self._frozen = False
+
+    def stop(self) -> None:
+        """Terminate by PID, wait, then kill if it lingers."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            if self._frozen:
+                try:
+                    os.kill(proc.pid, signal.SIGCONT)  # a stopped process ignores SIGTERM
+                except ProcessLookupError:
+                    pass
+                self._frozen = False
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> MotoS3Server:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,488 @@
+"""DedupWindow (Rust core) against a plain-Python reference model of docs/core-api.md.
+
+The model is written from the contract alone: a pending map that is never evicted nor counted in
+the capacity, committed keys in commit order, capacity eviction of the oldest committed key (an
+*early* eviction when ``new_ts - evicted_ts < window_ms``), time eviction from the oldest end,
+expired entries treated as absent by ``get(key, now)``, and hit/miss/eviction counters. A hypothesis
+state machine drives the model and the real window with the same operations and compares the full
+state after every step.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from typing import Any
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+)
+from woodpecker_idem import _core
+from woodpecker_idem.errors import (
+    InvalidArgumentError,
+    WoodpeckerError,
+)
+
+U32_MAX = 2**32 - 1
+I64_MIN = -(2**63)
+I64_MAX = 2**63 - 1
+
+Value = tuple[int, int, int]  # (segment_id, entry_id, timestamp_ms)
+Entry = tuple[bytes, int, int, int]
+
+
+class RefWindow:
+    """Reference model of DedupWindow, straight from the contract."""
+
+    def __init__(self, max_keys: int, window_ms: int) -> None:
+        self.max_keys = max_keys
+        self.window_ms = window_ms
+        self.pending: dict[bytes, Value] = {}
+        self.committed: OrderedDict[bytes, Value] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.early_evictions = 0
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _append_committed(self, key: bytes, value: Value) -> None:
+        if len(self.committed) >= self.max_keys:
+            _old_key, old = self.committed.popitem(last=False)
+            self.evictions += 1
+            if value[2] - old[2] < self.window_ms:
+                self.early_evictions += 1
+        self.committed[key] = value
+
+    def _expired(self, value: Value, now_ms: int | None) -> bool:
+        return now_ms is not None and now_ms - value[2] >= self.window_ms
+
+    def lookup(self, key: bytes, now_ms: int | None) -> tuple[int, Value | None]:
+        """(status, value) with status 0 absent, 1 pending, 2 committed; counts hit/miss."""
+        if key in self.pending:
+            self.hits += 1
+            return 1, self.pending[key]
+        value = self.committed.get(key)
+        if value is None or self._expired(value, now_ms):
+            self.misses += 1
+            return 0, None
+        self.hits += 1
+        return 2, value
+
+    # -- operations ---------------------------------------------------------------------------
+    def can_add_pending(self, key: bytes) -> bool:
+        return key not in self.pending and key not in self.committed
+
+    def add_pending(self, key: bytes, value: Value) -> None:
+        assert self.can_add_pending(key)
+        self.pending[key] = value
+
+    def commit(self, key: bytes) -> bool:
+        value = self.pending.pop(key, None)
+        if value is None:
+            return False
+        self._append_committed(key, value)
+        return True
+
+    def drop_pending(self, key: bytes) -> bool:
+        return self.pending.pop(key, None) is not None
+
+    def add_committed(self, key: bytes, value: Value) -> bool:
+        if key in self.committed:
+            return False
+        self.pending.pop(key, None)
+        self._append_committed(key, value)
+        return True
+
+    def evict(self, now_ms: int) -> int:
+        n = 0
+        while self.committed:
+            _key, value = next(iter(self.committed.items()))
+            if now_ms - value[2] < self.window_ms:
+                break
+            self.committed.popitem(last=False)
+            n += 1
+        self.evictions += n
+        return n
+
+    def entries(self) -> list[Entry]:
+        return [(k, s, e, t) for k, (s, e, t) in self.committed.items()]
+
+
+def q_buf(values: list[int]) -> bytes:
+    return struct.pack(f"<{len(values)}q", *values)
+
+
+def unpack_q(buf: bytes) -> list[int]:
+    return list(struct.unpack(f"<{len(buf) // 8}q", buf))
+
+
+KEY_POOL = [bytes([i]) * 8 + i.to_bytes(8, "little") for i in range(1, 11)]
+keys = st.sampled_from(KEY_POOL)
+ids = st.one_of(st.integers(0, 20), st.sampled_from([0, 1, U32_MAX - 1, U32_MAX]))
+
+
+class WindowMachine(RuleBasedStateMachine):
+    """Drives the real window and the model with the same operations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.real: Any = None
+        self.model: RefWindow | None = None
+        self.now = 0
+
+    @initialize(
+        max_keys=st.integers(1, 8),
+        window_ms=st.integers(1, 50),
+        start=st.integers(-1000, 10**12),
+    )
+    def setup(self, max_keys: int, window_ms: int, start: int) -> None:
+        self.real = _core.DedupWindow(max_keys, window_ms)
+        self.model = RefWindow(max_keys, window_ms)
+        self.now = start
+        assert self.real.max_keys == max_keys
+        assert self.real.window_ms == window_ms
+
+    # timestamps: around the clock, sometimes already expired, sometimes in the future
+    def _ts(self, frac: float) -> int:
+        assert self.model is not None
+        w = self.model.window_ms
+        return self.now + int(frac * 3 * w) - 2 * w
+
+    @rule(key=keys, seg=ids, ent=ids, frac=st.floats(0, 1))
+    def add_pending(self, key: bytes, seg: int, ent: int, frac: float) -> None:
+        assert self.model is not None
+        ts = self._ts(frac)
+        if self.model.can_add_pending(key):
+            self.model.add_pending(key, (seg, ent, ts))
+            assert self.real.add_pending(key, seg, ent, ts) is None
+        else:
+            with pytest.raises(InvalidArgumentError, match="key"):
+                self.real.add_pending(key, seg, ent, ts)
+
+    @rule(key=keys)
+    def commit(self, key: bytes) -> None:
+        assert self.model is not None
+        assert self.real.commit(key) is self.model.commit(key)
+
+    @rule(key=keys)
+    def drop_pending(self, key: bytes) -> None:
+        assert self.model is not None
+        assert self.real.drop_pending(key) is self.model.drop_pending(key)
+
+    @rule(key=keys, seg=ids, ent=ids, frac=st.floats(0, 1))
+    def add_committed(self, key: bytes, seg: int, ent: int, frac: float) -> None:
+        assert self.model is not None
+        ts = self._ts(frac)
+        expected = self.model.add_committed(key, (seg, ent, ts))
+        assert self.real.add_committed(key, seg, ent, ts) is expected
+
+    @rule(
+        rows=st.lists(st.tuples(keys, ids, ids, st.floats(0, 1)), max_size=12),
+        as_bytearray=st.booleans(),
+    )
+    def add_committed_many(
+        self, rows: list[tuple[bytes, int, int, float]], as_bytearray: bool
+    ) -> None:
+        assert self.model is not None
+        tss = [self._ts(f) for _k, _s, _e, f in rows]
+        expected = sum(
+            self.model.add_committed(k, (s, e, t))
+            for (k, s, e, _f), t in zip(rows, tss, strict=True)
+        )
+        kbuf: bytes | bytearray = b"".join(r[0] for r in rows)
+        if as_bytearray:
+            kbuf = bytearray(kbuf)
+        got = self.real.add_committed_many(
+            kbuf, q_buf([r[1] for r in rows]), q_buf([r[2] for r in rows]), q_buf(tss)
+        )
+        assert got == expected
+
+    @rule(key=keys, use_now=st.booleans())
+    def get(self, key: bytes, use_now: bool) -> None:
+        assert self.model is not None
+        now = self.now if use_now else None
+        status, value = self.model.lookup(key, now)
+        got = self.real.get(key, now) if use_now else self.real.get(key)
+        if status == 0:
+            assert got is None
+        else:
+            assert got is not None
+            assert value is not None
+            assert (got.segment_id, got.entry_id, got.timestamp_ms) == value
+            assert got.committed is (status == 2)
+            assert got == self.real.get(key, now)  # __eq__ on equal entries
+            self._resync_get(key, now)
+            assert isinstance(repr(got), str)
+
+    def _resync_get(self, key: bytes, now: int | None) -> None:
+        # the extra get above counted once more in the real window: mirror it in the model
+        assert self.model is not None
+        self.model.lookup(key, now)
+
+    @rule(sel=st.lists(keys, max_size=12), use_now=st.booleans())
+    def get_many(self, sel: list[bytes], use_now: bool) -> None:
+        assert self.model is not None
+        now = self.now if use_now else None
+        expected = [self.model.lookup(k, now) for k in sel]
+        buf = b"".join(sel)
+        status, segs, ents = self.real.get_many(buf, now) if use_now else self.real.get_many(buf)
+        assert len(status) == len(sel)
+        assert list(status) == [s for s, _v in expected]
+        assert unpack_q(segs) == [v[0] if v else -1 for _s, v in expected]
+        assert unpack_q(ents) == [v[1] if v else -1 for _s, v in expected]
+
+    @rule(advance=st.floats(0, 2))
+    def evict(self, advance: float) -> None:
+        assert self.model is not None
+        self.now += int(advance * self.model.window_ms)
+        assert self.real.evict(self.now) == self.model.evict(self.now)
+
+    @rule(advance=st.floats(0, 2))
+    def tick(self, advance: float) -> None:
+        assert self.model is not None
+        self.now += int(advance * self.model.window_ms)
+
+    @rule()
+    def clone(self) -> None:
+        assert self.model is not None
+        c = self.real.clone_committed()
+        assert c.committed_entries() == self.model.entries()
+        assert c.pending_count == 0
+        assert len(c) == len(self.model.committed)
+        assert (c.max_keys, c.window_ms) == (self.model.max_keys, self.model.window_ms)
+        assert (c.hits, c.misses, c.evictions, c.early_evictions) == (0, 0, 0, 0)
+
+    @invariant()
+    def same_state(self) -> None:
+        m = self.model
+        if m is None:
+            return
+        r = self.real
+        assert r.committed_entries() == m.entries()
+        assert r.pending_count == len(m.pending)
+        assert r.committed_count == len(m.committed)
+        assert len(r) == len(m.pending) + len(m.committed)
+        counters = {
+            "hits": m.hits,
+            "misses": m.misses,
+            "evictions": m.evictions,
+            "early_evictions": m.early_evictions,
+        }
+        assert {name: getattr(r, name) for name in counters} == counters
+        stats = r.stats()
+        assert {name: stats[name] for name in counters} == counters
+
+
+WindowMachine.TestCase.settings = settings(
+    max_examples=120,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestWindowMachine = WindowMachine.TestCase
+
+
+# --- targeted behaviour -----------------------------------------------------------------------
+
+
+def k(i: int) -> bytes:
+    return i.to_bytes(16, "big")
+
+
+def test_capacity_eviction_is_commit_order_and_counts_early() -> None:
+    w = _core.DedupWindow(2, 100)
+    w.add_pending(k(1), 1, 1, 1000)  # pending first, committed last
+    assert w.add_committed(k(2), 1, 2, 1001)
+    assert w.add_committed(k(3), 1, 3, 1002)
+    assert w.commit(k(1))  # commit order: 2, 3, 1 -> 2 evicted (early: 1000 - 1001 < 100)
+    assert [e[0] for e in w.committed_entries()] == [k(3), k(1)]
+    assert (w.evictions, w.early_evictions) == (1, 1)
+    assert w.add_committed(k(4), 1, 4, 1002 + 100)  # evicts 3: 1102 - 1002 = 100 -> not early
+    assert (w.evictions, w.early_evictions) == (2, 1)
+    assert w.get(k(3)) is None
+
+
+def test_pending_not_counted_in_capacity_and_never_evicted() -> None:
+    w = _core.DedupWindow(1, 10)
+    for i in range(50):
+        w.add_pending(k(i), 0, i, 0)
+    assert w.add_committed(k(100), 0, 100, 0)
+    assert w.evict(10**9) == 1
+    assert w.pending_count == 50
+    assert len(w) == 50
+    e = w.get(k(7), 10**9)
+    assert e is not None and not e.committed and e.entry_id == 7
+
+
+def test_evict_stops_at_first_unexpired_in_commit_order() -> None:
+    w = _core.DedupWindow(10, 100)
+    w.add_committed(k(1), 0, 1, 0)
+    w.add_committed(k(2), 0, 2, 500)  # newer in time, older in commit order than 3
+    w.add_committed(k(3), 0, 3, 50)
+    assert w.evict(199) == 1  # 1 (199 - 0 >= 100) then stops at 2 (199 - 500 < 100)
+    assert [e[0] for e in w.committed_entries()] == [k(2), k(3)]
+    assert w.get(k(3), 150) is None  # expired for get, though still stored
+    assert w.committed_count == 2
+    assert w.evict(600) == 2
+
+
+def test_add_committed_pending_becomes_committed_with_given_ids() -> None:
+    w = _core.DedupWindow(4, 100)
+    w.add_pending(k(1), 1, 1, 10)
+    assert w.add_committed(k(1), 2, 9, 20)
+    assert w.pending_count == 0
+    assert w.committed_entries() == [(k(1), 2, 9, 20)]
+    assert not w.add_committed(k(1), 3, 3, 30)  # already committed: existing entry kept
+    assert w.committed_entries() == [(k(1), 2, 9, 20)]
+    with pytest.raises(InvalidArgumentError, match="key"):
+        w.add_pending(k(1), 0, 0, 0)
+
+
+def test_buffer_protocol_keys_accepted() -> None:
+    w = _core.DedupWindow(4, 100)
+    w.add_committed(bytearray(k(1)), 1, 2, 3)
+    e = w.get(memoryview(k(1)))
+    assert e is not None and (e.segment_id, e.entry_id, e.timestamp_ms) == (1, 2, 3)
+    assert w.get_many(memoryview(k(1) + k(2)))[0] == b"\x02\x00"
+
+
+def test_memory_bytes_covers_preallocated_ring() -> None:
+    w = _core.DedupWindow(10_000, 1000)
+    assert w.memory_bytes() >= 32 * 10_000
+    assert w.memory_bytes() <= 64 * 10_000 + 65_536
+
+
+def test_u32_and_i64_edges_round_trip() -> None:
+    w = _core.DedupWindow(4, 1)
+    w.add_committed(k(1), U32_MAX, U32_MAX, I64_MAX)
+    w.add_committed(k(2), 0, 0, I64_MIN)
+    assert w.committed_entries() == [(k(1), U32_MAX, U32_MAX, I64_MAX), (k(2), 0, 0, I64_MIN)]
+    status, segs, ents = w.get_many(k(1) + k(2) + k(3))
+    assert status == b"\x02\x02\x00"
+    assert unpack_q(segs) == [U32_MAX, 0, -1]
+    assert unpack_q(ents) == [U32_MAX, 0, -1]
+
+
+# --- argument errors --------------------------------------------------------------------------
+
+
+def assert_arg_error(exc: BaseException, base: type[Exception], name: str) -> None:
+    assert isinstance(exc, WoodpeckerError), type(exc)
+    assert isinstance(exc, base), type(exc)
+    assert name in str(exc), f"{name!r} not named in {exc!r}"
+
+
+@pytest.mark.parametrize(
+    ("args", "base", "name"),
+    [
+        ((0, 10), ValueError, "max_keys"),
+        ((-1, 10), ValueError, "max_keys"),
+        ((10, 0), ValueError, "window_ms"),
+        ((10, -5), ValueError, "window_ms"),
+        (("10", 10), TypeError, "max_keys"),
+        ((10, 1.5), TypeError, "window_ms"),
+    ],
+)
+def test_constructor_errors(args: tuple[Any, Any], base: type[Exception], name: str) -> None:
+    with pytest.raises(base) as info:
+        _core.DedupWindow(*args)
+    assert_arg_error(info.value, base, name)
+
+
+BAD_KEYS: list[tuple[Any, type[Exception]]] = [
+    (b"", ValueError),
+    (b"x" * 15, ValueError),
+    (b"x" * 17, ValueError),
+    ("0123456789abcdef", TypeError),
+    (12345, TypeError),
+    (None, TypeError),
+]
+
+
+@pytest.mark.parametrize(("key", "base"), BAD_KEYS)
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda w, key: w.get(key),
+        lambda w, key: w.get(key, 5),
+        lambda w, key: w.add_pending(key, 1, 1, 1),
+        lambda w, key: w.commit(key),
+        lambda w, key: w.drop_pending(key),
+        lambda w, key: w.add_committed(key, 1, 1, 1),
+    ],
+    ids=["get", "get_now", "add_pending", "commit", "drop_pending", "add_committed"],
+)
+def test_bad_key(call: Any, key: Any, base: type[Exception]) -> None:
+    w = _core.DedupWindow(4, 10)
+    with pytest.raises(base) as info:
+        call(w, key)
+    assert_arg_error(info.value, base, "key")
+    assert len(w) == 0
+
+
+@pytest.mark.parametrize("method", ["add_pending", "add_committed"])
+@pytest.mark.parametrize(
+    ("pos", "value", "base", "name"),
+    [
+        (0, -1, ValueError, "segment_id"),
+        (0, 2**32, ValueError, "segment_id"),
+        (0, 2**70, ValueError, "segment_id"),
+        (1, -1, ValueError, "entry_id"),
+        (1, 2**32, ValueError, "entry_id"),
+        (2, 2**63, ValueError, "timestamp_ms"),
+        (0, "1", TypeError, "segment_id"),
+        (1, 1.0, TypeError, "entry_id"),
+        (2, None, TypeError, "timestamp_ms"),
+    ],
+)
+def test_bad_ids(method: str, pos: int, value: Any, base: type[Exception], name: str) -> None:
+    w = _core.DedupWindow(4, 10)
+    args: list[Any] = [1, 2, 3]
+    args[pos] = value
+    with pytest.raises(base) as info:
+        getattr(w, method)(k(1), *args)
+    assert_arg_error(info.value, base, name)
+    assert len(w) == 0
+
+
+def test_batch_argument_errors() -> None:
+    w = _core.DedupWindow(4, 10)
+    for bad in (b"x" * 15, b"x" * 33):
+        with pytest.raises(ValueError) as info:
+            w.get_many(bad)
+        assert_arg_error(info.value, ValueError, "keys")
+    with pytest.raises(TypeError) as tinfo:
+        w.get_many([k(1)])
+    assert_arg_error(tinfo.value, TypeError, "keys")
+
+    two = k(1) + k(2)
+    good = q_buf([1, 2])
+    with pytest.raises(ValueError) as info:
+        w.add_committed_many(two[:-1], good, good, good)
+    assert_arg_error(info.value, ValueError, "keys")
+    for pos, name in enumerate(["segment_ids", "entry_ids", "timestamps_ms"]):
+        bufs = [good, good, good]
+        bufs[pos] = q_buf([1])  # one value for two keys
+        with pytest.raises(ValueError) as info:
+            w.add_committed_many(two, *bufs)
+        assert_arg_error(info.value, ValueError, name)
+        bufs[pos] = good[:-3]  # not a multiple of 8 bytes
+        with pytest.raises(ValueError) as info:
+            w.add_committed_many(two, *bufs)
+        assert_arg_error(info.value, ValueError, name)
+    for pos, name in enumerate(["segment_ids", "entry_ids"]):
+        for value in (-1, 2**32):
+            bufs = [good, good, good]
+            bufs[pos] = q_buf([1, value])
+            with pytest.raises(ValueError) as info:
+                w.add_committed_many(two, *bufs)
+            assert_arg_error(info.value, ValueError, name)
+    with pytest.raises(TypeError) as tinfo:
+        w.add_committed_many(two, [1, 2], good, good)
+    assert_arg_error(tinfo.value, TypeError, "segment_ids")

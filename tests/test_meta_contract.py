@@ -1,0 +1,493 @@
+"""The MetadataStore contract, run against every backend.
+
+Every test in the first part uses only the abstract interface through the `meta_store` fixture (and
+`meta_opener`, a picklable zero-argument callable that opens another handle on the same store, for
+other threads and processes). To add a backend, add a param to `meta_opener`. The last part tests
+SQLite specifics (fork safety, WAL, lock timeout).
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from woodpecker_idem.errors import (
+    ConfigError,
+    InvalidArgumentError,
+    LogExistsError,
+    LogGroupSizeMismatchError,
+    LogNotFoundError,
+    MetadataConflictError,
+    StorageUnavailableError,
+    WoodpeckerError,
+    WriterFencedError,
+)
+from woodpecker_idem.meta import (
+    LogGroupMeta,
+    MetadataStore,
+    NodeInfo,
+    SegmentMeta,
+    SqliteMetadataStore,
+    open_metadata_store,
+)
+from woodpecker_idem.types import LogMessageId, SegmentState
+
+NOW = 1_700_000_000_000
+Opener = Callable[[], MetadataStore]
+
+
+@pytest.fixture(params=["sqlite"])
+def meta_opener(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
+    """A picklable callable opening a new handle on one shared store (per backend)."""
+    if request.param == "sqlite":
+        return functools.partial(open_metadata_store, "sqlite", path=str(tmp_path / "meta.sqlite"))
+    raise AssertionError(f"unknown backend {request.param}")  # pragma: no cover
+
+
+@pytest.fixture
+def meta_store(meta_opener: Opener) -> Iterator[MetadataStore]:
+    store = meta_opener()
+    yield store
+    store.close()
+
+
+def _segment(log_id: int, segment_id: int = 0, **kw: object) -> SegmentMeta:
+    fields: dict[str, object] = {
+        "log_id": log_id,
+        "segment_id": segment_id,
+        "state": SegmentState.ACTIVE,
+        "nodes": ("n1",),
+        "es": 1,
+        "wq": 1,
+        "aq": 1,
+        "created_ms": NOW,
+    }
+    fields.update(kw)
+    return SegmentMeta(**fields)  # type: ignore[arg-type]
+
+
+def _replace(seg: SegmentMeta, **kw: object) -> SegmentMeta:
+    import dataclasses
+
+    return dataclasses.replace(seg, **kw)  # type: ignore[arg-type]
+
+
+# --- logs ----------------------------------------------------------------------------------------
+
+
+def test_create_get_list_delete_logs(meta_store: MetadataStore) -> None:
+    a = meta_store.create_log("a", NOW)
+    b = meta_store.create_log("b", NOW + 1, group="g")
+    assert a.name == "a" and a.created_ms == NOW and a.writer_epoch == 0
+    assert a.truncated_to is None and a.group == "" and a.lease_owner == ""
+    assert b.group == "g" and b.log_id > a.log_id
+    assert meta_store.get_log("a") == a
+    assert meta_store.get_log_by_id(b.log_id) == b
+    assert [m.name for m in meta_store.list_logs()] == ["a", "b"]
+    assert meta_store.delete_log("a") == a
+    assert [m.name for m in meta_store.list_logs()] == ["b"]
+    with pytest.raises(LogNotFoundError):
+        meta_store.get_log("a")
+    with pytest.raises(LogNotFoundError):
+        meta_store.get_log_by_id(a.log_id)
+
+
+def test_log_ids_are_never_reused(meta_store: MetadataStore) -> None:
+    seen = set()
+    for i in range(3):
+        seen.add(meta_store.create_log(f"l{i}", NOW).log_id)
+    meta_store.delete_log("l2")  # delete the newest: a naive max(id)+1 would reuse it
+    meta_store.delete_log("l0")
+    again = meta_store.create_log("l2", NOW)
+    assert again.log_id not in seen
+    assert again.log_id > max(seen)
+    assert len(seen) == 3
+
+
+def test_log_errors(meta_store: MetadataStore) -> None:
+    meta_store.create_log("a", NOW)
+    with pytest.raises(LogExistsError, match="'a'"):
+        meta_store.create_log("a", NOW)
+    for call in (
+        lambda: meta_store.get_log("missing"),
+        lambda: meta_store.get_log_by_id(10_000),
+        lambda: meta_store.delete_log("missing"),
+        lambda: meta_store.take_over(10_000, "w", NOW, 1000),
+        lambda: meta_store.set_truncation(10_000, LogMessageId(0, 0)),
+    ):
+        with pytest.raises(LogNotFoundError) as info:
+            call()
+        assert isinstance(info.value, LookupError)
+        assert info.value.code == "LOG_NOT_FOUND"
+
+
+def test_bad_log_name(meta_store: MetadataStore) -> None:
+    with pytest.raises(InvalidArgumentError):
+        meta_store.create_log("", NOW)
+
+
+def test_delete_log_removes_segments(meta_store: MetadataStore) -> None:
+    m = meta_store.create_log("a", NOW)
+    epoch = meta_store.take_over(m.log_id, "w", NOW, 1000)
+    for sid in range(3):
+        meta_store.create_segment(epoch, _segment(m.log_id, sid))
+    other = meta_store.create_log("b", NOW)
+    e2 = meta_store.take_over(other.log_id, "w", NOW, 1000)
+    meta_store.create_segment(e2, _segment(other.log_id, 0))
+    meta_store.delete_log("a")
+    assert meta_store.list_segments(m.log_id) == []
+    assert meta_store.get_segment(m.log_id, 0) is None
+    assert len(meta_store.list_segments(other.log_id)) == 1
+
+
+# --- epochs and fencing --------------------------------------------------------------------------
+
+
+def test_take_over_bumps_epoch_and_records_lease(meta_store: MetadataStore) -> None:
+    m = meta_store.create_log("a", NOW)
+    e1 = meta_store.take_over(m.log_id, "A", NOW, 5000)
+    e2 = meta_store.take_over(m.log_id, "B", NOW + 10, 5000)
+    assert e2 > e1 > m.writer_epoch
+    cur = meta_store.get_log("a")
+    assert cur.writer_epoch == e2
+    assert cur.lease_owner == "B" and cur.lease_expires_ms == NOW + 10 + 5000
+    assert cur.revision > m.revision
+    meta_store.renew_lease(m.log_id, e2, "B", NOW + 100, 5000)
+    assert meta_store.get_log("a").lease_expires_ms == NOW + 100 + 5000
+    meta_store.check_epoch(m.log_id, e2)
+
+
+def test_take_over_fences_the_old_writer(meta_store: MetadataStore) -> None:
+    m = meta_store.create_log("a", NOW)
+    ea = meta_store.take_over(m.log_id, "A", NOW, 5000)
+    seg = meta_store.create_segment(ea, _segment(m.log_id, 0))
+    eb = meta_store.take_over(m.log_id, "B", NOW, 5000)
+
+    fenced = [
+        lambda: meta_store.create_segment(ea, _segment(m.log_id, 1)),
+        lambda: meta_store.update_segment(ea, _replace(seg, size_bytes=1)),
+        lambda: meta_store.renew_lease(m.log_id, ea, "A", NOW, 5000),
+        lambda: meta_store.check_epoch(m.log_id, ea),
+    ]
+    for call in fenced:
+        with pytest.raises(WriterFencedError) as info:
+            call()
+        text = str(info.value)
+        assert str(ea) in text and str(eb) in text and "'a'" in text  # names log and epochs
+    # Nothing the fenced writer tried took effect.
+    assert meta_store.get_segment(m.log_id, 1) is None
+    assert meta_store.get_segment(m.log_id, 0) == seg
+    assert meta_store.get_log("a").lease_owner == "B"
+    # The new writer is not fenced, and an unconditioned update (epoch None) still works.
+    meta_store.check_epoch(m.log_id, eb)
+    done = meta_store.update_segment(eb, _replace(seg, state=SegmentState.COMPLETED))
+    meta_store.update_segment(None, _replace(done, state=SegmentState.SEALED))
+
+
+def test_epoch_from_the_future_is_refused(meta_store: MetadataStore) -> None:
+    m = meta_store.create_log("a", NOW)
+    e = meta_store.take_over(m.log_id, "A", NOW, 5000)
+    with pytest.raises(WriterFencedError):
+        meta_store.check_epoch(m.log_id, e + 1)
+    with pytest.raises(WriterFencedError):
+        meta_store.create_segment(e + 1, _segment(m.log_id))
+
+
+def test_concurrent_take_over_threads_get_distinct_epochs(
+    meta_store: MetadataStore, meta_opener: Opener
+) -> None:
+    m = meta_store.create_log("a", NOW)
+    barrier = threading.Barrier(8)
+    epochs: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait()
+            e = meta_store.take_over(m.log_id, f"w{i}", NOW, 1000)
+            with lock:
+                epochs.append(e)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    assert len(set(epochs)) == 8
+    assert meta_store.get_log("a").writer_epoch == max(epochs)
+
+
+# --- segments ------------------------------------------------------------------------------------
+
+
+def test_segment_create_get_list(meta_store: MetadataStore) -> None:
+    m = meta_store.create_log("a", NOW)
+    e = meta_store.take_over(m.log_id, "A", NOW, 5000)
+    s1 = meta_store.create_segment(e, _segment(m.log_id, 1, nodes=("n2", "n1", "n3"), es=3, wq=3))
+    s0 = meta_store.create_segment(e, _segment(m.log_id, 0))
+    assert s1.nodes == ("n2", "n1", "n3") and s1.es == 3 and s1.state is SegmentState.ACTIVE
+    assert s1.last_entry_id == -1 and s1.revision > 0
+    assert meta_store.get_segment(m.log_id, 1) == s1
+    assert meta_store.get_segment(m.log_id, 7) is None
+    assert meta_store.list_segments(m.log_id) == [s0, s1]
+    with pytest.raises(MetadataConflictError):
+        meta_store.create_segment(e, _segment(m.log_id, 1))
+    meta_store.delete_segment(m.log_id, 0)
+    assert meta_store.list_segments(m.log_id) == [s1]
+    meta_store.delete_segment(m.log_id, 0)  # absent: not an error
+
+
+def test_update_segment_cas(meta_store: MetadataStore) -> None:
+    m = meta_store.create_log("a", NOW)
+    e = meta_store.take_over(m.log_id, "A", NOW, 5000)
+    seg = meta_store.create_segment(e, _segment(m.log_id))
+    done = meta_store.update_segment(
+        e,
+        _replace(
+            seg, state=SegmentState.COMPLETED, last_entry_id=41, completed_ms=NOW + 5, size_bytes=9
+        ),
+    )
+    assert done.revision > seg.revision
+    assert done.state is SegmentState.COMPLETED and done.last_entry_id == 41
+    assert done.completed_ms == NOW + 5 and done.size_bytes == 9
+    assert meta_store.get_segment(m.log_id, 0) == done
+    # Writing with the stale revision loses.
+    with pytest.raises(MetadataConflictError) as info:
+        meta_store.update_segment(e, _replace(seg, size_bytes=100))
+    assert info.value.retriable
+    assert meta_store.get_segment(m.log_id, 0) == done
+    # Updating a segment that does not exist is a conflict, too.
+    with pytest.raises(MetadataConflictError):
+        meta_store.update_segment(e, _segment(m.log_id, 9))
+
+
+def _cas_increments(store: MetadataStore, log_id: int, n: int) -> int:
+    """Increment segment 0's size_bytes n times with read / CAS / retry; returns conflicts seen."""
+    conflicts = 0
+    for _ in range(n):
+        while True:
+            seg = store.get_segment(log_id, 0)
+            assert seg is not None
+            try:
+                store.update_segment(None, _replace(seg, size_bytes=seg.size_bytes + 1))
+                break
+            except MetadataConflictError:
+                conflicts += 1
+    return conflicts
+
+
+def _cas_increment_worker(opener: Opener, log_id: int, n: int) -> int:
+    """Process entry point: opens its own handle (nothing inherited) and increments."""
+    store = opener()
+    try:
+        return _cas_increments(store, log_id, n)
+    finally:
+        store.close()
+
+
+def test_cas_from_four_processes_loses_no_update(
+    meta_store: MetadataStore, meta_opener: Opener
+) -> None:
+    m = meta_store.create_log("a", NOW)
+    e = meta_store.take_over(m.log_id, "A", NOW, 5000)
+    meta_store.create_segment(e, _segment(m.log_id))
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        results = [
+            pool.apply_async(_cas_increment_worker, (meta_opener, m.log_id, 25)) for _ in range(4)
+        ]
+        for r in results:
+            r.get(timeout=60)
+    seg = meta_store.get_segment(m.log_id, 0)
+    assert seg is not None and seg.size_bytes == 100
+
+
+def test_cas_from_threads_loses_no_update(meta_store: MetadataStore, meta_opener: Opener) -> None:
+    """Threads sharing one handle and threads with their own handles, all racing."""
+    m = meta_store.create_log("a", NOW)
+    e = meta_store.take_over(m.log_id, "A", NOW, 5000)
+    meta_store.create_segment(e, _segment(m.log_id))
+    errors: list[BaseException] = []
+
+    def run(target: Callable[[], object]) -> None:
+        try:
+            target()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    jobs: list[Callable[[], object]] = [
+        functools.partial(_cas_increment_worker, meta_opener, m.log_id, 20) for _ in range(2)
+    ]
+    jobs += [functools.partial(_cas_increments, meta_store, m.log_id, 20) for _ in range(3)]
+    threads = [threading.Thread(target=run, args=(job,)) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    seg = meta_store.get_segment(m.log_id, 0)
+    assert seg is not None and seg.size_bytes == 100
+
+
+# --- truncation ----------------------------------------------------------------------------------
+
+
+def test_truncation_only_moves_forward(meta_store: MetadataStore) -> None:
+    m = meta_store.create_log("a", NOW)
+    assert meta_store.set_truncation(m.log_id, LogMessageId(2, 5)).truncated_to == (2, 5)
+    assert meta_store.set_truncation(m.log_id, LogMessageId(1, 99)).truncated_to == (2, 5)
+    assert meta_store.set_truncation(m.log_id, LogMessageId(2, 4)).truncated_to == (2, 5)
+    assert meta_store.set_truncation(m.log_id, LogMessageId(2, 5)).truncated_to == (2, 5)
+    after = meta_store.set_truncation(m.log_id, LogMessageId(3, 0))
+    assert after.truncated_to == LogMessageId(3, 0)
+    assert isinstance(meta_store.get_log("a").truncated_to, LogMessageId)
+    assert meta_store.get_log("a").truncated_to == (3, 0)
+
+
+# --- log groups ----------------------------------------------------------------------------------
+
+
+def test_log_groups(meta_store: MetadataStore) -> None:
+    assert meta_store.get_log_group("g") is None
+    g = meta_store.create_log_group("g", 4, NOW)
+    assert g == LogGroupMeta("g", 4, NOW)
+    assert meta_store.create_log_group("g", 4, NOW + 100) == g  # returns the existing group
+    assert meta_store.get_log_group("g") == g
+    with pytest.raises(LogGroupSizeMismatchError) as info:
+        meta_store.create_log_group("g", 5, NOW)
+    assert "4" in str(info.value) and "5" in str(info.value)
+    assert isinstance(info.value, ValueError)
+    assert meta_store.get_log_group("g") == g
+    with pytest.raises(InvalidArgumentError):
+        meta_store.create_log_group("h", 0, NOW)
+
+
+# --- node registry -------------------------------------------------------------------------------
+
+
+def test_node_registry(meta_store: MetadataStore) -> None:
+    assert meta_store.list_nodes() == []
+    n2 = NodeInfo("n2", "host2:7000", NOW, {"zone": "b"})
+    n1 = NodeInfo("n1", "inproc://n1", NOW, {})
+    meta_store.register_node(n2)
+    meta_store.register_node(n1)
+    assert meta_store.list_nodes() == [n1, n2]
+    moved = NodeInfo("n2", "host9:7000", NOW + 1, {"zone": "c", "rack": "r1"})
+    meta_store.register_node(moved)  # re-registering replaces
+    assert meta_store.list_nodes() == [n1, moved]
+    meta_store.unregister_node("n1")
+    meta_store.unregister_node("n1")  # absent: not an error
+    assert meta_store.list_nodes() == [moved]
+
+
+def test_state_survives_reopen(meta_store: MetadataStore, meta_opener: Opener) -> None:
+    m = meta_store.create_log("a", NOW)
+    e = meta_store.take_over(m.log_id, "A", NOW, 5000)
+    seg = meta_store.create_segment(e, _segment(m.log_id))
+    other = meta_opener()
+    try:
+        assert other.get_log("a").writer_epoch == e
+        assert other.get_segment(m.log_id, 0) == seg
+        with pytest.raises(WriterFencedError):
+            other.check_epoch(m.log_id, e - 1)
+    finally:
+        other.close()
+
+
+# --- open_metadata_store -------------------------------------------------------------------------
+
+
+def test_open_metadata_store_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not yet available"):
+        open_metadata_store("etcd", endpoints=["localhost:2379"])
+    with pytest.raises(ConfigError, match="sqlite, etcd"):
+        open_metadata_store("zookeeper")
+    with pytest.raises(ConfigError, match="meta.path"):
+        open_metadata_store("sqlite")
+    store = open_metadata_store("sqlite", path=tmp_path / "sub" / "m.sqlite")
+    assert isinstance(store, SqliteMetadataStore)
+    store.close()
+
+
+# --- SQLite specifics ----------------------------------------------------------------------------
+
+
+def _fork_child(store: SqliteMetadataStore, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    try:
+        m = store.get_log("a")
+        epoch = store.take_over(m.log_id, "child", NOW, 1000)
+        queue.put(epoch)
+    except BaseException as exc:  # pragma: no cover - reported in the parent
+        queue.put(repr(exc))
+
+
+def test_sqlite_new_connection_after_fork(tmp_path: Path) -> None:
+    store = SqliteMetadataStore(tmp_path / "m.sqlite")
+    m = store.create_log("a", NOW)  # the parent now holds a connection
+    e1 = store.take_over(m.log_id, "parent", NOW, 1000)
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_fork_child, args=(store, queue))
+    proc.start()
+    child_epoch = queue.get(timeout=30)
+    proc.join(30)
+    assert child_epoch == e1 + 1
+    # The parent's connection still works after the child used (and exited with) the store.
+    assert store.take_over(m.log_id, "parent", NOW, 1000) == e1 + 2
+    store.close()
+
+
+def test_sqlite_wal_mode(tmp_path: Path) -> None:
+    store = SqliteMetadataStore(tmp_path / "m.sqlite")
+    store.create_log("a", NOW)
+    raw = sqlite3.connect(tmp_path / "m.sqlite")
+    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    raw.close()
+    store.close()
+
+
+def test_sqlite_locked_maps_to_storage_unavailable(tmp_path: Path) -> None:
+    store = SqliteMetadataStore(tmp_path / "m.sqlite", busy_timeout_ms=100)
+    m = store.create_log("a", NOW)
+    raw = sqlite3.connect(tmp_path / "m.sqlite", isolation_level=None)
+    raw.execute("BEGIN IMMEDIATE")  # hold the write lock
+    try:
+        with pytest.raises(StorageUnavailableError) as info:
+            store.take_over(m.log_id, "A", NOW, 1000)
+        assert info.value.retriable and "locked" in str(info.value)
+        assert store.get_log("a").writer_epoch == 0  # WAL: reads still work
+    finally:
+        raw.execute("ROLLBACK")
+        raw.close()
+    assert store.take_over(m.log_id, "A", NOW, 1000) == 1
+    store.close()
+
+
+def test_sqlite_rejects_memory_and_closed(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError):
+        SqliteMetadataStore(":memory:")
+    store = SqliteMetadataStore(tmp_path / "m.sqlite")
+    store.close()
+    with pytest.raises(WoodpeckerError):
+        store.list_logs()
+
+
+def test_sqlite_store_pickles_as_a_reopen(tmp_path: Path) -> None:
+    import pickle
+
+    store = SqliteMetadataStore(tmp_path / "m.sqlite", busy_timeout_ms=250)
+    store.create_log("a", NOW)
+    copy = pickle.loads(pickle.dumps(store))
+    assert copy is not store and copy.path == store.path
+    assert copy.get_log("a") == store.get_log("a")
+    copy.close()
+    store.close()
