@@ -1,10 +1,10 @@
 """woodpecker_idem: a Woodpecker-style write-ahead log with idempotent writes.
 
-    import woodpecker_idem as wp
-    client = wp.connect()                       # embedded: ./woodpecker-data, no servers
-    log = client.open_log("orders", create=True)
-    writer = log.open_writer(idempotent=True)
-    writer.write(b"payload", idempotency_id="order-42")   # retries return the original id
+import woodpecker_idem as wp
+client = wp.connect()                       # embedded: ./woodpecker-data, no servers
+log = client.open_log("orders", create=True)
+writer = log.open_writer(idempotent=True)
+writer.write(b"payload", idempotency_id="order-42")   # retries return the original id
 """
 
 from ._core import (
@@ -20,8 +20,8 @@ from ._core import (
     explicit_key,
     explicit_keys,
 )
-from .clock import Clock, ManualClock, SystemClock
 from .client import LogHandle, LogReader, LogWriter, WoodpeckerClient, connect
+from .clock import Clock, ManualClock, SystemClock
 from .config import Config, load_config
 from .errors import (
     ConfigError,
@@ -82,4 +82,5 @@ __all__ = [
     "encode_snapshot",
     "explicit_key",
     "explicit_keys",
+    "load_config",
 ]

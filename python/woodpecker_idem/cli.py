@@ -29,9 +29,12 @@ def _core_figures() -> None:
     ts = 1_700_000_000_000
     from array import array
 
-    window.add_committed_many(keys, array("q", [i // 40_000 for i in range(n)]),
-                              array("q", [i % 40_000 for i in range(n)]),
-                              array("q", [ts + i * 6 for i in range(n)]))
+    window.add_committed_many(
+        keys,
+        array("q", [i // 40_000 for i in range(n)]),
+        array("q", [i % 40_000 for i in range(n)]),
+        array("q", [ts + i * 6 for i in range(n)]),
+    )
     started = time.perf_counter()
     data = encode_snapshot(window, 1, 1, ts + n * 6, {0: 39_999, 1: 39_999, 2: 19_999})
     encode_ms = (time.perf_counter() - started) * 1000
@@ -39,9 +42,11 @@ def _core_figures() -> None:
     restored = decode_snapshot(data).to_window()
     decode_ms = (time.perf_counter() - started) * 1000
     assert restored.committed_entries() == window.committed_entries()
-    print(f"core: window of {n:,} keys uses {window.memory_bytes() / n:.1f} B/key; snapshot "
-          f"{len(data) / n:.2f} B/entry, encoded in {encode_ms:.1f} ms, restored in "
-          f"{decode_ms:.1f} ms")
+    print(
+        f"core: window of {n:,} keys uses {window.memory_bytes() / n:.1f} B/key; snapshot "
+        f"{len(data) / n:.2f} B/entry, encoded in {encode_ms:.1f} ms, restored in "
+        f"{decode_ms:.1f} ms"
+    )
 
 
 def demo(data_dir: Path, records: int, seed: int) -> int:
@@ -89,15 +94,21 @@ def demo(data_dir: Path, records: int, seed: int) -> int:
     messages = list(log_handle.open_reader("earliest"))
     verdict = history.check(messages, window_ms, writer.window.max_keys)
     client.close()
-    print(f"producer: {records:,} records, {len(history.attempts):,} attempts "
-          f"({app_retries} application resends, {lost_acks} acks lost on the node, "
-          f"1 writer crash with takeover and a 200-record replay)")
-    print(f"log: {len(messages):,} entries appended; {verdict.duplicates_returned:,} duplicates "
-          f"suppressed (returned the original id)")
+    print(
+        f"producer: {records:,} records, {len(history.attempts):,} attempts "
+        f"({app_retries} application resends, {lost_acks} acks lost on the node, "
+        f"1 writer crash with takeover and a 200-record replay)"
+    )
+    print(
+        f"log: {len(messages):,} entries appended; {verdict.duplicates_returned:,} duplicates "
+        f"suppressed (returned the original id)"
+    )
     if report is not None:
-        print(f"takeover: window rebuilt in {report.seconds * 1000:.1f} ms from "
-              f"{report.snapshot_key_count} snapshot keys + {report.entries_replayed} replayed "
-              f"entries; snapshots written {metrics['snapshot_writes']}")
+        print(
+            f"takeover: window rebuilt in {report.seconds * 1000:.1f} ms from "
+            f"{report.snapshot_key_count} snapshot keys + {report.entries_replayed} replayed "
+            f"entries; snapshots written {metrics['snapshot_writes']}"
+        )
     print(f"checker: {verdict.summary()}")
     return 0 if verdict.ok and len(messages) == records else 1
 
@@ -105,15 +116,23 @@ def demo(data_dir: Path, records: int, seed: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="woodpecker-idem")
     sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="idempotent producer with injected faults, judged by the checker")
-    d.add_argument("--data-dir", type=Path, default=None,
-                   help="where the embedded log lives (default: a fresh temporary directory)")
+    d = sub.add_parser(
+        "demo", help="idempotent producer with injected faults, judged by the checker"
+    )
+    d.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where the embedded log lives (default: a fresh temporary directory)",
+    )
     d.add_argument("--records", type=int, default=3000)
     d.add_argument("--seed", type=int, default=7)
     d.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.ERROR,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
     if args.command == "demo":
         tmp = None
         data_dir = args.data_dir

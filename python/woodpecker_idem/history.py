@@ -39,9 +39,11 @@ class Verdict:
 
     def summary(self) -> str:
         head = "PASS" if self.ok else f"FAIL ({len(self.problems)} problems)"
-        text = (f"{head}: {self.attempts} attempts, {self.acknowledged_keys} keys acknowledged, "
-                f"{self.entries} entries in the log, {self.duplicates_returned} duplicates "
-                f"suppressed, {self.rewritten_after_window} keys rewritten after their window")
+        text = (
+            f"{head}: {self.attempts} attempts, {self.acknowledged_keys} keys acknowledged, "
+            f"{self.entries} entries in the log, {self.duplicates_returned} duplicates "
+            f"suppressed, {self.rewritten_after_window} keys rewritten after their window"
+        )
         if self.problems:
             text += "\n  " + "\n  ".join(self.problems[:20])
         return text
@@ -62,13 +64,15 @@ class History:
         with self._lock:
             self.attempts.append(Attempt(key, False, error=f"{type(error).__name__}: {error}"))
 
-    def check(self, messages: Iterable[LogMessage], window_ms: int,
-              window_max_keys: int) -> Verdict:
+    def check(
+        self, messages: Iterable[LogMessage], window_ms: int, window_max_keys: int
+    ) -> Verdict:
         return check_history(self.attempts, messages, window_ms, window_max_keys)
 
 
-def check_history(attempts: list[Attempt], messages: Iterable[LogMessage], window_ms: int,
-                  window_max_keys: int) -> Verdict:
+def check_history(
+    attempts: list[Attempt], messages: Iterable[LogMessage], window_ms: int, window_max_keys: int
+) -> Verdict:
     problems: list[str] = []
     by_id: dict[LogMessageId, LogMessage] = {}
     last_seen: dict[bytes, tuple[int, int, LogMessageId]] = {}  # key -> (commit index, ts, id)
@@ -85,11 +89,12 @@ def check_history(attempts: list[Attempt], messages: Iterable[LogMessage], windo
         prev = last_seen.get(key)
         if prev is not None:
             index, ts, first_id = prev
-            in_window = (msg.timestamp_ms - ts < window_ms
-                         and keyed - 1 - index < window_max_keys)
+            in_window = msg.timestamp_ms - ts < window_ms and keyed - 1 - index < window_max_keys
             if in_window:
-                problems.append(f"key {key.hex()} appears at {first_id} and again at "
-                                f"{msg.message_id}, {msg.timestamp_ms - ts} ms later (in window)")
+                problems.append(
+                    f"key {key.hex()} appears at {first_id} and again at "
+                    f"{msg.message_id}, {msg.timestamp_ms - ts} ms later (in window)"
+                )
             else:
                 rewritten += 1
         last_seen[key] = (keyed - 1, msg.timestamp_ms, msg.message_id)
@@ -104,12 +109,15 @@ def check_history(attempts: list[Attempt], messages: Iterable[LogMessage], windo
         duplicates += bool(a.duplicate)
         msg = by_id.get(a.message_id)
         if msg is None:
-            problems.append(f"key {a.key.hex()} was acknowledged at {a.message_id}, "
-                            f"which is not in the log (lost)")
+            problems.append(
+                f"key {a.key.hex()} was acknowledged at {a.message_id}, "
+                f"which is not in the log (lost)"
+            )
         elif msg.idempotency_key != a.key:
             have = msg.idempotency_key.hex() if msg.idempotency_key else "no key"
-            problems.append(f"key {a.key.hex()} was acknowledged at {a.message_id}, "
-                            f"which holds {have}")
+            problems.append(
+                f"key {a.key.hex()} was acknowledged at {a.message_id}, which holds {have}"
+            )
     for key in last_seen:
         if key not in attempted:
             problems.append(f"key {key.hex()} is in the log but was never written")

@@ -37,8 +37,15 @@ def _config(config: Config | Mapping[str, Any] | str | os.PathLike | None) -> Co
 class WoodpeckerClient:
     """Owns the stores and the transport; hands out LogHandles."""
 
-    def __init__(self, config: Config, data_dir: Path, clock: Clock, meta: MetadataStore,
-                 objects: ObjectStore, transport: LogStoreTransport):
+    def __init__(
+        self,
+        config: Config,
+        data_dir: Path,
+        clock: Clock,
+        meta: MetadataStore,
+        objects: ObjectStore,
+        transport: LogStoreTransport,
+    ):
         self.config = config
         self.data_dir = data_dir
         self.clock = clock
@@ -101,14 +108,18 @@ def _object_store(cfg: Config, data_dir: Path, sub: str = "") -> ObjectStore:
         path = Path(oc.path) if oc.path else data_dir / "objects"
         return open_object_store("local", path=str(path / sub if sub else path))
     root = "/".join(p for p in (oc.root.strip("/"), sub) if p)
-    return open_object_store("s3", endpoint_url=oc.endpoint_url, bucket=oc.bucket, root=root,
-                             region=oc.region)
+    return open_object_store(
+        "s3", endpoint_url=oc.endpoint_url, bucket=oc.bucket, root=root, region=oc.region
+    )
 
 
-def connect(data_dir: str | os.PathLike | None = None,
-            config: Config | Mapping[str, Any] | str | os.PathLike | None = None, *,
-            clock: Clock | None = None,
-            transport: LogStoreTransport | None = None) -> WoodpeckerClient:
+def connect(
+    data_dir: str | os.PathLike | None = None,
+    config: Config | Mapping[str, Any] | str | os.PathLike | None = None,
+    *,
+    clock: Clock | None = None,
+    transport: LogStoreTransport | None = None,
+) -> WoodpeckerClient:
     """Open a client. Without arguments: embedded mode under ./woodpecker-data.
 
     `transport` replaces the in-process LogStore nodes (tests inject faults this way).
@@ -118,15 +129,20 @@ def connect(data_dir: str | os.PathLike | None = None,
     root.mkdir(parents=True, exist_ok=True)
     objects = _object_store(cfg, root)
     meta_path = cfg.meta.path or str(root / "meta.sqlite")
-    meta = open_metadata_store(cfg.meta.type, path=meta_path, endpoints=cfg.meta.endpoints,
-                               prefix=cfg.meta.prefix)
+    meta = open_metadata_store(
+        cfg.meta.type, path=meta_path, endpoints=cfg.meta.endpoints, prefix=cfg.meta.prefix
+    )
     if transport is None:
         es = cfg.quorum.es
         if es == 1:
             engines = {"node-0": LogStoreEngine(objects, "node-0")}
         else:
-            engines = {f"node-{i}": LogStoreEngine(_object_store(cfg, root, f"nodes/node-{i}"),
-                                                   f"node-{i}") for i in range(es)}
+            engines = {
+                f"node-{i}": LogStoreEngine(
+                    _object_store(cfg, root, f"nodes/node-{i}"), f"node-{i}"
+                )
+                for i in range(es)
+            }
         transport = InProcessTransport(engines)
         for node_id in engines:
             meta.register_node(NodeInfo(node_id, f"inproc://{node_id}"))

@@ -60,5 +60,10 @@ class LogHandle:
                 try:
                     self.client.transport.delete_segment(node, self.log_id, seg.segment_id)
                 except NodeUnavailableError as exc:
-                    log.warning("truncate: could not delete %s/%s on %s: %s", self.log_id,
-                                seg.segment_id, node, exc)
+                    log.warning(
+                        "truncate: could not delete %s/%s on %s: %s",
+                        self.log_id,
+                        seg.segment_id,
+                        node,
+                        exc,
+                    )

@@ -132,8 +132,9 @@ class LogReader:
         errors = []
         for node in seg.nodes:
             try:
-                raw = self._transport.read(node, seg.log_id, seg.segment_id, self._pos.entry_id,
-                                           want)
+                raw = self._transport.read(
+                    node, seg.log_id, seg.segment_id, self._pos.entry_id, want
+                )
             except NodeUnavailableError as exc:
                 errors.append(str(exc))
                 continue
@@ -147,10 +148,15 @@ class LogReader:
                         f"log {self.log_id} entry {mid}: stored entry says "
                         f"{entry.segment_id}:{entry.entry_id}"
                     )
-                self._buffer.append(LogMessage(
-                    mid, entry.payload, dict(entry.properties), entry.timestamp_ms,
-                    entry.idempotency_key or None,
-                ))
+                self._buffer.append(
+                    LogMessage(
+                        mid,
+                        entry.payload,
+                        dict(entry.properties),
+                        entry.timestamp_ms,
+                        entry.idempotency_key or None,
+                    )
+                )
             self._pos = LogMessageId(seg.segment_id, self._pos.entry_id + len(raw))
             return
         raise NodeUnavailableError(

@@ -1,7 +1,7 @@
-"""Completing a segment: fence it, find its last entry with BookKeeper's recovery rule, seal it.
+"""Completing a segment: fence it, find its end by BookKeeper's recovery rule, seal it.
 
-Used by a writer taking over (every ACTIVE segment of the log) and by a writer whose own segment lost
-its quorum. Nothing past the last entry found is ever read.
+Used by a writer taking over (every ACTIVE segment of the log) and by a writer whose own segment
+lost its quorum. Nothing past the last entry found is ever read.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def recover_segment(
                 del replies[node]
         if len(replies) < needed:
             raise QuorumUnavailableError(
-                f"segment {seg.log_id}/{seg.segment_id}: nodes dropped out during recovery ({errors})"
+                f"segment {seg.log_id}/{seg.segment_id}: nodes left during recovery ({errors})"
             )
         n = max(len(c) for c in chunks.values())
         if n == 0:
@@ -80,15 +80,17 @@ def recover_segment(
         try:
             transport.complete(node, seg.log_id, seg.segment_id, last)
         except NodeUnavailableError as exc:
-            log.warning("segment %s/%s: complete on %s failed: %s", seg.log_id, seg.segment_id,
-                        node, exc)
+            log.warning(
+                "segment %s/%s: complete on %s failed: %s", seg.log_id, seg.segment_id, node, exc
+            )
     if copied:
         log.info("segment %s/%s: recovery copied %d entries", seg.log_id, seg.segment_id, copied)
     return seal(meta, epoch, seg, last, now_ms)
 
 
-def _copy(transport: LogStoreTransport, node: str, seg: SegmentMeta,
-          items: list[tuple[int, bytes]]) -> None:
+def _copy(
+    transport: LogStoreTransport, node: str, seg: SegmentMeta, items: list[tuple[int, bytes]]
+) -> None:
     """Write recovery copies to `node`, one frame per run of consecutive entries."""
     from ..logstore.blocks import encode_record
 
@@ -97,8 +99,9 @@ def _copy(transport: LogStoreTransport, node: str, seg: SegmentMeta,
     prev = first - 1
     for entry_id, data in items + [(-1, b"")]:
         if entry_id != prev + 1 and run:
-            transport.add_entries(node, seg.log_id, seg.segment_id, first, b"".join(run),
-                                  recovery=True)
+            transport.add_entries(
+                node, seg.log_id, seg.segment_id, first, b"".join(run), recovery=True
+            )
             run = []
             first = entry_id
         if entry_id >= 0:
@@ -106,18 +109,25 @@ def _copy(transport: LogStoreTransport, node: str, seg: SegmentMeta,
             prev = entry_id
 
 
-def seal(meta: MetadataStore, epoch: int | None, seg: SegmentMeta, last_entry_id: int,
-         now_ms: int) -> SegmentMeta:
+def seal(
+    meta: MetadataStore, epoch: int | None, seg: SegmentMeta, last_entry_id: int, now_ms: int
+) -> SegmentMeta:
     """ACTIVE -> COMPLETED (with lastEntryId) -> SEALED (object mode: footers are written)."""
     current = meta.get_segment(seg.log_id, seg.segment_id) or seg
     if current.state is SegmentState.ACTIVE:
         current = meta.update_segment(
             epoch,
-            dataclasses.replace(current, state=SegmentState.COMPLETED,
-                                last_entry_id=last_entry_id, completed_ms=now_ms),
+            dataclasses.replace(
+                current,
+                state=SegmentState.COMPLETED,
+                last_entry_id=last_entry_id,
+                completed_ms=now_ms,
+            ),
         )
     if current.state is SegmentState.COMPLETED:
-        current = meta.update_segment(epoch, dataclasses.replace(current, state=SegmentState.SEALED))
+        current = meta.update_segment(
+            epoch, dataclasses.replace(current, state=SegmentState.SEALED)
+        )
     return current
 
 

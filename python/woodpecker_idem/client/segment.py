@@ -1,7 +1,7 @@
-"""One open segment on the writer side: pending entries, batches in flight, acks and the LAC.
+"""One open segment on the writer side: pending entries, batches in flight, acks, the LAC.
 
-Entries are encoded once (`record` bytes), so every resend is byte-identical. A batch commits when aq
-nodes acknowledged it and every earlier batch has committed, which keeps commits in entry order.
+Entries are encoded once (`record` bytes), so every resend is byte-identical. A batch commits at aq
+acks and every earlier batch has committed, which keeps commits in entry order.
 State changes happen under the owning writer's lock; futures are resolved after it is released.
 """
 
@@ -25,11 +25,28 @@ class SegmentStatus(enum.Enum):
 class PendingEntry:
     """An entry assigned an id but not yet committed; the unit callers wait on and retries join."""
 
-    __slots__ = ("seq", "segment_id", "entry_id", "record", "key", "future", "joiners", "deadline",
-                 "timed_out")
+    __slots__ = (
+        "seq",
+        "segment_id",
+        "entry_id",
+        "record",
+        "key",
+        "future",
+        "joiners",
+        "deadline",
+        "timed_out",
+    )
 
-    def __init__(self, seq: int, segment_id: int, entry_id: int, record: bytes,
-                 key: bytes | None, future: Future | None, deadline: float):
+    def __init__(
+        self,
+        seq: int,
+        segment_id: int,
+        entry_id: int,
+        record: bytes,
+        key: bytes | None,
+        future: Future | None,
+        deadline: float,
+    ):
         self.seq = seq
         self.segment_id = segment_id
         self.entry_id = entry_id
@@ -125,7 +142,7 @@ class SegmentHandle:
         committed: list[PendingEntry] = []
         while self.batches and len(self.batches[0].acks) >= self.aq:
             done = self.batches.popleft()
-            for entry in done.entries:
+            for _ in done.entries:
                 # entries are committed in order; the deque head is always this entry
                 head = self.pending.popleft()
                 del self.by_entry[head.entry_id]
@@ -136,8 +153,10 @@ class SegmentHandle:
     def drained(self) -> bool:
         return not self.pending
 
-    def resolve_completed(self, last_entry_id: int) -> tuple[list[PendingEntry], list[PendingEntry]]:
-        """After the segment completed at `last_entry_id`: (present -> committed, absent -> dropped)."""
+    def resolve_completed(
+        self, last_entry_id: int
+    ) -> tuple[list[PendingEntry], list[PendingEntry]]:
+        """The segment completed at `last_entry_id`: (present -> committed, absent -> dropped)."""
         committed = [e for e in self.pending if e.entry_id <= last_entry_id]
         dropped = [e for e in self.pending if e.entry_id > last_entry_id]
         self.pending.clear()

@@ -50,8 +50,11 @@ LEASE_MS = 30_000
 REPAIR_RETRY_S = 0.2
 
 
-def coerce_message(message: WriteMessage | bytes | bytearray | memoryview,
-                   properties: dict[str, str] | None, max_bytes: int) -> tuple[bytes, dict | None]:
+def coerce_message(
+    message: WriteMessage | bytes | bytearray | memoryview,
+    properties: dict[str, str] | None,
+    max_bytes: int,
+) -> tuple[bytes, dict | None]:
     """Validate a payload and its properties; bad input fails here, before anything is queued."""
     if isinstance(message, WriteMessage):
         payload, props = message.payload, message.properties or None
@@ -72,7 +75,9 @@ def coerce_message(message: WriteMessage | bytes | bytearray | memoryview,
         )
     if props is not None:
         if not isinstance(props, dict):
-            raise InvalidTypeError(f"properties must be a dict[str, str], not {type(props).__name__}")
+            raise InvalidTypeError(
+                f"properties must be a dict[str, str], not {type(props).__name__}"
+            )
         for k, v in props.items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise InvalidTypeError(f"properties must map str to str; got {k!r}: {v!r}")
@@ -125,8 +130,9 @@ class LogWriter:
         self._take_over_segments()
         with self._lock:
             self._open_segment_locked()
-        self._flusher = threading.Thread(target=self._flush_loop, name=f"wp-flush-{self.log_id}",
-                                         daemon=True)
+        self._flusher = threading.Thread(
+            target=self._flush_loop, name=f"wp-flush-{self.log_id}", daemon=True
+        )
         self._flusher.start()
 
     # --- opening ---------------------------------------------------------------------------
@@ -135,8 +141,9 @@ class LogWriter:
         """Complete every ACTIVE segment a previous writer left (DESIGN.md sections 3 and 4)."""
         for seg in self._meta.list_segments(self.log_id):
             if seg.state in (SegmentState.ACTIVE, SegmentState.COMPLETED):
-                done = recover_segment(self._transport, self._meta, self.epoch, seg,
-                                       self._clock.now_ms())
+                done = recover_segment(
+                    self._transport, self._meta, self.epoch, seg, self._clock.now_ms()
+                )
                 self._on_segment_completed(done.segment_id, done.last_entry_id)
 
     def _open_segment_locked(self) -> SegmentHandle:
@@ -169,15 +176,26 @@ class LogWriter:
 
     # --- writing -----------------------------------------------------------------------------
 
-    def write(self, message: WriteMessage | bytes, *, properties: dict[str, str] | None = None,
-              idempotency_id: str | bytes | None = None, timeout: float | None = None) -> WriteResult:
+    def write(
+        self,
+        message: WriteMessage | bytes,
+        *,
+        properties: dict[str, str] | None = None,
+        idempotency_id: str | bytes | None = None,
+        timeout: float | None = None,
+    ) -> WriteResult:
         """Append and wait for the quorum ack."""
-        return self.write_async(message, properties=properties,
-                                idempotency_id=idempotency_id).result(timeout)
+        return self.write_async(
+            message, properties=properties, idempotency_id=idempotency_id
+        ).result(timeout)
 
-    def write_async(self, message: WriteMessage | bytes, *,
-                    properties: dict[str, str] | None = None,
-                    idempotency_id: str | bytes | None = None) -> Future[WriteResult]:
+    def write_async(
+        self,
+        message: WriteMessage | bytes,
+        *,
+        properties: dict[str, str] | None = None,
+        idempotency_id: str | bytes | None = None,
+    ) -> Future[WriteResult]:
         """Queue an append; the future resolves at the quorum ack (or with the failure outcome)."""
         if idempotency_id is not None:
             raise InvalidArgumentError(
@@ -190,15 +208,27 @@ class LogWriter:
             self._append_locked(payload, props, None, future, self._clock.now_ms())
         return future
 
-    def _append_locked(self, payload: bytes, props: dict | None, key: bytes | None,
-                       future: Future | None, now_ms: int) -> PendingEntry | None:
+    def _append_locked(
+        self,
+        payload: bytes,
+        props: dict | None,
+        key: bytes | None,
+        future: Future | None,
+        now_ms: int,
+    ) -> PendingEntry | None:
         """Assign the next id and queue the entry; on failure sets the future's exception."""
         self._check_open_locked()
         # Wait for room before taking an id, so ids stay in queue order.
         size = len(payload) + 64
-        while (self._inflight_entries >= self._max_inflight_entries
-               or self._inflight_bytes + size > self._max_inflight_bytes) \
-                and self._inflight_entries and not self._closed and self._fenced is None:
+        while (
+            (
+                self._inflight_entries >= self._max_inflight_entries
+                or self._inflight_bytes + size > self._max_inflight_bytes
+            )
+            and self._inflight_entries
+            and not self._closed
+            and self._fenced is None
+        ):
             self._space.wait(0.1)
         self._check_open_locked()
         seg = self._writable_segment_locked()
@@ -211,13 +241,17 @@ class LogWriter:
         record = encode_entry(seg.segment_id, entry_id, now_ms, payload, props, key)
         now = time.monotonic()
         self._seq += 1
-        entry = PendingEntry(self._seq, seg.segment_id, entry_id, record, key, future,
-                             now + self._timeout_s)
+        entry = PendingEntry(
+            self._seq, seg.segment_id, entry_id, record, key, future, now + self._timeout_s
+        )
         seg.append(entry, now)
         self._inflight_entries += 1
         self._inflight_bytes += len(record)
-        if len(seg.unsent) == 1 or len(seg.unsent) >= self._max_batch_entries \
-                or seg.unsent_bytes >= self._max_batch_bytes:
+        if (
+            len(seg.unsent) == 1
+            or len(seg.unsent) >= self._max_batch_entries
+            or seg.unsent_bytes >= self._max_batch_bytes
+        ):
             self._wake.notify()
         return entry
 
@@ -225,8 +259,11 @@ class LogWriter:
         seg = self._current
         if seg is None:
             return None
-        if (seg.next_entry_id >= self._roll_entries or seg.size_bytes >= self._roll_bytes
-                or time.monotonic() - seg.created >= self._roll_s):
+        if (
+            seg.next_entry_id >= self._roll_entries
+            or seg.size_bytes >= self._roll_bytes
+            or time.monotonic() - seg.created >= self._roll_s
+        ):
             seg.status = SegmentStatus.ROLLED
             self._wake.notify()
             self.metrics["segments_rolled"] += 1
@@ -256,8 +293,10 @@ class LogWriter:
                 seg.unsent_since = 0.0  # send now
             self._wake.notify()
             while self._fenced is None:
-                oldest = min((s.pending[0].seq for s in self._segments.values() if s.pending),
-                             default=target + 1)
+                oldest = min(
+                    (s.pending[0].seq for s in self._segments.values() if s.pending),
+                    default=target + 1,
+                )
                 if oldest > target:
                     return
                 left = None if deadline is None else deadline - time.monotonic()
@@ -291,8 +330,9 @@ class LogWriter:
                 try:
                     self._complete_drained(seg)
                 except WoodpeckerError as exc:
-                    log.warning("log %s: segment %s left for recovery: %s", self.log_id,
-                                seg.segment_id, exc)
+                    log.warning(
+                        "log %s: segment %s left for recovery: %s", self.log_id, seg.segment_id, exc
+                    )
         self._on_close()
 
     def __enter__(self) -> LogWriter:
@@ -334,8 +374,10 @@ class LogWriter:
                     if seg.status not in (SegmentStatus.OPEN, SegmentStatus.ROLLED):
                         continue
                     while seg.unsent:
-                        full = (len(seg.unsent) >= self._max_batch_entries
-                                or seg.unsent_bytes >= self._max_batch_bytes)
+                        full = (
+                            len(seg.unsent) >= self._max_batch_entries
+                            or seg.unsent_bytes >= self._max_batch_bytes
+                        )
                         due = seg.unsent_since + self._linger_s - now
                         if not full and due > 0 and seg.status is SegmentStatus.OPEN:
                             wait = min(wait, due)
@@ -381,8 +423,9 @@ class LogWriter:
 
     def _renew_lease(self) -> None:
         try:
-            self._meta.renew_lease(self.log_id, self.epoch, self.owner, self._clock.now_ms(),
-                                   LEASE_MS)
+            self._meta.renew_lease(
+                self.log_id, self.epoch, self.owner, self._clock.now_ms(), LEASE_MS
+            )
         except WriterFencedError as exc:
             with self._lock:
                 resolved = self._fence_locked(exc)
@@ -392,8 +435,11 @@ class LogWriter:
 
     def _on_ack(self, node: str, seg: SegmentHandle, batch: Batch) -> None:
         with self._lock:
-            if seg.status is SegmentStatus.DONE and not seg.pending or seg.status is \
-                    SegmentStatus.FAILED:
+            if (
+                seg.status is SegmentStatus.DONE
+                and not seg.pending
+                or seg.status is SegmentStatus.FAILED
+            ):
                 return
             committed = seg.ack(node, batch)
             if not committed:
@@ -434,8 +480,13 @@ class LogWriter:
                 return
             seg.failed_nodes[node] = str(exc)
             batch.failed.add(node)
-            log.warning("log %s segment %s: node %s dropped after retries: %s", self.log_id,
-                        seg.segment_id, node, exc)
+            log.warning(
+                "log %s segment %s: node %s dropped after retries: %s",
+                self.log_id,
+                seg.segment_id,
+                node,
+                exc,
+            )
             if not seg.quorum_lost() or seg.status is SegmentStatus.FAILED:
                 return
             seg.status = SegmentStatus.FAILED
@@ -451,8 +502,9 @@ class LogWriter:
                 if self._closed or self._fenced is not None:
                     return
             try:
-                done = recover_segment(self._transport, self._meta, self.epoch, seg.meta,
-                                       self._clock.now_ms())
+                done = recover_segment(
+                    self._transport, self._meta, self.epoch, seg.meta, self._clock.now_ms()
+                )
                 break
             except WriterFencedError as exc:
                 with self._lock:
@@ -460,8 +512,9 @@ class LogWriter:
                 _resolve(resolved)
                 return
             except (QuorumUnavailableError, NodeUnavailableError, EntryConflictError) as exc:
-                log.info("log %s: segment %s not completable yet: %s", self.log_id,
-                         seg.segment_id, exc)
+                log.info(
+                    "log %s: segment %s not completable yet: %s", self.log_id, seg.segment_id, exc
+                )
                 time.sleep(REPAIR_RETRY_S)
         with self._lock:
             resolved = self._resolve_segment_locked(seg, done.last_entry_id)
@@ -498,11 +551,21 @@ class LogWriter:
             try:
                 self._transport.complete(node, self.log_id, seg.segment_id, last)
             except (NodeUnavailableError, SegmentFencedError) as exc:
-                log.warning("log %s: complete of segment %s on %s failed: %s", self.log_id,
-                            seg.segment_id, node, exc)
+                log.warning(
+                    "log %s: complete of segment %s on %s failed: %s",
+                    self.log_id,
+                    seg.segment_id,
+                    node,
+                    exc,
+                )
         current = self._meta.get_segment(self.log_id, seg.segment_id) or seg.meta
-        seal(self._meta, self.epoch,
-             dataclasses.replace(current, size_bytes=seg.size_bytes), last, self._clock.now_ms())
+        seal(
+            self._meta,
+            self.epoch,
+            dataclasses.replace(current, size_bytes=seg.size_bytes),
+            last,
+            self._clock.now_ms(),
+        )
         with self._lock:
             seg.status = SegmentStatus.DONE
             self._segments.pop(seg.segment_id, None)
@@ -563,12 +626,22 @@ class _NodeWorker:
             while True:
                 if w._fenced is not None:
                     break
-                if seg.status is SegmentStatus.DONE and not seg.pending or \
-                        seg.status is SegmentStatus.FAILED or self.node in seg.failed_nodes:
+                if (
+                    seg.status is SegmentStatus.DONE
+                    and not seg.pending
+                    or seg.status is SegmentStatus.FAILED
+                    or self.node in seg.failed_nodes
+                ):
                     break
                 try:
-                    transport.add_entries(self.node, w.log_id, seg.segment_id,
-                                          batch.first_entry_id, batch.frame, seg.lac)
+                    transport.add_entries(
+                        self.node,
+                        w.log_id,
+                        seg.segment_id,
+                        batch.first_entry_id,
+                        batch.frame,
+                        seg.lac,
+                    )
                 except NodeUnavailableError as exc:
                     attempt += 1
                     if attempt > w._max_retries:
@@ -593,8 +666,9 @@ class _Maintenance:
     def __init__(self, writer: LogWriter):
         self.writer = writer
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name=f"wp-maint-{writer.log_id}",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self._run, name=f"wp-maint-{writer.log_id}", daemon=True
+        )
         self.thread.start()
 
     def submit(self, fn, *args) -> None:
@@ -617,5 +691,8 @@ class _Maintenance:
                     resolved = self.writer._fence_locked(exc)
                 _resolve(resolved)
             except Exception:
-                log.exception("log %s: background task %s failed", self.writer.log_id,
-                              getattr(fn, "__name__", fn))
+                log.exception(
+                    "log %s: background task %s failed",
+                    self.writer.log_id,
+                    getattr(fn, "__name__", fn),
+                )

@@ -37,8 +37,14 @@ class RecoveryReport:
     window_size: int
 
 
-def rebuild_window(window: DedupWindow, log_id: int, meta: MetadataStore, objects: ObjectStore,
-                   transport: LogStoreTransport, now_ms: int) -> tuple[RecoveryReport, dict[int, int]]:
+def rebuild_window(
+    window: DedupWindow,
+    log_id: int,
+    meta: MetadataStore,
+    objects: ObjectStore,
+    transport: LogStoreTransport,
+    now_ms: int,
+) -> tuple[RecoveryReport, dict[int, int]]:
     """Fill `window`; returns the report and the watermarks of the segments now covered."""
     started = time.perf_counter()
     snap, corrupt = load_newest(objects, log_id)

@@ -1,7 +1,7 @@
 """Dedup snapshots on object storage: naming, writing off the write path, retention, loading.
 
-Key: `dedup_snapshot/{log_id}/snapshot_{epoch:020}_{timestamp_ms:020}` (relative to the object store's
-root), so lexical order is (epoch, time) order and the newest snapshot sorts last.
+Key: `dedup_snapshot/{log_id}/snapshot_{epoch:020}_{timestamp_ms:020}` (relative to the object
+store's root), so lexical order is (epoch, time) order and the newest snapshot sorts last.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ def snapshot_key(log_id: int, epoch: int, timestamp_ms: int) -> str:
 def list_snapshots(store: ObjectStore, log_id: int) -> list[str]:
     """Snapshot keys, oldest first."""
     prefix = snapshot_prefix(log_id)
-    return sorted(k for k in store.list(prefix) if k[len(prefix):].startswith("snapshot_"))
+    return sorted(k for k in store.list(prefix) if k[len(prefix) :].startswith("snapshot_"))
 
 
 def load_newest(store: ObjectStore, log_id: int) -> tuple[Snapshot | None, int]:
-    """The newest snapshot that decodes; falls back to older ones. Returns (snapshot, corrupt count)."""
+    """The newest snapshot that decodes, else an older one. Returns (snapshot, corrupt count)."""
     corrupt = 0
     for key in reversed(list_snapshots(store, log_id)):
         data = store.get(key)
@@ -70,9 +70,19 @@ class Snapshotter:
     writer stops and deletes nothing.
     """
 
-    def __init__(self, store: ObjectStore, log_id: int, epoch: int, clock_ms: Callable[[], int],
-                 capture: Callable[[], SnapshotSource | None], new_keys: Callable[[], int],
-                 still_owner: Callable[[], bool], interval_s: float, threshold: int, kept: int):
+    def __init__(
+        self,
+        store: ObjectStore,
+        log_id: int,
+        epoch: int,
+        clock_ms: Callable[[], int],
+        capture: Callable[[], SnapshotSource | None],
+        new_keys: Callable[[], int],
+        still_owner: Callable[[], bool],
+        interval_s: float,
+        threshold: int,
+        kept: int,
+    ):
         self.store = store
         self.log_id = log_id
         self.epoch = epoch
@@ -105,7 +115,7 @@ class Snapshotter:
     def _run(self) -> None:
         backoff = 0.0
         while not self._stop.is_set():
-            self._kick.wait(min(self.interval_s, 1.0) if not backoff else backoff)
+            self._kick.wait(backoff if backoff else min(self.interval_s, 1.0))
             self._kick.clear()
             if self._stop.is_set():
                 return
@@ -132,8 +142,9 @@ class Snapshotter:
             self.store.put(key, data)
         except WoodpeckerError as exc:
             self.failures += 1
-            log.warning("log %s: snapshot write failed (%s); retrying, writes continue",
-                        self.log_id, exc)
+            log.warning(
+                "log %s: snapshot write failed (%s); retrying, writes continue", self.log_id, exc
+            )
             return False
         self.writes += 1
         self.bytes_written += len(data)

@@ -49,8 +49,12 @@ class WriteManyResult:
 class IdempotentLogWriter(LogWriter):
     """A LogWriter with a dedup window, snapshots and window recovery."""
 
-    def __init__(self, handle: LogHandle, window_duration_s: float | None = None,
-                 window_max_keys: int | None = None):
+    def __init__(
+        self,
+        handle: LogHandle,
+        window_duration_s: float | None = None,
+        window_max_keys: int | None = None,
+    ):
         cfg = handle.client.config.idempotency
         duration = cfg.window_duration_s if window_duration_s is None else window_duration_s
         max_keys = cfg.window_max_keys if window_max_keys is None else window_max_keys
@@ -66,9 +70,16 @@ class IdempotentLogWriter(LogWriter):
         self._snapshotter: Snapshotter | None = None
         super().__init__(handle)  # takes over, completes segments, rebuilds the window, opens one
         self._snapshotter = Snapshotter(
-            handle.client.objects, self.log_id, self.epoch, self._clock.now_ms,
-            self._capture, lambda: self._new_keys, self._still_owner,
-            cfg.snapshot_interval_s, cfg.snapshot_threshold, cfg.snapshots_kept,
+            handle.client.objects,
+            self.log_id,
+            self.epoch,
+            self._clock.now_ms,
+            self._capture,
+            lambda: self._new_keys,
+            self._still_owner,
+            cfg.snapshot_interval_s,
+            cfg.snapshot_threshold,
+            cfg.snapshots_kept,
         )
 
     # --- recovery (runs inside LogWriter.__init__, before any write is accepted) ---------------
@@ -76,20 +87,37 @@ class IdempotentLogWriter(LogWriter):
     def _take_over_segments(self) -> None:
         super()._take_over_segments()
         client = self._handle.client
-        report, covered = rebuild_window(self._window, self.log_id, client.meta, client.objects,
-                                         client.transport, self._clock.now_ms())
+        report, covered = rebuild_window(
+            self._window,
+            self.log_id,
+            client.meta,
+            client.objects,
+            client.transport,
+            self._clock.now_ms(),
+        )
         self._watermarks.update(covered)
         self.recovery = report
-        log.info("log %s: window rebuilt in %.3f s: %d keys from snapshot (age %s ms), %d entries "
-                 "replayed from %d segments, %d corrupt snapshots", self.log_id, report.seconds,
-                 report.snapshot_key_count, report.snapshot_age_ms, report.entries_replayed,
-                 report.segments_replayed, report.corrupt_snapshots)
+        log.info(
+            "log %s: window rebuilt in %.3f s: %d keys from snapshot (age %s ms), %d entries "
+            "replayed from %d segments, %d corrupt snapshots",
+            self.log_id,
+            report.seconds,
+            report.snapshot_key_count,
+            report.snapshot_age_ms,
+            report.entries_replayed,
+            report.segments_replayed,
+            report.corrupt_snapshots,
+        )
 
     # --- writing -----------------------------------------------------------------------------
 
-    def write_async(self, message: WriteMessage | bytes, *,
-                    properties: dict[str, str] | None = None,
-                    idempotency_id: str | bytes | None = None) -> Future[WriteResult]:
+    def write_async(
+        self,
+        message: WriteMessage | bytes,
+        *,
+        properties: dict[str, str] | None = None,
+        idempotency_id: str | bytes | None = None,
+    ) -> Future[WriteResult]:
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
         key = content_key(payload) if idempotency_id is None else explicit_key(idempotency_id)
         future: Future[WriteResult] = Future()
@@ -97,8 +125,7 @@ class IdempotentLogWriter(LogWriter):
             self._write_locked(payload, props, key, future)
         return future
 
-    def _write_locked(self, payload: bytes, props: dict | None, key: bytes,
-                      future: Future) -> None:
+    def _write_locked(self, payload: bytes, props: dict | None, key: bytes, future: Future) -> None:
         self._check_open_locked()
         now = self._clock.now_ms()
         window = self._window
@@ -128,12 +155,15 @@ class IdempotentLogWriter(LogWriter):
             entry.timed_out = False
             entry.deadline = time.monotonic() + self._timeout_s
 
-    def write_many(self, payloads: Sequence[bytes], ids: Sequence[str | bytes] | None = None,
-                   timeout: float | None = None) -> WriteManyResult:
+    def write_many(
+        self,
+        payloads: Sequence[bytes],
+        ids: Sequence[str | bytes] | None = None,
+        timeout: float | None = None,
+    ) -> WriteManyResult:
         """Write a batch; one window pass, columnar results. Raises the first failure."""
         if ids is not None and len(ids) != len(payloads):
-            raise InvalidArgumentError(
-                f"ids has {len(ids)} items but payloads has {len(payloads)}")
+            raise InvalidArgumentError(f"ids has {len(ids)} items but payloads has {len(payloads)}")
         keys = content_keys(payloads) if ids is None else explicit_keys(ids)
         futures: list[tuple[int, Future]] = []
         with self._lock:
@@ -154,7 +184,7 @@ class IdempotentLogWriter(LogWriter):
                         continue
                     payload, props = coerce_message(payloads[i], None, self._max_entry_bytes)
                     future: Future = Future()
-                    self._write_locked(payload, props, keys[16 * i:16 * i + 16], future)
+                    self._write_locked(payload, props, keys[16 * i : 16 * i + 16], future)
                     futures.append((i, future))
         for i, future in futures:
             result = future.result(timeout)
@@ -173,9 +203,13 @@ class IdempotentLogWriter(LogWriter):
         self._watermarks[segment_id] = entries[-1].entry_id
         early = window.early_evictions - before
         if early:
-            log.warning("log %s: %d keys evicted by capacity before window_duration_s (window_max_keys"
-                        "=%d is too small for this rate); retries of them would be new writes",
-                        self.log_id, early, window.max_keys)
+            log.warning(
+                "log %s: %d keys evicted by capacity before window_duration_s (window_max_keys"
+                "=%d is too small for this rate); retries of them would be new writes",
+                self.log_id,
+                early,
+                window.max_keys,
+            )
         if self._snapshotter is not None and self._new_keys >= self._snapshotter.threshold:
             self._snapshotter.kick()
 

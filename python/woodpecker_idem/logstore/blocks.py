@@ -119,7 +119,9 @@ def decode_block_header(data: bytes, where: str) -> BlockHeader:
 def block_records(data: bytes, header: BlockHeader, where: str) -> list[memoryview]:
     records = split_frame(memoryview(data)[BLOCK_HEADER_SIZE:], where)
     if len(records) != header.count:
-        raise CorruptEntryError(f"{where}: header says {header.count} records, found {len(records)}")
+        raise CorruptEntryError(
+            f"{where}: header says {header.count} records, found {len(records)}"
+        )
     return records
 
 

@@ -38,7 +38,7 @@ def segment_prefix(log_id: int, segment_id: int) -> str:
 
 @dataclass
 class _Segment:
-    """What a node knows of one segment; rebuilt from the store when another process may have moved it."""
+    """What a node knows of one segment; rebuilt from the store when another process moved it."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     loaded: bool = False
@@ -48,17 +48,13 @@ class _Segment:
     completed_last: int | None = None
     lac: int = -1
 
+    contig: int = -1  # the last entry id held with no gap from entry 0
+
     def contiguous_last(self) -> int:
-        """The last entry id held with no gap from entry 0."""
-        last = -1
-        for first, end, _ in self.index:
-            if first > last + 1:
-                break
-            last = max(last, end)
-        return last
+        return self.contig
 
     def holds(self, entry_id: int) -> int | None:
-        """The block holding `entry_id`, if any (runs never overlap: only missing ones are written)."""
+        """The block holding `entry_id`, if any (blocks never overlap: only missing runs land)."""
         pos = bisect.bisect_right(self.index, (entry_id, 1 << 62, 0)) - 1
         if pos >= 0:
             first, end, block = self.index[pos]
@@ -67,7 +63,13 @@ class _Segment:
         return None
 
     def add_block(self, first: int, last: int, block: int) -> None:
-        bisect.insort(self.index, (first, last, block))
+        item = (first, last, block)
+        bisect.insort(self.index, item)
+        if first <= self.contig + 1:
+            pos = bisect.bisect_left(self.index, item)
+            while pos < len(self.index) and self.index[pos][0] <= self.contig + 1:
+                self.contig = max(self.contig, self.index[pos][1])
+                pos += 1
 
 
 class LogStoreEngine:
@@ -78,7 +80,9 @@ class LogStoreEngine:
         self.node_id = node_id
         self._segments: dict[tuple[int, int], _Segment] = {}
         self._segments_lock = threading.Lock()
-        self._cache: OrderedDict[tuple[int, int, int], tuple[bytes, list[memoryview]]] = OrderedDict()
+        self._cache: OrderedDict[tuple[int, int, int], tuple[bytes, list[memoryview]]] = (
+            OrderedDict()
+        )
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
         self._cache_lock = threading.Lock()
@@ -106,6 +110,7 @@ class LogStoreEngine:
                 blocks.append(int(name[:-4]))
         blocks.sort()
         seg.index = []
+        seg.contig = -1
         seg.fenced = False
         seg.lac = -1
         seg.next_block = (blocks[-1] + 1) if blocks else 0
@@ -179,31 +184,49 @@ class LogStoreEngine:
                 raise SegmentFencedError(f"{where} is completed; add of {first_entry_id} refused")
             if seg.fenced and not recovery:
                 raise SegmentFencedError(f"{where} is fenced; add of {first_entry_id} refused")
-            runs: list[tuple[int, int]] = []  # [start, stop) indexes into records still missing
-            start = None
-            for i, record in enumerate(records):
-                block = seg.holds(first_entry_id + i) if seg.index else None
-                if block is None:
-                    if start is None:
-                        start = i
-                    continue
-                if start is not None:
-                    runs.append((start, i))
-                    start = None
-                stored = self._stored_record(log_id, segment_id, block, first_entry_id + i)
-                if stored != record:
-                    raise EntryConflictError(
-                        f"{where}: entry {first_entry_id + i} already stored with other bytes"
-                    )
-            if start is not None:
-                runs.append((start, len(records)))
+            if not seg.index or first_entry_id > seg.index[-1][1]:
+                runs = [(0, len(records))]  # the common case: appending past everything held
+            else:
+                runs = self._missing_runs(log_id, segment_id, seg, first_entry_id, records, where)
             kind = KIND_RECOVERY if recovery else KIND_DATA
             for lo, hi in runs:
                 body = frame if (lo, hi) == (0, len(records)) else b"".join(records[lo:hi])
-                self._put_block(log_id, segment_id, seg, kind, first_entry_id + lo, hi - lo, lac, body)
+                self._put_block(
+                    log_id, segment_id, seg, kind, first_entry_id + lo, hi - lo, lac, body
+                )
             if lac > seg.lac:
                 seg.lac = lac
             return seg.contiguous_last()
+
+    def _missing_runs(
+        self,
+        log_id: int,
+        segment_id: int,
+        seg: _Segment,
+        first_entry_id: int,
+        records: list[memoryview],
+        where: str,
+    ) -> list[tuple[int, int]]:
+        """[start, stop) index runs of records not held yet; held ones must match byte for byte."""
+        runs: list[tuple[int, int]] = []
+        start = None
+        for i, record in enumerate(records):
+            block = seg.holds(first_entry_id + i)
+            if block is None:
+                if start is None:
+                    start = i
+                continue
+            if start is not None:
+                runs.append((start, i))
+                start = None
+            stored = self._stored_record(log_id, segment_id, block, first_entry_id + i)
+            if stored != record:
+                raise EntryConflictError(
+                    f"{where}: entry {first_entry_id + i} already stored with other bytes"
+                )
+        if start is not None:
+            runs.append((start, len(records)))
+        return runs
 
     def _put_block(self, log_id, segment_id, seg: _Segment, kind, first, count, lac, body) -> None:
         data = encode_block(kind, first, count, lac, body)
@@ -220,7 +243,6 @@ class LogStoreEngine:
                 )
         seg.next_block = n + 1
         seg.add_block(first, first + count - 1, n)
-        self._block(log_id, segment_id, n, data)
 
     def fence(self, log_id: int, segment_id: int) -> tuple[int, int]:
         """Fence the segment; returns (last contiguous entry id held, highest LAC seen)."""
@@ -265,7 +287,9 @@ class LogStoreEngine:
             seg.completed_last = last_entry_id
             seg.fenced = True
 
-    def read(self, log_id: int, segment_id: int, from_entry_id: int, max_entries: int) -> list[bytes]:
+    def read(
+        self, log_id: int, segment_id: int, from_entry_id: int, max_entries: int
+    ) -> list[bytes]:
         """Up to `max_entries` consecutive entries (LogEntry bytes) from `from_entry_id`."""
         seg = self._segment(log_id, segment_id)
         with seg.lock:

@@ -1,4 +1,4 @@
-"""How a client reaches LogStore nodes: an interface, the in-process transport, and a fault injector.
+"""How a client reaches LogStore nodes: an interface, the in-process transport, a fault injector.
 
 The client never touches an engine directly, so service mode only adds a gRPC transport.
 """
@@ -73,7 +73,9 @@ class InProcessTransport(LogStoreTransport):
             raise NodeUnavailableError(f"unknown LogStore node {node_id!r}")
         return engine
 
-    def add_entries(self, node_id, log_id, segment_id, first_entry_id, frame, lac=-1, recovery=False):
+    def add_entries(
+        self, node_id, log_id, segment_id, first_entry_id, frame, lac=-1, recovery=False
+    ):
         return self._engine(node_id).add_entries(
             log_id, segment_id, first_entry_id, frame, lac, recovery
         )
@@ -148,7 +150,9 @@ class FaultInjectingTransport(LogStoreTransport):
         if failed:
             raise NodeUnavailableError(f"node {node_id} is down (injected) during {op}")
 
-    def add_entries(self, node_id, log_id, segment_id, first_entry_id, frame, lac=-1, recovery=False):
+    def add_entries(
+        self, node_id, log_id, segment_id, first_entry_id, frame, lac=-1, recovery=False
+    ):
         self._before(node_id, "add_entries")
         result = self.inner.add_entries(
             node_id, log_id, segment_id, first_entry_id, frame, lac, recovery

@@ -16,8 +16,8 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def put(self, key: str, data: bytes, *, if_none_match: bool = False) -> bool:
-        """Store `data` at `key`. With `if_none_match`, returns False (and writes nothing) if the key
-        exists; otherwise returns True. Without it, atomically replaces. Durable when it returns."""
+        """Store `data` at `key`. With `if_none_match`, returns False (and writes nothing) if the
+        key exists; otherwise returns True. Without it, atomically replaces. Durable on return."""
 
     @abstractmethod
     def get(self, key: str) -> bytes | None:

@@ -1,0 +1,391 @@
+"""Rust core of woodpecker_idem: idempotency keys, the dedup window and the dedup snapshot codec.
+
+The contract is `docs/core-api.md`. Errors are the classes of `woodpecker_idem.errors`:
+`InvalidArgumentError` (a `ValueError`) for a bad value, `InvalidTypeError` (a `TypeError`) for a
+wrong type, both naming the argument, and `SnapshotCorruptError` for undecodable snapshots.
+
+"Bytes-like" means bytes, bytearray, memoryview, array.array or any C-contiguous buffer (its raw
+bytes are used). `bytes` is read in place; other buffers are copied once while the GIL is held,
+because a writable exporter could change under a batch that runs without the GIL.
+"""
+
+from collections.abc import Sequence
+from typing import final
+
+from typing_extensions import Buffer
+
+__all__ = [
+    "KEY_SIZE",
+    "SNAPSHOT_FORMAT_VERSION",
+    "DedupWindow",
+    "Snapshot",
+    "WindowEntry",
+    "content_key",
+    "content_keys",
+    "content_keys_arrow",
+    "crc32c",
+    "decode_snapshot",
+    "encode_snapshot",
+    "explicit_key",
+    "explicit_keys",
+]
+
+KEY_SIZE: int
+"""Length of every idempotency key (16): keys are MD5 digests, so one fixed size fits all tables."""
+
+SNAPSHOT_FORMAT_VERSION: int
+"""Snapshot format version this build writes and the only one it reads (1)."""
+
+# --- keys ------------------------------------------------------------------------------------
+
+def content_key(payload: Buffer) -> bytes:
+    """Key of an entry written without an explicit id: MD5 of the payload bytes.
+
+    Identical payloads get identical keys in every process, which is what makes a blind retry
+    idempotent. The empty payload is allowed.
+
+    Args:
+        payload: The entry payload (bytes-like). Properties are not part of the key.
+
+    Raises:
+        InvalidTypeError: `payload` is not bytes-like (a `str` must be encoded by the caller).
+    """
+
+def explicit_key(idempotency_id: str | bytes) -> bytes:
+    """Key of an entry written with a business idempotency id.
+
+    MD5 over the domain tag `b"woodpecker-idem/explicit-id/v1\\x00"` and the id, so an id can
+    never collide with the content key of a payload with the same bytes.
+
+    Args:
+        idempotency_id: 1..=1024 bytes; a `str` is taken as UTF-8.
+
+    Raises:
+        InvalidArgumentError: `idempotency_id` is empty, longer than 1024 bytes, or a `str` that
+            is not encodable as UTF-8.
+        InvalidTypeError: `idempotency_id` is neither `str` nor `bytes`.
+    """
+
+def content_keys(payloads: Sequence[Buffer]) -> bytes:
+    """Content keys of many payloads at once, concatenated (N*16 bytes).
+
+    One call per batch keeps Python overhead out of the per-entry cost: hashing runs without the
+    GIL and large batches (>= 4096 payloads) are split over the available cores.
+
+    Args:
+        payloads: A sequence (list, tuple or other iterable) of bytes-like payloads.
+
+    Raises:
+        InvalidTypeError: `payloads` is a lone str/bytes or not iterable, or `payloads[i]` is
+            not bytes-like (the message names the index).
+    """
+
+def content_keys_arrow(offsets: Buffer, data: Buffer, *, large: bool = False) -> bytes:
+    """Content keys of an Arrow binary column without building Python objects per row.
+
+    Args:
+        offsets: The column's offsets buffer: N+1 little-endian int32 (int64 with `large`)
+            offsets into `data`. Offsets need not start at 0 (sliced arrays). An empty buffer is
+            an empty column.
+        data: The column's value buffer.
+        large: True for `large_binary` / `large_string` columns (int64 offsets).
+
+    Returns:
+        N*16 bytes, the MD5 of each value.
+
+    Raises:
+        InvalidArgumentError: `offsets` is not a whole number of offsets, is negative, decreasing,
+            or points past the end of `data`.
+        InvalidTypeError: `offsets` or `data` is not bytes-like.
+    """
+
+def explicit_keys(ids: Sequence[str | bytes]) -> bytes:
+    """Explicit keys of many ids at once, concatenated (N*16 bytes); see `explicit_key`.
+
+    Raises:
+        InvalidArgumentError: `ids[i]` is empty, longer than 1024 bytes, or not UTF-8 encodable.
+        InvalidTypeError: `ids` is not a sequence, or `ids[i]` is neither `str` nor `bytes`.
+    """
+
+def crc32c(data: Buffer, value: int = 0) -> int:
+    """CRC32C (Castagnoli) of `data`, the checksum used by snapshots and stored entries.
+
+    Args:
+        data: Bytes-like input.
+        value: A previous result, to checksum a stream chunk by chunk
+            (`crc32c(b, crc32c(a)) == crc32c(a + b)`).
+
+    Raises:
+        InvalidArgumentError: `value` is outside 0..=2**32-1.
+        InvalidTypeError: `data` is not bytes-like or `value` is not an int.
+    """
+
+# --- dedup window ----------------------------------------------------------------------------
+
+@final
+class WindowEntry:
+    """What the window knows about a key: where its entry lives and whether it is durable yet.
+
+    Immutable, comparable and hashable, so tests can compare lookups with expected values.
+    """
+
+    @property
+    def segment_id(self) -> int:
+        """Segment holding the entry (0..=2**32-1)."""
+    @property
+    def entry_id(self) -> int:
+        """Entry id within the segment (0..=2**32-1)."""
+    @property
+    def timestamp_ms(self) -> int:
+        """Time the entry was added, ms; drives time-based eviction."""
+    @property
+    def committed(self) -> bool:
+        """False while the write is in flight (pending): a retry must join it, not rewrite."""
+    def __init__(self, segment_id: int, entry_id: int, timestamp_ms: int, committed: bool) -> None:
+        """Build an entry by hand (for comparisons in tests; lookups build their own).
+
+        Raises:
+            InvalidArgumentError: an id is outside 0..=2**32-1 or `timestamp_ms` outside int64.
+            InvalidTypeError: an id or `timestamp_ms` is not an int.
+        """
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class DedupWindow:
+    """The per-log set of recent idempotency keys that makes retries return the original id.
+
+    Pending keys (writes in flight) live in a separate table that is never evicted and does not
+    count against `max_keys`. Committed keys live in a preallocated ring in commit order, so the
+    oldest commit is evicted first, whether by capacity or by age. Memory is reserved for
+    `max_keys` up front (about 38-44 bytes per key), so steady-state inserts never reallocate.
+
+    Thread-safe: an internal lock guards the state; batch methods release the GIL while they hold
+    it, and single-key methods wait for a busy lock with the GIL released.
+
+    Keys are 16-byte bytes-like values; ids are stored as u32 and timestamps as int64.
+    """
+
+    def __init__(self, max_keys: int, window_ms: int) -> None:
+        """Args:
+            max_keys: Committed keys kept at most (1..=2**32-1); the oldest commit is evicted
+                beyond it.
+            window_ms: Age (>= 1 ms) at which a committed key stops deduplicating.
+
+        Raises:
+            InvalidArgumentError: `max_keys` or `window_ms` is out of range.
+            InvalidTypeError: either is not an int.
+            MemoryError: the ring for `max_keys` keys cannot be reserved.
+        """
+    def get(self, key: Buffer, now_ms: int | None = None) -> WindowEntry | None:
+        """Look a key up (counted in `hits` / `misses`; a pending key is a hit).
+
+        Args:
+            key: 16-byte key.
+            now_ms: If given, a committed entry at least `window_ms` old counts as absent even if
+                `evict` has not removed it yet, so staleness never depends on eviction timing.
+
+        Raises:
+            InvalidArgumentError: `key` is not 16 bytes, or `now_ms` outside int64.
+            InvalidTypeError: `key` is not bytes-like or `now_ms` not an int.
+        """
+    def add_pending(self, key: Buffer, segment_id: int, entry_id: int, timestamp_ms: int) -> None:
+        """Record a write in flight, so a concurrent retry of the same key joins it.
+
+        Raises:
+            InvalidArgumentError: `key` is already pending or committed (the caller should have
+                looked it up first), `key` is not 16 bytes, or an id/timestamp is out of range.
+            InvalidTypeError: an argument has the wrong type.
+        """
+    def commit(self, key: Buffer) -> bool:
+        """Mark a pending key durable: it joins the newest end of the commit order.
+
+        Returns:
+            False if the key is not pending (already committed, dropped or never added).
+
+        May evict the oldest committed key when the window is full.
+        """
+    def drop_pending(self, key: Buffer) -> bool:
+        """Forget a pending key whose write failed, so a retry writes it anew.
+
+        Returns:
+            False if the key is not pending.
+        """
+    def add_committed(self, key: Buffer, segment_id: int, entry_id: int, timestamp_ms: int) -> bool:
+        """Insert a durable key directly (recovery from snapshots and segment scans).
+
+        An existing committed entry wins, because the first durable copy is the one readers saw.
+        A pending entry for the key is replaced by the given ids and becomes committed.
+
+        Returns:
+            True if the key was inserted, False if it was already committed.
+
+        Raises:
+            InvalidArgumentError / InvalidTypeError: as for `add_pending` (except presence).
+        """
+    def evict(self, now_ms: int) -> int:
+        """Drop committed keys from the oldest end (commit order) while `now_ms - ts >= window_ms`.
+
+        Stops at the first young entry, so an old entry committed after a young one waits.
+
+        Returns:
+            Number of keys evicted (also added to `evictions`).
+        """
+    def get_many(self, keys: Buffer, now_ms: int | None = None) -> tuple[bytes, bytes, bytes]:
+        """Look up N keys in one call, without the GIL.
+
+        Args:
+            keys: N*16 bytes of concatenated keys.
+            now_ms: As for `get`.
+
+        Returns:
+            `(status, segment_ids, entry_ids)`: N status bytes (0 absent, 1 pending,
+            2 committed) and two buffers of N little-endian int64 (-1 where absent), ready for
+            `array.array("q", ...)` or `numpy.frombuffer(..., "<i8")`.
+
+        Raises:
+            InvalidArgumentError: `keys` is not a multiple of 16 bytes.
+            InvalidTypeError: `keys` is not bytes-like.
+        """
+    def add_committed_many(
+        self, keys: Buffer, segment_ids: Buffer, entry_ids: Buffer, timestamps_ms: Buffer
+    ) -> int:
+        """`add_committed` for N keys in order, without the GIL (recovery of large windows).
+
+        Args:
+            keys: N*16 bytes.
+            segment_ids: N int64 (array('q'), numpy int64, or raw little-endian bytes).
+            entry_ids: N int64, like `segment_ids`.
+            timestamps_ms: N int64.
+
+        Returns:
+            Number of keys inserted.
+
+        Raises:
+            InvalidArgumentError: a column does not hold N values, or `segment_ids[i]` /
+                `entry_ids[i]` is outside 0..=2**32-1. Nothing is inserted in that case.
+            InvalidTypeError: an argument is not a buffer.
+        """
+    def __len__(self) -> int:
+        """Committed plus pending keys."""
+    @property
+    def pending_count(self) -> int:
+        """Writes in flight."""
+    @property
+    def committed_count(self) -> int:
+        """Committed keys held (at most `max_keys`)."""
+    @property
+    def max_keys(self) -> int:
+        """Capacity for committed keys."""
+    @property
+    def window_ms(self) -> int:
+        """Age at which committed keys expire."""
+    @property
+    def hits(self) -> int:
+        """Lookups that found the key (pending or committed)."""
+    @property
+    def misses(self) -> int:
+        """Lookups that did not find the key (or found it expired)."""
+    @property
+    def evictions(self) -> int:
+        """Committed keys removed, by capacity or by `evict`."""
+    @property
+    def early_evictions(self) -> int:
+        """Capacity evictions of keys younger than `window_ms`: dedup was weaker than configured,
+        a signal to raise `max_keys`."""
+    def memory_bytes(self) -> int:
+        """Heap bytes owned (ring + index + pending table), for sizing and metrics."""
+    def stats(self) -> dict[str, int]:
+        """All counters and sizes in one consistent read: `hits`, `misses`, `evictions`,
+        `early_evictions`, `pending_count`, `committed_count`, `max_keys`, `window_ms`,
+        `memory_bytes`."""
+    def clone_committed(self) -> DedupWindow:
+        """A copy with the same config and committed entries in the same order (no pending,
+        counters zero). A memcpy-like copy, cheap enough to take under the writer's lock so a
+        snapshot is consistent with the watermarks read under that lock."""
+    def committed_entries(self) -> list[tuple[bytes, int, int, int]]:
+        """`(key, segment_id, entry_id, timestamp_ms)` in commit order, oldest first (tests and
+        tools; use `encode_snapshot` for bulk export)."""
+
+# --- snapshots -------------------------------------------------------------------------------
+
+@final
+class Snapshot:
+    """A decoded, fully validated dedup snapshot (see `proto/dedup_snapshot.proto`)."""
+
+    @property
+    def format_version(self) -> int:
+        """Format version of the data (1)."""
+    @property
+    def log_id(self) -> int:
+        """Log the window belongs to; recovery checks it matches."""
+    @property
+    def epoch(self) -> int:
+        """Writer epoch that wrote the snapshot."""
+    @property
+    def timestamp_ms(self) -> int:
+        """When the snapshot was taken."""
+    @property
+    def window_max_keys(self) -> int:
+        """`max_keys` of the window that was snapshotted."""
+    @property
+    def window_ms(self) -> int:
+        """`window_ms` of the window that was snapshotted."""
+    @property
+    def watermarks(self) -> dict[int, int]:
+        """Segment id -> last confirmed entry id: recovery scans only entries above these."""
+    def __len__(self) -> int:
+        """Number of entries."""
+    def entries(self) -> list[tuple[bytes, int, int, int]]:
+        """`(key, segment_id, entry_id, timestamp_ms)` in commit order, oldest first."""
+    def keys(self) -> bytes:
+        """All keys concatenated (N*16 bytes), e.g. for `DedupWindow.get_many`."""
+    def load_into(self, window: DedupWindow) -> int:
+        """`add_committed` every entry in order into an existing window (GIL released).
+
+        Returns:
+            Number of keys inserted (keys already committed in `window` are kept as they are).
+
+        Raises:
+            InvalidTypeError: `window` is not a `DedupWindow`.
+        """
+    def to_window(self, max_keys: int | None = None, window_ms: int | None = None) -> DedupWindow:
+        """A new window holding the entries, with the snapshot's config unless overridden
+        (a smaller `max_keys` keeps the newest entries).
+
+        Raises:
+            InvalidArgumentError / InvalidTypeError: as for `DedupWindow(...)`.
+        """
+
+def encode_snapshot(
+    window: DedupWindow, log_id: int, epoch: int, timestamp_ms: int, watermarks: dict[int, int]
+) -> bytes:
+    """Serialise the committed entries of `window` (commit order) with snapshot metadata.
+
+    Pending entries are left out: they are not durable and recovery must not resurrect them.
+    Encoding runs without the GIL; pass a `clone_committed()` copy so the writer is not blocked.
+
+    Args:
+        window: The window (usually a copy) to serialise.
+        log_id: Numeric log id (0..=2**64-1).
+        epoch: Writer epoch (0..=2**64-1).
+        timestamp_ms: Snapshot time (int64).
+        watermarks: Segment id (u32) -> last confirmed entry id (int64), taken under the same
+            lock as the copy.
+
+    Raises:
+        InvalidArgumentError: a number is out of range (the message names it).
+        InvalidTypeError: `window` is not a `DedupWindow`, `watermarks` not a dict, or a number
+            not an int.
+    """
+
+def decode_snapshot(data: Buffer) -> Snapshot:
+    """Decode and validate a snapshot: header, CRC32C, and every column against `entry_count`.
+
+    Never panics or allocates more than the input warrants, whatever the bytes.
+
+    Raises:
+        SnapshotCorruptError: bad magic, unsupported version, length or CRC mismatch, or a
+            malformed body (the message says which).
+        InvalidTypeError: `data` is not bytes-like.
+    """
