@@ -65,13 +65,24 @@ def demo(data_dir: Path, records: int, seed: int) -> int:
     crash_at = records // 2
     lost_acks = app_retries = 0
 
+    inflight: list[tuple[bytes, object]] = []
+
     def attempt(i: int) -> None:
         oid = f"order-{i}"
         payload = f"order {i}: {rng.randint(1, 999)} units".encode()
+        key = explicit_key(oid)
         try:
-            history.ok(explicit_key(oid), writer.write(payload, idempotency_id=oid, timeout=30))
+            inflight.append((key, writer.write_async(payload, idempotency_id=oid)))
         except WoodpeckerError as exc:
-            history.failed(explicit_key(oid), exc)
+            history.failed(key, exc)
+
+    def settle() -> None:
+        for key, future in inflight:
+            try:
+                history.ok(key, future.result(30))
+            except WoodpeckerError as exc:
+                history.failed(key, exc)
+        inflight.clear()
 
     for i in range(records):
         if rng.random() < 0.03:
@@ -81,12 +92,16 @@ def demo(data_dir: Path, records: int, seed: int) -> int:
         if rng.random() < 0.2:  # the application resends anyway (it lost the ack itself)
             app_retries += 1
             attempt(i)
+        if i % 100 == 99:
+            settle()
         if i == crash_at:
-            # Crash: the writer is abandoned mid-stream; a new one takes over (fencing it),
-            # rebuilds its window and the producer replays its uncertain tail.
+            # Crash: the writer is abandoned mid-stream with writes in flight; a new one takes
+            # over (fencing it), rebuilds its window, and the producer replays its uncertain tail.
             writer = log_handle.open_writer(idempotent=True)
+            settle()
             for j in range(max(0, i - 200), i + 1):
                 attempt(j)
+    settle()
     writer.close()
     report = writer.recovery
     metrics = writer.metrics_snapshot()

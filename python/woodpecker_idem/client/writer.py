@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import queue
 import socket
 import threading
 import time
@@ -40,6 +39,7 @@ from ..meta.base import SegmentMeta
 from ..types import LogMessageId, SegmentState, WriteMessage, WriteResult
 from .recovery import choose_nodes, recover_segment, seal
 from .segment import Batch, PendingEntry, SegmentHandle, SegmentStatus
+from .workers import Maintenance, NodeWorker, resolve
 
 if TYPE_CHECKING:
     from .log import LogHandle
@@ -121,8 +121,8 @@ class LogWriter:
         self._segments: dict[int, SegmentHandle] = {}
         self._current: SegmentHandle | None = None
         self._repairing: SegmentHandle | None = None
-        self._workers: dict[str, _NodeWorker] = {}
-        self._maint = _Maintenance(self)
+        self._workers: dict[str, NodeWorker] = {}
+        self._maint = Maintenance(self)
         self.metrics: dict[str, float] = {"segments_rolled": 0, "segments_repaired": 0}
 
         self.epoch = self._meta.take_over(self.log_id, self.owner, self._clock.now_ms(), LEASE_MS)
@@ -171,7 +171,7 @@ class LogWriter:
         self._current = handle
         for node in meta.nodes:
             if node not in self._workers:
-                self._workers[node] = _NodeWorker(self, node)
+                self._workers[node] = NodeWorker(self, node)
         return handle
 
     # --- writing -----------------------------------------------------------------------------
@@ -429,7 +429,7 @@ class LogWriter:
         except WriterFencedError as exc:
             with self._lock:
                 resolved = self._fence_locked(exc)
-            _resolve(resolved)
+            resolve(resolved)
 
     # --- acks and failures (node worker threads) ------------------------------------------------
 
@@ -448,7 +448,7 @@ class LogWriter:
             if seg.status is SegmentStatus.ROLLED and seg.drained():
                 seg.status = SegmentStatus.DONE
                 self._maint.submit(self._complete_drained, seg)
-        _resolve(resolved)
+        resolve(resolved)
 
     def _commit_locked(self, seg: SegmentHandle, committed: list[PendingEntry]):
         self._on_committed(seg.segment_id, committed)
@@ -473,7 +473,7 @@ class LogWriter:
             except WriterFencedError as fenced:
                 with self._lock:
                     resolved = self._fence_locked(fenced)
-                _resolve(resolved)
+                resolve(resolved)
                 return
         with self._lock:
             if seg.status in (SegmentStatus.FAILED, SegmentStatus.DONE) and not seg.pending:
@@ -509,7 +509,7 @@ class LogWriter:
             except WriterFencedError as exc:
                 with self._lock:
                     resolved = self._fence_locked(exc)
-                _resolve(resolved)
+                resolve(resolved)
                 return
             except (QuorumUnavailableError, NodeUnavailableError, EntryConflictError) as exc:
                 log.info(
@@ -525,7 +525,7 @@ class LogWriter:
                 self._open_segment_locked()
             except WoodpeckerError as exc:
                 log.error("log %s: could not open a new segment: %s", self.log_id, exc)
-        _resolve(resolved)
+        resolve(resolved)
         self._on_segment_completed(done.segment_id, done.last_entry_id)
 
     def _resolve_segment_locked(self, seg: SegmentHandle, last_entry_id: int):
@@ -584,115 +584,3 @@ class LogWriter:
         self._wake.notify_all()
         self._space.notify_all()
         return resolved
-
-
-def _resolve(items: list) -> None:
-    """Set results/exceptions outside the writer's lock (callbacks may call back into it)."""
-    for future, outcome in items:
-        if future.done():
-            continue
-        if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
-
-
-class _NodeWorker:
-    """Sends batches to one node in order, retrying each up to append.max_retries times."""
-
-    def __init__(self, writer: LogWriter, node: str):
-        self.writer = writer
-        self.node = node
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name=f"wp-node-{node}", daemon=True)
-        self.thread.start()
-
-    def submit(self, seg: SegmentHandle, batch: Batch) -> None:
-        self.queue.put((seg, batch))
-
-    def stop(self) -> None:
-        self.queue.put(None)
-        self.thread.join(5)
-
-    def _run(self) -> None:
-        w = self.writer
-        transport = w._transport
-        while True:
-            item = self.queue.get()
-            if item is None:
-                return
-            seg, batch = item
-            attempt = 0
-            while True:
-                if w._fenced is not None:
-                    break
-                if (
-                    seg.status is SegmentStatus.DONE
-                    and not seg.pending
-                    or seg.status is SegmentStatus.FAILED
-                    or self.node in seg.failed_nodes
-                ):
-                    break
-                try:
-                    transport.add_entries(
-                        self.node,
-                        w.log_id,
-                        seg.segment_id,
-                        batch.first_entry_id,
-                        batch.frame,
-                        seg.lac,
-                    )
-                except NodeUnavailableError as exc:
-                    attempt += 1
-                    if attempt > w._max_retries:
-                        w._on_node_failed(self.node, seg, batch, exc)
-                        break
-                    time.sleep(min(0.05 * 2 ** (attempt - 1), max(w._timeout_s / 10, 0.01)))
-                    continue
-                except (SegmentFencedError, EntryConflictError) as exc:
-                    w._on_node_failed(self.node, seg, batch, exc)
-                    break
-                except Exception as exc:  # a bug or a storage error: do not kill the worker
-                    log.exception("log %s: add to %s failed", w.log_id, self.node)
-                    w._on_node_failed(self.node, seg, batch, exc)
-                    break
-                w._on_ack(self.node, seg, batch)
-                break
-
-
-class _Maintenance:
-    """One background thread for slow metadata/recovery work, off the write path."""
-
-    def __init__(self, writer: LogWriter):
-        self.writer = writer
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(
-            target=self._run, name=f"wp-maint-{writer.log_id}", daemon=True
-        )
-        self.thread.start()
-
-    def submit(self, fn, *args) -> None:
-        self.queue.put((fn, args))
-
-    def stop(self) -> None:
-        self.queue.put(None)
-        self.thread.join(10)
-
-    def _run(self) -> None:
-        while True:
-            item = self.queue.get()
-            if item is None:
-                return
-            fn, args = item
-            try:
-                fn(*args)
-            except WriterFencedError as exc:
-                with self.writer._lock:
-                    resolved = self.writer._fence_locked(exc)
-                _resolve(resolved)
-            except Exception:
-                log.exception(
-                    "log %s: background task %s failed",
-                    self.writer.log_id,
-                    getattr(fn, "__name__", fn),
-                )

@@ -249,9 +249,9 @@ class IdempotentLogWriter(LogWriter):
         except WriterFencedError as exc:
             with self._lock:
                 resolved = self._fence_locked(exc)
-            from ..client.writer import _resolve
+            from ..client.workers import resolve
 
-            _resolve(resolved)
+            resolve(resolved)
             return False
         return True
 

@@ -1,0 +1,121 @@
+"""The writer's background threads: one sender per LogStore node, one for slow maintenance."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+from ..errors import EntryConflictError, SegmentFencedError, WoodpeckerError, WriterFencedError
+from .segment import Batch, SegmentHandle, SegmentStatus
+
+if TYPE_CHECKING:
+    from .writer import LogWriter
+
+log = logging.getLogger(__name__)
+
+
+def resolve(items: list[tuple[Future, object]]) -> None:
+    """Set results/exceptions outside the writer's lock (callbacks may call back into it)."""
+    for future, outcome in items:
+        if future.done():
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+
+class NodeWorker:
+    """Sends batches to one node in order, retrying each up to append.max_retries times."""
+
+    def __init__(self, writer: LogWriter, node: str):
+        self.writer = writer
+        self.node = node
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=f"wp-node-{node}", daemon=True)
+        self.thread.start()
+
+    def submit(self, seg: SegmentHandle, batch: Batch) -> None:
+        self.queue.put((seg, batch))
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join(5)
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            try:
+                self._send(*item)
+            except Exception:  # a bug must not silently stop this node's sends
+                log.exception("log %s: sender for %s failed", self.writer.log_id, self.node)
+
+    def _send(self, seg: SegmentHandle, batch: Batch) -> None:
+        """Send one batch until acked, retrying transient failures up to append.max_retries."""
+        w = self.writer
+        attempt = 0
+        while w._fenced is None and self.node not in seg.failed_nodes:
+            if seg.status is SegmentStatus.FAILED or (
+                seg.status is SegmentStatus.DONE and not seg.pending
+            ):
+                return
+            try:
+                w._transport.add_entries(
+                    self.node, w.log_id, seg.segment_id, batch.first_entry_id, batch.frame, seg.lac
+                )
+            except (SegmentFencedError, EntryConflictError) as exc:
+                w._on_node_failed(self.node, seg, batch, exc)
+                return
+            except WoodpeckerError as exc:
+                attempt += 1
+                if not exc.retriable or attempt > w._max_retries:
+                    w._on_node_failed(self.node, seg, batch, exc)
+                    return
+                time.sleep(min(0.02 * 2 ** (attempt - 1), max(w._timeout_s / 10, 0.01)))
+                continue
+            w._on_ack(self.node, seg, batch)
+            return
+
+
+class Maintenance:
+    """One background thread for slow metadata/recovery work, off the write path."""
+
+    def __init__(self, writer: LogWriter):
+        self.writer = writer
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(
+            target=self._run, name=f"wp-maint-{writer.log_id}", daemon=True
+        )
+        self.thread.start()
+
+    def submit(self, fn, *args) -> None:
+        self.queue.put((fn, args))
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join(10)
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            fn, args = item
+            try:
+                fn(*args)
+            except WriterFencedError as exc:
+                with self.writer._lock:
+                    resolved = self.writer._fence_locked(exc)
+                resolve(resolved)
+            except Exception:
+                log.exception(
+                    "log %s: background task %s failed",
+                    self.writer.log_id,
+                    getattr(fn, "__name__", fn),
+                )
