@@ -123,6 +123,31 @@ def crc32c(data: Buffer, value: int = 0) -> int:
 # --- dedup window ----------------------------------------------------------------------------
 
 @final
+def encode_entry(
+    segment_id: int,
+    entry_id: int,
+    timestamp_ms: int,
+    payload: Buffer,
+    properties: dict[str, str] | None = None,
+    idempotency_key: Buffer | None = None,
+) -> bytes:
+    """One LogStore record: `length u32 | crc32c u32 | LogEntry` (see `proto/logstore.proto`).
+
+    The writer encodes each entry exactly once, here, so every resend after a lost ack is
+    byte-identical and nodes can compare bytes instead of parsing.
+
+    Raises:
+        InvalidTypeError: `payload`/`idempotency_key` not bytes-like, or `properties` not a
+            dict of str to str.
+    """
+
+def count_records(frame: Buffer) -> int:
+    """Number of records in a frame (records back to back), without parsing the entries.
+
+    Raises:
+        InvalidArgumentError: naming `frame`, when a record is truncated or runs past the end.
+    """
+
 class WindowEntry:
     """What the window knows about a key: where its entry lives and whether it is durable yet.
 

@@ -2,7 +2,7 @@
 //! keys and range-checked integers, each failing with the package's error classes and the
 //! argument's name.
 
-use pyo3::buffer::PyBuffer;
+use pyo3::buffer::{PyBuffer, ReadOnlyCell};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyInt, PyString};
 
@@ -76,7 +76,7 @@ pub fn key(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Key> {
 /// A buffer of N*16 key bytes.
 pub fn key_buffer<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<ByteArg<'py>> {
     let b = bytes_like(obj, name)?;
-    if b.as_slice().len() % KEY_LEN != 0 {
+    if !b.as_slice().len().is_multiple_of(KEY_LEN) {
         return Err(invalid_argument(
             obj.py(),
             format!(
@@ -88,41 +88,106 @@ pub fn key_buffer<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<ByteArg<
     Ok(b)
 }
 
-/// A column of little-endian int64: a buffer of int64/uint64 items (array('q'), numpy), or raw
-/// bytes whose length is a multiple of 8.
-pub fn i64_column(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
+/// A column of int64 values read in place where possible: raw little-endian bytes (`bytes` is
+/// borrowed), or a C-contiguous buffer of int64/uint64 items (array('q'), numpy). Batch inserts
+/// read it chunk by chunk, so a million-row recovery needs no full-size temporary copies.
+pub enum I64Column<'py> {
+    Raw(ByteArg<'py>),
+    I64(PyBuffer<i64>),
+    U64(PyBuffer<u64>),
+    Owned(Vec<i64>),
+}
+
+impl I64Column<'_> {
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            I64Column::Raw(b) => b.as_slice().len() / 8,
+            I64Column::I64(b) => b.item_count(),
+            I64Column::U64(b) => b.item_count(),
+            I64Column::Owned(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A cheap view for element access (contiguity is checked once here, not per element).
+    pub fn view<'a>(&'a self, py: Python<'a>) -> I64View<'a> {
+        match self {
+            I64Column::Raw(b) => I64View::Raw(b.as_slice()),
+            I64Column::I64(b) => I64View::I64(b.as_slice(py).unwrap_or_default()),
+            I64Column::U64(b) => I64View::U64(b.as_slice(py).unwrap_or_default()),
+            I64Column::Owned(v) => I64View::Owned(v),
+        }
+    }
+}
+
+/// Borrowed element access to an [`I64Column`].
+pub enum I64View<'a> {
+    Raw(&'a [u8]),
+    I64(&'a [ReadOnlyCell<i64>]),
+    U64(&'a [ReadOnlyCell<u64>]),
+    Owned(&'a [i64]),
+}
+
+impl I64View<'_> {
+    /// Value `i` widened to i128 (so uint64 items beyond int64 are visible to range checks);
+    /// `None` past the end.
+    #[inline]
+    pub fn get(&self, i: usize) -> Option<i128> {
+        match self {
+            I64View::Raw(b) => {
+                let chunk = b.get(i * 8..i * 8 + 8)?;
+                Some(i128::from(i64::from_le_bytes(chunk.try_into().ok()?)))
+            }
+            I64View::I64(c) => c.get(i).map(|c| i128::from(c.get())),
+            I64View::U64(c) => c.get(i).map(|c| i128::from(c.get())),
+            I64View::Owned(v) => v.get(i).map(|&x| i128::from(x)),
+        }
+    }
+}
+
+/// Extract an int64 column argument (see [`I64Column`]).
+pub fn i64_column<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<I64Column<'py>> {
     let py = obj.py();
     if !obj.is_instance_of::<PyBytes>() && !obj.is_instance_of::<PyByteArray>() {
         if let Ok(buf) = PyBuffer::<i64>::get(obj) {
-            return buf.to_vec(py);
+            return Ok(if buf.as_slice(py).is_some() {
+                I64Column::I64(buf)
+            } else {
+                I64Column::Owned(buf.to_vec(py)?)
+            });
         }
         if let Ok(buf) = PyBuffer::<u64>::get(obj) {
-            return buf
-                .to_vec(py)?
-                .into_iter()
-                .map(|v| {
-                    i64::try_from(v).map_err(|_| {
-                        invalid_argument(py, format!("{name} holds {v}, beyond int64"))
+            if buf.as_slice(py).is_some() {
+                return Ok(I64Column::U64(buf));
+            }
+            let v = buf.to_vec(py)?;
+            return v
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| {
+                    i64::try_from(x).map_err(|_| {
+                        invalid_argument(py, format!("{name}[{i}] = {x} does not fit int64"))
                     })
                 })
-                .collect();
+                .collect::<PyResult<Vec<i64>>>()
+                .map(I64Column::Owned);
         }
     }
     let raw = bytes_like(obj, name)?;
-    let raw = raw.as_slice();
-    if raw.len() % 8 != 0 {
+    if !raw.as_slice().len().is_multiple_of(8) {
         return Err(invalid_argument(
             py,
             format!(
                 "{name} must hold whole little-endian int64 values, got {} bytes",
-                raw.len()
+                raw.as_slice().len()
             ),
         ));
     }
-    Ok(raw
-        .chunks_exact(8)
-        .map(|c| <[u8; 8]>::try_from(c).map_or(0, i64::from_le_bytes))
-        .collect())
+    Ok(I64Column::Raw(raw))
 }
 
 /// An int argument as i64 (bool counts as int, like everywhere in Python).

@@ -21,6 +21,10 @@ pub const MAX_ID_LEN: usize = 1024;
 /// Batches at least this long are split over several threads (when more than one core exists).
 pub const PARALLEL_MIN_ITEMS: usize = 4096;
 
+/// Batches holding at least this many payload bytes are split too, however few items they have:
+/// hashing 1 MiB takes ~2 ms, far above the ~50 us a thread costs.
+pub const PARALLEL_MIN_BYTES: usize = 1 << 20;
+
 /// Key of a payload without an explicit id: MD5 of the payload bytes.
 pub fn content_key(payload: &[u8]) -> Key {
     Md5::digest(payload).into()
@@ -62,11 +66,17 @@ pub fn parallelism() -> usize {
 }
 
 /// Apply `f` to every item, writing 16 bytes per item into one buffer (N*16 bytes), using several
-/// threads when the batch is large enough for that to pay off.
-pub fn hash_batch<T: Sync>(items: &[T], f: impl Fn(&T) -> Key + Sync) -> Vec<u8> {
+/// threads when the batch is large enough for that to pay off: at least [`PARALLEL_MIN_ITEMS`]
+/// items, or at least two items totalling [`PARALLEL_MIN_BYTES`] (`total_bytes` of input).
+pub fn hash_batch<T: Sync>(
+    items: &[T],
+    total_bytes: usize,
+    f: impl Fn(&T) -> Key + Sync,
+) -> Vec<u8> {
     let mut out = vec![0u8; items.len() * KEY_LEN];
-    let threads = parallelism();
-    if threads < 2 || items.len() < PARALLEL_MIN_ITEMS {
+    let threads = parallelism().min(items.len());
+    let big = items.len() >= PARALLEL_MIN_ITEMS || total_bytes >= PARALLEL_MIN_BYTES;
+    if threads < 2 || !big {
         fill(items, &mut out, &f);
         return out;
     }
@@ -103,7 +113,7 @@ pub fn arrow_ranges(
     large: bool,
 ) -> Result<Vec<Range<usize>>, String> {
     let width = if large { 8 } else { 4 };
-    if offsets.len() % width != 0 {
+    if !offsets.len().is_multiple_of(width) {
         return Err(format!(
             "offsets must hold whole int{} values; got {} bytes",
             width * 8,
@@ -152,7 +162,10 @@ mod tests {
     #[test]
     fn md5_known_vectors() {
         assert_eq!(hex(&content_key(b"")), "d41d8cd98f00b204e9800998ecf8427e");
-        assert_eq!(hex(&content_key(b"abc")), "900150983cd24fb0d6963f7d28e17f72");
+        assert_eq!(
+            hex(&content_key(b"abc")),
+            "900150983cd24fb0d6963f7d28e17f72"
+        );
     }
 
     #[test]
@@ -183,20 +196,28 @@ mod tests {
         let payloads: Vec<Vec<u8>> = (0..10_000u32)
             .map(|i| i.to_le_bytes().repeat((i % 7) as usize))
             .collect();
-        let out = hash_batch(&payloads, |p| content_key(p));
+        let out = hash_batch(&payloads, 0, |p| content_key(p));
         assert_eq!(out.len(), payloads.len() * KEY_LEN);
         for (p, k) in payloads.iter().zip(out.chunks_exact(KEY_LEN)) {
             assert_eq!(k, content_key(p));
         }
-        let small = hash_batch(&payloads[..3], |p| content_key(p));
+        let small = hash_batch(&payloads[..3], 1 << 30, |p| content_key(p));
         assert_eq!(small, out[..3 * KEY_LEN]);
-        assert!(hash_batch::<Vec<u8>>(&[], |p| content_key(p)).is_empty());
+        assert!(hash_batch::<Vec<u8>>(&[], 1 << 30, |p| content_key(p)).is_empty());
+        let one = hash_batch(&payloads[..1], 1 << 30, |p| content_key(p));
+        assert_eq!(one, out[..KEY_LEN]);
     }
 
     #[test]
     fn arrow_offsets() {
-        let offs: Vec<u8> = [0i32, 3, 3, 5].iter().flat_map(|v| v.to_le_bytes()).collect();
-        assert_eq!(arrow_ranges(&offs, 5, false).unwrap(), vec![0..3, 3..3, 3..5]);
+        let offs: Vec<u8> = [0i32, 3, 3, 5]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(
+            arrow_ranges(&offs, 5, false).unwrap(),
+            vec![0..3, 3..3, 3..5]
+        );
         assert!(arrow_ranges(&offs, 4, false).is_err());
         let large: Vec<u8> = [2i64, 4].iter().flat_map(|v| v.to_le_bytes()).collect();
         assert_eq!(arrow_ranges(&large, 4, true).unwrap(), vec![2..4]);
@@ -206,6 +227,8 @@ mod tests {
         assert!(arrow_ranges(&neg, 9, false).is_err());
         assert!(arrow_ranges(&[0, 0, 0], 9, false).is_err());
         assert!(arrow_ranges(&[], 0, false).unwrap().is_empty());
-        assert!(arrow_ranges(&0i32.to_le_bytes(), 0, false).unwrap().is_empty());
+        assert!(arrow_ranges(&0i32.to_le_bytes(), 0, false)
+            .unwrap()
+            .is_empty());
     }
 }

@@ -1,14 +1,16 @@
-//! `woodpecker_idem._core`: the Rust core of woodpecker_idem — idempotency keys, the dedup window
-//! and the dedup snapshot codec. The pure-Rust modules (`keys`, `varint`, `window`, `snapshot`)
+//! `woodpecker_idem._core`: the Rust core of woodpecker_idem — idempotency keys, the dedup window,
+//! the dedup snapshot codec and LogStore record encoding. The pure-Rust modules (`keys`, `varint`, `window`, `snapshot`)
 //! have no Python dependency and are unit-tested with `cargo test`; `py`, `args` and `errors` are
 //! the PyO3 layer. The contract is `docs/core-api.md`.
 
 #![forbid(unsafe_code)]
 
 pub mod args;
+pub mod entry;
 pub mod errors;
 pub mod keys;
 pub mod py;
+pub mod py_entry;
 pub mod snapshot;
 pub mod varint;
 pub mod window;
@@ -28,6 +30,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py::py_crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(py::encode_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(py::decode_snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(py_entry::encode_entry, m)?)?;
+    m.add_function(wrap_pyfunction!(py_entry::count_records, m)?)?;
     m.add("KEY_SIZE", keys::KEY_LEN)?;
     m.add("SNAPSHOT_FORMAT_VERSION", snapshot::FORMAT_VERSION)?;
     Ok(())

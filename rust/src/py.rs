@@ -12,6 +12,9 @@ use crate::keys::{self, KEY_LEN};
 use crate::snapshot::{self, SnapshotData};
 use crate::window::{Lookup, Record, Window, MAX_KEYS_LIMIT};
 
+/// Rows per lock acquisition in `add_committed_many`.
+const INSERT_CHUNK: usize = 4096;
+
 /// Single payloads at least this long are hashed with the GIL released.
 const DETACH_MIN_BYTES: usize = 64 * 1024;
 
@@ -19,7 +22,13 @@ const DETACH_MIN_BYTES: usize = 64 * 1024;
 // WindowEntry
 
 /// What the window knows about one key.
-#[pyclass(frozen, eq, hash, module = "woodpecker_idem._core", name = "WindowEntry")]
+#[pyclass(
+    frozen,
+    eq,
+    hash,
+    module = "woodpecker_idem._core",
+    name = "WindowEntry"
+)]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PyWindowEntry {
     #[pyo3(get)]
@@ -118,7 +127,13 @@ fn record(
 }
 
 fn entry_tuple<'py>(py: Python<'py>, r: &Record) -> PyResult<Bound<'py, PyTuple>> {
-    (PyBytes::new(py, &r.key), r.segment_id, r.entry_id, r.timestamp_ms).into_pyobject(py)
+    (
+        PyBytes::new(py, &r.key),
+        r.segment_id,
+        r.entry_id,
+        r.timestamp_ms,
+    )
+        .into_pyobject(py)
 }
 
 fn entries_list<'py>(py: Python<'py>, recs: &[Record]) -> PyResult<Bound<'py, PyList>> {
@@ -132,7 +147,10 @@ fn entries_list<'py>(py: Python<'py>, recs: &[Record]) -> PyResult<Bound<'py, Py
 fn parse_max_keys(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
     let v = args::int_i64(obj, "max_keys").map_err(|e| {
         if obj.is_instance_of::<pyo3::types::PyInt>() {
-            invalid_argument(obj.py(), format!("max_keys = {obj} is out of range 1..={MAX_KEYS_LIMIT}"))
+            invalid_argument(
+                obj.py(),
+                format!("max_keys = {obj} is out of range 1..={MAX_KEYS_LIMIT}"),
+            )
         } else {
             e
         }
@@ -141,14 +159,20 @@ fn parse_max_keys(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
         .ok()
         .filter(|&v| v >= 1 && v as u64 <= MAX_KEYS_LIMIT)
         .ok_or_else(|| {
-            invalid_argument(obj.py(), format!("max_keys = {v} is out of range 1..={MAX_KEYS_LIMIT}"))
+            invalid_argument(
+                obj.py(),
+                format!("max_keys = {v} is out of range 1..={MAX_KEYS_LIMIT}"),
+            )
         })
 }
 
 fn parse_window_ms(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
     let v = args::int_i64(obj, "window_ms")?;
     if v < 1 {
-        return Err(invalid_argument(obj.py(), format!("window_ms = {v} must be >= 1")));
+        return Err(invalid_argument(
+            obj.py(),
+            format!("window_ms = {v} must be >= 1"),
+        ));
     }
     Ok(v)
 }
@@ -157,7 +181,11 @@ fn parse_window_ms(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
 impl PyDedupWindow {
     #[new]
     #[pyo3(signature = (max_keys, window_ms))]
-    fn new(py: Python<'_>, max_keys: &Bound<'_, PyAny>, window_ms: &Bound<'_, PyAny>) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        max_keys: &Bound<'_, PyAny>,
+        window_ms: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
         let max_keys = parse_max_keys(max_keys)?;
         let window_ms = parse_window_ms(window_ms)?;
         Ok(Self::wrap(Self::new_window(py, max_keys, window_ms)?))
@@ -190,7 +218,9 @@ impl PyDedupWindow {
     ) -> PyResult<()> {
         let rec = record(key, segment_id, entry_id, timestamp_ms)?;
         let result = self.lock(py).add_pending(rec);
-        result.map_err(|_| invalid_argument(py, "key is already in the window (pending or committed)"))
+        result.map_err(|_| {
+            invalid_argument(py, "key is already in the window (pending or committed)")
+        })
     }
 
     fn commit(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
@@ -226,7 +256,11 @@ impl PyDedupWindow {
         py: Python<'py>,
         keys: &Bound<'py, PyAny>,
         now_ms: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    ) -> PyResult<(
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+    )> {
         let keys = args::key_buffer(keys, "keys")?;
         let now = args::opt_i64(now_ms, "now_ms")?;
         let slice = keys.as_slice();
@@ -248,39 +282,73 @@ impl PyDedupWindow {
     ) -> PyResult<usize> {
         let keys = args::key_buffer(keys, "keys")?;
         let n = keys.as_slice().len() / KEY_LEN;
-        let segs = args::i64_column(segment_ids, "segment_ids")?;
-        let ents = args::i64_column(entry_ids, "entry_ids")?;
-        let tss = args::i64_column(timestamps_ms, "timestamps_ms")?;
-        for (name, col) in [("segment_ids", &segs), ("entry_ids", &ents), ("timestamps_ms", &tss)] {
+        let cols = [
+            (
+                "segment_ids",
+                args::i64_column(segment_ids, "segment_ids")?,
+                u32::MAX as i128,
+            ),
+            (
+                "entry_ids",
+                args::i64_column(entry_ids, "entry_ids")?,
+                u32::MAX as i128,
+            ),
+            (
+                "timestamps_ms",
+                args::i64_column(timestamps_ms, "timestamps_ms")?,
+                i64::MAX as i128,
+            ),
+        ];
+        // Validate everything first, so a bad value inserts nothing.
+        for (name, col, hi) in &cols {
             if col.len() != n {
                 return Err(invalid_argument(
                     py,
                     format!("{name} holds {} values but keys holds {n} keys", col.len()),
                 ));
             }
-        }
-        for (name, col) in [("segment_ids", &segs), ("entry_ids", &ents)] {
-            if let Some((i, v)) = col.iter().enumerate().find(|(_, v)| u32::try_from(**v).is_err()) {
-                return Err(invalid_argument(
-                    py,
-                    format!("{name}[{i}] = {v} is out of range 0..=4294967295"),
-                ));
+            let lo = if *hi == i64::MAX as i128 {
+                i64::MIN as i128
+            } else {
+                0
+            };
+            let view = col.view(py);
+            for i in 0..n {
+                match view.get(i) {
+                    Some(v) if (lo..=*hi).contains(&v) => {}
+                    v => {
+                        return Err(invalid_argument(
+                            py,
+                            format!("{name}[{i}] = {v:?} is out of range {lo}..={hi}"),
+                        ))
+                    }
+                }
             }
         }
-        let slice = keys.as_slice();
-        Ok(py.detach(|| {
-            let recs = slice
-                .chunks_exact(KEY_LEN)
-                .zip(segs.iter().zip(ents.iter()).zip(tss.iter()))
-                .map(|(k, ((&s, &e), &t))| Record {
-                    key: <[u8; KEY_LEN]>::try_from(k).unwrap_or_default(),
-                    // Range-checked above.
-                    segment_id: s as u32,
-                    entry_id: e as u32,
-                    timestamp_ms: t,
-                });
-            self.inner.lock().add_committed_many(recs)
-        }))
+        let [segs, ents, tss] = [0, 1, 2].map(|c| cols[c].1.view(py));
+        let keys = keys.as_slice();
+        // Chunks keep the temporary records small; the window lock is taken once per chunk with
+        // the GIL released.
+        let mut inserted = 0;
+        let mut start = 0;
+        while start < n {
+            let end = n.min(start + INSERT_CHUNK);
+            // Values were range-checked above, so the narrowing casts are exact.
+            let recs: Vec<Record> = (start..end)
+                .map(|i| Record {
+                    key: keys
+                        .get(i * KEY_LEN..(i + 1) * KEY_LEN)
+                        .and_then(|k| <[u8; KEY_LEN]>::try_from(k).ok())
+                        .unwrap_or_default(),
+                    segment_id: segs.get(i).unwrap_or_default() as u32,
+                    entry_id: ents.get(i).unwrap_or_default() as u32,
+                    timestamp_ms: tss.get(i).unwrap_or_default() as i64,
+                })
+                .collect();
+            inserted += py.detach(|| self.inner.lock().add_committed_many(recs));
+            start = end;
+        }
+        Ok(inserted)
     }
 
     fn __len__(&self, py: Python<'_>) -> usize {
@@ -454,7 +522,12 @@ impl PySnapshot {
     fn load_into(&self, py: Python<'_>, window: &Bound<'_, PyAny>) -> PyResult<usize> {
         let window = window_arg(window)?.get();
         let entries = &self.data.entries;
-        Ok(py.detach(|| window.inner.lock().add_committed_many(entries.iter().copied())))
+        Ok(py.detach(|| {
+            window
+                .inner
+                .lock()
+                .add_committed_many(entries.iter().copied())
+        }))
     }
 
     #[pyo3(signature = (max_keys = None, window_ms = None))]
@@ -474,7 +547,12 @@ impl PySnapshot {
             _ => self.data.window_ms,
         };
         let mut w = PyDedupWindow::new_window(py, max_keys, window_ms)?;
-        let entries = &self.data.entries;
+        // Replaying everything into a smaller window would end with exactly the newest
+        // `max_keys` entries; load only those, so the new window starts with zero evictions.
+        let all = &self.data.entries;
+        let entries = all
+            .get(all.len().saturating_sub(max_keys)..)
+            .unwrap_or_default();
         py.detach(|| w.add_committed_many(entries.iter().copied()));
         Ok(PyDedupWindow::wrap(w))
     }
@@ -501,12 +579,17 @@ fn keys_bytes<'py>(
     slices: &[&[u8]],
     f: fn(&[u8]) -> keys::Key,
 ) -> Bound<'py, PyBytes> {
-    let out = py.detach(|| keys::hash_batch(slices, |s| f(s)));
+    let total = slices.iter().map(|s| s.len()).sum();
+    let out = py.detach(|| keys::hash_batch(slices, total, |s| f(s)));
     PyBytes::new(py, &out)
 }
 
 /// Items of a sequence argument; a lone str/bytes is refused (it would iterate characters).
-fn sequence_items<'py>(obj: &Bound<'py, PyAny>, name: &str, what: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
+fn sequence_items<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+    what: &str,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let py = obj.py();
     if obj.is_instance_of::<PyString>()
         || obj.is_instance_of::<PyBytes>()
@@ -515,7 +598,10 @@ fn sequence_items<'py>(obj: &Bound<'py, PyAny>, name: &str, what: &str) -> PyRes
     {
         return Err(invalid_type(
             py,
-            format!("{name} must be a sequence of {what}, not {}", type_name(obj)),
+            format!(
+                "{name} must be a sequence of {what}, not {}",
+                type_name(obj)
+            ),
         ));
     }
     if let Ok(list) = obj.cast::<PyList>() {
@@ -525,7 +611,13 @@ fn sequence_items<'py>(obj: &Bound<'py, PyAny>, name: &str, what: &str) -> PyRes
         return Ok(t.iter().collect());
     }
     let it = obj.try_iter().map_err(|_| {
-        invalid_type(py, format!("{name} must be a sequence of {what}, not {}", type_name(obj)))
+        invalid_type(
+            py,
+            format!(
+                "{name} must be a sequence of {what}, not {}",
+                type_name(obj)
+            ),
+        )
     })?;
     it.collect()
 }
@@ -559,7 +651,10 @@ fn id_bytes<'a, N: std::fmt::Display>(
 
 /// MD5 of a payload: the key of an entry written without an explicit id.
 #[pyfunction]
-pub fn content_key<'py>(py: Python<'py>, payload: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+pub fn content_key<'py>(
+    py: Python<'py>,
+    payload: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
     let data = args::bytes_like(payload, "payload")?;
     let s = data.as_slice();
     let key = if s.len() >= DETACH_MIN_BYTES {
@@ -572,25 +667,37 @@ pub fn content_key<'py>(py: Python<'py>, payload: &Bound<'py, PyAny>) -> PyResul
 
 /// Domain-separated MD5 of an explicit idempotency id.
 #[pyfunction]
-pub fn explicit_key<'py>(py: Python<'py>, idempotency_id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+pub fn explicit_key<'py>(
+    py: Python<'py>,
+    idempotency_id: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
     let id = id_bytes(idempotency_id, || "idempotency_id")?;
     Ok(PyBytes::new(py, &keys::explicit_key(id)))
 }
 
 /// Content keys of many payloads, N*16 bytes.
 #[pyfunction]
-pub fn content_keys<'py>(py: Python<'py>, payloads: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+pub fn content_keys<'py>(
+    py: Python<'py>,
+    payloads: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
     let items = sequence_items(payloads, "payloads", "bytes-like objects")?;
-    let owned = items
+    // `items` holds one reference per payload, so the borrowed `bytes` data stays alive (and,
+    // being immutable, unchanged) while the GIL is released. Other bytes-like items are copied.
+    let mut copies: Vec<ByteArg<'_>> = Vec::new();
+    for (i, o) in items.iter().enumerate() {
+        if !o.is_instance_of::<PyBytes>() {
+            copies.push(args::bytes_like(o, &format!("payloads[{i}]"))?);
+        }
+    }
+    let mut copied = copies.iter();
+    let slices: Vec<&[u8]> = items
         .iter()
-        .enumerate()
-        .map(|(i, o)| match o.cast::<PyBytes>() {
-            // Fast path without building the argument name.
-            Ok(b) => Ok(ByteArg::Borrowed(b.clone())),
-            Err(_) => args::bytes_like(o, &format!("payloads[{i}]")),
+        .map(|o| match o.cast::<PyBytes>() {
+            Ok(b) => b.as_bytes(),
+            Err(_) => copied.next().map(ByteArg::as_slice).unwrap_or_default(),
         })
-        .collect::<PyResult<Vec<ByteArg<'_>>>>()?;
-    let slices: Vec<&[u8]> = owned.iter().map(ByteArg::as_slice).collect();
+        .collect();
     Ok(keys_bytes(py, &slices, keys::content_key))
 }
 
@@ -609,7 +716,7 @@ pub fn content_keys_arrow<'py>(
     let out = py
         .detach(|| {
             let ranges = keys::arrow_ranges(offs, data.len(), large)?;
-            Ok::<_, String>(keys::hash_batch(&ranges, |r| {
+            Ok::<_, String>(keys::hash_batch(&ranges, data.len(), |r| {
                 keys::content_key(data.get(r.clone()).unwrap_or_default())
             }))
         })
@@ -619,7 +726,10 @@ pub fn content_keys_arrow<'py>(
 
 /// Explicit keys of many ids, N*16 bytes.
 #[pyfunction]
-pub fn explicit_keys<'py>(py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+pub fn explicit_keys<'py>(
+    py: Python<'py>,
+    ids: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
     let items = sequence_items(ids, "ids", "str or bytes")?;
     let slices = items
         .iter()
@@ -632,7 +742,11 @@ pub fn explicit_keys<'py>(py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<
 /// CRC32C of `data`, continuing from `value`.
 #[pyfunction]
 #[pyo3(name = "crc32c", signature = (data, value = None))]
-pub fn py_crc32c(py: Python<'_>, data: &Bound<'_, PyAny>, value: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
+pub fn py_crc32c(
+    py: Python<'_>,
+    data: &Bound<'_, PyAny>,
+    value: Option<&Bound<'_, PyAny>>,
+) -> PyResult<u32> {
     let start = match value {
         Some(v) => args::int_u32(v, "value")?,
         None => 0,
@@ -663,12 +777,20 @@ pub fn encode_snapshot<'py>(
     let marks = watermarks.cast::<PyDict>().map_err(|_| {
         invalid_type(
             py,
-            format!("watermarks must be a dict[int, int], not {}", type_name(watermarks)),
+            format!(
+                "watermarks must be a dict[int, int], not {}",
+                type_name(watermarks)
+            ),
         )
     })?;
     let marks = marks
         .iter()
-        .map(|(k, v)| Ok((args::int_u32(&k, "watermarks key")?, args::int_i64(&v, "watermarks value")?)))
+        .map(|(k, v)| {
+            Ok((
+                args::int_u32(&k, "watermarks key")?,
+                args::int_i64(&v, "watermarks value")?,
+            ))
+        })
         .collect::<PyResult<Vec<(u32, i64)>>>()?;
     let out = py.detach(|| {
         let w = window.inner.lock();
@@ -682,6 +804,8 @@ pub fn encode_snapshot<'py>(
             w.committed_iter(),
         )
     });
+    let out =
+        out.map_err(|e| invalid_argument(py, format!("window cannot be snapshotted: {e}")))?;
     Ok(PyBytes::new(py, &out))
 }
 

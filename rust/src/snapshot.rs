@@ -82,7 +82,7 @@ fn corrupt<T>(msg: impl Into<String>) -> Result<T, SnapshotError> {
 }
 
 /// Encode snapshot metadata plus `entries` (commit order). `watermarks` need not be sorted.
-#[allow(clippy::too_many_arguments)]
+/// Fails only if the body would exceed the 4 GiB the header can frame.
 pub fn encode<'a>(
     log_id: u64,
     epoch: u64,
@@ -91,7 +91,7 @@ pub fn encode<'a>(
     window_ms: i64,
     watermarks: &[(u32, i64)],
     entries: impl Iterator<Item = &'a Record>,
-) -> Vec<u8> {
+) -> Result<Vec<u8>, SnapshotError> {
     let n = entries.size_hint().0;
     let mut keys = Vec::with_capacity(n * KEY_LEN);
     let mut runs = Vec::new();
@@ -149,16 +149,20 @@ pub fn encode<'a>(
         timestamp_deltas: ts_deltas,
     };
     let body = prost::Message::encode_to_vec(&body);
+    let Ok(body_len) = u32::try_from(body.len()) else {
+        return corrupt(format!(
+            "snapshot body of {} bytes exceeds the 4 GiB format limit",
+            body.len()
+        ));
+    };
     let mut out = Vec::with_capacity(HEADER_LEN + body.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
     out.extend_from_slice(&0u16.to_le_bytes());
-    // Bodies over 4 GiB cannot be framed; max_keys * 32 bytes would be needed to reach that,
-    // and the decoder rejects the length mismatch rather than misreading it.
-    out.extend_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(&body_len.to_le_bytes());
     out.extend_from_slice(&crc32c(0, &body).to_le_bytes());
     out.extend_from_slice(&body);
-    out
+    Ok(out)
 }
 
 fn le_u16(b: &[u8], at: usize) -> Option<u16> {
@@ -222,7 +226,10 @@ fn decode_body(msg: DedupSnapshot) -> Result<SnapshotData, SnapshotError> {
         ));
     }
     if !(1..=MAX_KEYS_LIMIT).contains(&msg.window_max_keys) {
-        return corrupt(format!("window_max_keys {} out of range", msg.window_max_keys));
+        return corrupt(format!(
+            "window_max_keys {} out of range",
+            msg.window_max_keys
+        ));
     }
     if msg.window_ms < 1 {
         return corrupt(format!("window_ms {} out of range", msg.window_ms));
@@ -281,7 +288,9 @@ fn decode_body(msg: DedupSnapshot) -> Result<SnapshotData, SnapshotError> {
             let entry = prev_entry
                 .checked_add(delta)
                 .and_then(|v| u32::try_from(v).ok())
-                .ok_or_else(|| SnapshotError(format!("entry id out of u32 range in segment {segment_id}")))?;
+                .ok_or_else(|| {
+                    SnapshotError(format!("entry id out of u32 range in segment {segment_id}"))
+                })?;
             prev_entry = i64::from(entry);
             let dts = tss.svarint().map_err(|e| col("timestamp_deltas", e))?;
             prev_ts = prev_ts.wrapping_add(dts);
@@ -352,7 +361,7 @@ mod tests {
     }
 
     fn enc(entries: &[Record]) -> Vec<u8> {
-        encode(9, 4, 123, 1000, 60_000, &[(8, 17), (7, 5)], entries.iter())
+        encode(9, 4, 123, 1000, 60_000, &[(8, 17), (7, 5)], entries.iter()).unwrap()
     }
 
     #[test]
@@ -363,7 +372,13 @@ mod tests {
             assert_eq!(data.entries, entries);
             assert_eq!(data.watermarks, vec![(7, 5), (8, 17)]);
             assert_eq!(
-                (data.log_id, data.epoch, data.timestamp_ms, data.window_max_keys, data.window_ms),
+                (
+                    data.log_id,
+                    data.epoch,
+                    data.timestamp_ms,
+                    data.window_max_keys,
+                    data.window_ms
+                ),
                 (9, 4, 123, 1000, 60_000)
             );
         }
@@ -372,10 +387,30 @@ mod tests {
     #[test]
     fn round_trip_extremes() {
         let entries = vec![
-            Record { key: [0; 16], segment_id: u32::MAX, entry_id: u32::MAX, timestamp_ms: i64::MIN },
-            Record { key: [1; 16], segment_id: u32::MAX, entry_id: 0, timestamp_ms: i64::MAX },
-            Record { key: [2; 16], segment_id: 0, entry_id: u32::MAX, timestamp_ms: -1 },
-            Record { key: [3; 16], segment_id: u32::MAX, entry_id: 3, timestamp_ms: 0 },
+            Record {
+                key: [0; 16],
+                segment_id: u32::MAX,
+                entry_id: u32::MAX,
+                timestamp_ms: i64::MIN,
+            },
+            Record {
+                key: [1; 16],
+                segment_id: u32::MAX,
+                entry_id: 0,
+                timestamp_ms: i64::MAX,
+            },
+            Record {
+                key: [2; 16],
+                segment_id: 0,
+                entry_id: u32::MAX,
+                timestamp_ms: -1,
+            },
+            Record {
+                key: [3; 16],
+                segment_id: u32::MAX,
+                entry_id: 3,
+                timestamp_ms: 0,
+            },
         ];
         assert_eq!(decode(&enc(&entries)).unwrap().entries, entries);
     }
@@ -434,7 +469,8 @@ mod tests {
         let good_bytes = enc(&sample(30));
         let good: DedupSnapshot = prost::Message::decode(&good_bytes[HEADER_LEN..]).unwrap();
         assert!(decode(&framed(&good)).is_ok());
-        let cases: Vec<Box<dyn Fn(&mut DedupSnapshot)>> = vec![
+        type Mutation = Box<dyn Fn(&mut DedupSnapshot)>;
+        let cases: Vec<Mutation> = vec![
             Box::new(|m| m.entry_count += 1),
             Box::new(|m| m.entry_count = u64::MAX),
             Box::new(|m| m.entry_count = u64::MAX / 8),
@@ -450,7 +486,10 @@ mod tests {
             Box::new(|m| m.window_max_keys = 0),
             Box::new(|m| m.window_ms = 0),
             Box::new(|m| {
-                m.watermarks.push(SegmentWatermark { segment_id: 7, last_entry_id: 1 })
+                m.watermarks.push(SegmentWatermark {
+                    segment_id: 7,
+                    last_entry_id: 1,
+                })
             }),
             // One run claiming more entries than exist.
             Box::new(|m| {

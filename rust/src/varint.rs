@@ -71,7 +71,18 @@ mod tests {
 
     #[test]
     fn round_trip_edges() {
-        let values = [0i64, 1, -1, 63, -64, 64, i64::MAX, i64::MIN, 1 << 40, -(1 << 40)];
+        let values = [
+            0i64,
+            1,
+            -1,
+            63,
+            -64,
+            64,
+            i64::MAX,
+            i64::MIN,
+            1 << 40,
+            -(1 << 40),
+        ];
         let mut buf = Vec::new();
         for &v in &values {
             put_svarint(&mut buf, v);

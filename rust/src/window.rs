@@ -168,7 +168,9 @@ impl Window {
     fn find_committed(&self, key: &Key, hash: u64) -> Option<&Record> {
         let ring = &self.ring;
         self.index
-            .find(hash, |&s| ring.get(s as usize).is_some_and(|r| r.key == *key))
+            .find(hash, |&s| {
+                ring.get(s as usize).is_some_and(|r| r.key == *key)
+            })
             .and_then(|&s| ring.get(s as usize))
     }
 
@@ -209,8 +211,7 @@ impl Window {
     /// Register an in-flight write. The key must be neither pending nor committed.
     pub fn add_pending(&mut self, rec: Record) -> Result<(), WindowError> {
         let h = key_hash(self.seed, &rec.key);
-        if self.find_committed(&rec.key, h).is_some() || self.find_pending(&rec.key, h).is_some()
-        {
+        if self.find_committed(&rec.key, h).is_some() || self.find_pending(&rec.key, h).is_some() {
             return Err(WindowError::KeyPresent);
         }
         let seed = self.seed;
@@ -384,8 +385,9 @@ impl Window {
                         s.spawn(move || this.lookup_into(k, now_ms, st, sg, en))
                     })
                     .collect();
-                let mut hits = first
-                    .map_or(0, |((k, st), (sg, en))| this.lookup_into(k, now_ms, st, sg, en));
+                let mut hits = first.map_or(0, |((k, st), (sg, en))| {
+                    this.lookup_into(k, now_ms, st, sg, en)
+                });
                 for h in handles {
                     // A lookup cannot panic; if a thread somehow did, re-raise it here.
                     hits += h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
@@ -416,9 +418,7 @@ impl Window {
             let (code, seg, ent) = match self.peek(&key, now_ms) {
                 Lookup::Absent => (ABSENT, -1i64, -1i64),
                 Lookup::Pending(r) => (PENDING, i64::from(r.segment_id), i64::from(r.entry_id)),
-                Lookup::Committed(r) => {
-                    (COMMITTED, i64::from(r.segment_id), i64::from(r.entry_id))
-                }
+                Lookup::Committed(r) => (COMMITTED, i64::from(r.segment_id), i64::from(r.entry_id)),
             };
             hits += usize::from(code != ABSENT);
             *st = code;
@@ -581,13 +581,16 @@ mod tests {
             let live: Vec<u32> = order(&w);
             assert!(live.len() <= 7);
             for e in &live {
-                assert!(matches!(w.peek(&k(u64::from(*e)), None), Lookup::Committed(_)));
+                assert!(matches!(
+                    w.peek(&k(u64::from(*e)), None),
+                    Lookup::Committed(_)
+                ));
             }
             if i >= 7 {
                 assert_eq!(w.peek(&k(i - 7), None), Lookup::Absent);
             }
         }
-        assert_eq!(w.memory_bytes() >= 7 * 32, true);
+        assert!(w.memory_bytes() >= 7 * 32);
     }
 
     #[test]
@@ -625,7 +628,10 @@ mod tests {
             match want {
                 Lookup::Absent => assert_eq!((st[row], seg, ent), (ABSENT, -1, -1)),
                 Lookup::Pending(r) => {
-                    assert_eq!((st[row], seg, ent), (PENDING, r.segment_id.into(), r.entry_id.into()))
+                    assert_eq!(
+                        (st[row], seg, ent),
+                        (PENDING, r.segment_id.into(), r.entry_id.into())
+                    )
                 }
                 Lookup::Committed(r) => assert_eq!(
                     (st[row], seg, ent),

@@ -79,6 +79,10 @@ class NodeWorker:
                     return
                 time.sleep(min(0.02 * 2 ** (attempt - 1), max(w._timeout_s / 10, 0.01)))
                 continue
+            except Exception as exc:  # e.g. OSError from a full disk: this node is out
+                log.exception("log %s: add to %s failed", w.log_id, self.node)
+                w._on_node_failed(self.node, seg, batch, exc)
+                return
             w._on_ack(self.node, seg, batch)
             return
 

@@ -20,6 +20,7 @@ import uuid
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
+from .._core import encode_entry
 from ..errors import (
     EntryConflictError,
     InvalidArgumentError,
@@ -34,7 +35,6 @@ from ..errors import (
     WriterFencedError,
     WriteTimeoutError,
 )
-from ..logstore.blocks import encode_entry
 from ..meta.base import SegmentMeta
 from ..types import LogMessageId, SegmentState, WriteMessage, WriteResult
 from .recovery import choose_nodes, recover_segment, seal

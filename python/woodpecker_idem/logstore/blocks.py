@@ -1,8 +1,8 @@
 """Byte layouts of the LogStore: entry records, batch frames, block objects and segment footers.
 
 A record is `length u32 | crc32c u32 | LogEntry bytes`; a frame is records back to back. The writer
-builds each record once, so a resend is byte-identical and a node stores a frame without parsing the
-entries in it. A block object is a 32-byte header followed by one frame.
+builds each record once (`_core.encode_entry`), so a resend is byte-identical and a node stores a
+frame without parsing the entries in it. A block object is a 32-byte header and one frame.
 """
 
 from __future__ import annotations
@@ -29,26 +29,6 @@ KIND_RECOVERY = 2
 def encode_record(entry_bytes: bytes) -> bytes:
     """One record: the CRC covers the entry bytes so any flipped bit is caught on read."""
     return RECORD_HEADER.pack(len(entry_bytes), crc32c(entry_bytes)) + entry_bytes
-
-
-def encode_entry(
-    segment_id: int,
-    entry_id: int,
-    timestamp_ms: int,
-    payload: bytes,
-    properties: dict[str, str] | None,
-    idempotency_key: bytes | None,
-) -> bytes:
-    """Encode a LogEntry as a ready-to-send record."""
-    entry = LogEntry(
-        segment_id=segment_id,
-        entry_id=entry_id,
-        timestamp_ms=timestamp_ms,
-        payload=payload,
-        properties=properties or None,
-        idempotency_key=idempotency_key or b"",
-    )
-    return encode_record(entry.SerializeToString())
 
 
 def split_frame(frame: bytes | memoryview, where: str) -> list[memoryview]:

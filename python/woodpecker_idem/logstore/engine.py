@@ -14,6 +14,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from .._core import count_records
 from ..errors import CorruptEntryError, EntryConflictError, SegmentFencedError
 from ..objectstore.base import ObjectStore
 from .blocks import (
@@ -176,7 +177,7 @@ class LogStoreEngine:
         `EntryConflictError` if they differ; only the missing runs are written.
         """
         where = f"{self.node_id}:{log_id}/{segment_id}"
-        records = split_frame(frame, where)
+        count = count_records(frame)
         seg = self._segment(log_id, segment_id)
         with seg.lock:
             self._ensure(log_id, segment_id, seg)
@@ -185,12 +186,14 @@ class LogStoreEngine:
             if seg.fenced and not recovery:
                 raise SegmentFencedError(f"{where} is fenced; add of {first_entry_id} refused")
             if not seg.index or first_entry_id > seg.index[-1][1]:
-                runs = [(0, len(records))]  # the common case: appending past everything held
+                runs = [(0, count)]  # the common case: appending past everything held
+                records: list[memoryview] = []
             else:
+                records = split_frame(frame, where)
                 runs = self._missing_runs(log_id, segment_id, seg, first_entry_id, records, where)
             kind = KIND_RECOVERY if recovery else KIND_DATA
             for lo, hi in runs:
-                body = frame if (lo, hi) == (0, len(records)) else b"".join(records[lo:hi])
+                body = frame if (lo, hi) == (0, count) else b"".join(records[lo:hi])
                 self._put_block(
                     log_id, segment_id, seg, kind, first_entry_id + lo, hi - lo, lac, body
                 )
