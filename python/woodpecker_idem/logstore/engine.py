@@ -43,6 +43,7 @@ class _Segment:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     loaded: bool = False
+    scanned: int = 0  # blocks 0..scanned-1 are in the index
     next_block: int = 0
     index: list[tuple[int, int, int]] = field(default_factory=list)  # (first, last, block), sorted
     fenced: bool = False
@@ -81,9 +82,8 @@ class LogStoreEngine:
         self.node_id = node_id
         self._segments: dict[tuple[int, int], _Segment] = {}
         self._segments_lock = threading.Lock()
-        self._cache: OrderedDict[tuple[int, int, int], tuple[bytes, list[memoryview]]] = (
-            OrderedDict()
-        )
+        # block cache: key -> [data, header, records (split on first read)]
+        self._cache: OrderedDict[tuple[int, int, int], list] = OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
         self._cache_lock = threading.Lock()
@@ -99,7 +99,10 @@ class LogStoreEngine:
             return seg
 
     def _load(self, log_id: int, segment_id: int, seg: _Segment) -> None:
-        """Rebuild `seg` from the store (caller holds seg.lock)."""
+        """Bring `seg` up to date with the store (caller holds seg.lock).
+
+        Blocks are immutable and numbered without gaps, so only blocks not seen yet are read.
+        """
         prefix = segment_prefix(log_id, segment_id)
         blocks: list[int] = []
         footer = None
@@ -108,23 +111,23 @@ class LogStoreEngine:
             if name == "footer":
                 footer = key
             elif name.endswith(".blk") and name[:-4].isdigit():
-                blocks.append(int(name[:-4]))
+                n = int(name[:-4])
+                if n >= seg.scanned:
+                    blocks.append(n)
         blocks.sort()
-        seg.index = []
-        seg.contig = -1
-        seg.fenced = False
-        seg.lac = -1
-        seg.next_block = (blocks[-1] + 1) if blocks else 0
         for n in blocks:
-            header, _ = self._block(log_id, segment_id, n)
+            header, _ = self._block(log_id, segment_id, n, records=False)
             if header.kind == KIND_FENCE:
                 seg.fenced = True
             elif header.count and (header.kind == KIND_RECOVERY or not seg.fenced):
-                seg.add_block(header.first_entry_id, header.last_entry_id, n)
+                if seg.holds(header.first_entry_id) is None:
+                    seg.add_block(header.first_entry_id, header.last_entry_id, n)
                 seg.lac = max(seg.lac, header.lac)
             elif header.count:
                 log.warning("%s: ignoring data block %d written after the fence", prefix, n)
-        if footer is not None:
+            seg.scanned = n + 1
+        seg.next_block = max(seg.next_block, seg.scanned)
+        if footer is not None and seg.completed_last is None:
             data = self.store.get(footer)
             if data is not None:
                 seg.completed_last = decode_footer(data, f"{self.node_id}:{footer}").last_entry_id
@@ -134,27 +137,28 @@ class LogStoreEngine:
         if refresh or not seg.loaded:
             self._load(log_id, segment_id, seg)
 
-    def _block(self, log_id: int, segment_id: int, n: int, data: bytes | None = None):
+    def _block(self, log_id: int, segment_id: int, n: int, records: bool = True):
+        """(header, records) of block n, cached; records are split only when asked for."""
         key = (log_id, segment_id, n)
+        where = f"{self.node_id}:{log_id}/{segment_id}/{n}.blk"
         with self._cache_lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
-                return decode_block_header(hit[0], ""), hit[1]
-        where = f"{self.node_id}:{log_id}/{segment_id}/{n}.blk"
-        if data is None:
+        if hit is None:
             data = self.store.get(f"{log_id}/{segment_id}/{n}.blk")
             if data is None:
                 raise CorruptEntryError(f"{where}: block listed but missing")
-        header = decode_block_header(data, where)
-        records = block_records(data, header, where)
-        with self._cache_lock:
-            self._cache[key] = (data, records)
-            self._cache_bytes += len(data)
-            while self._cache_bytes > self._cache_limit and len(self._cache) > 1:
-                _, (old, _) = self._cache.popitem(last=False)
-                self._cache_bytes -= len(old)
-        return header, records
+            hit = [data, decode_block_header(data, where), None]
+            with self._cache_lock:
+                self._cache[key] = hit
+                self._cache_bytes += len(data)
+                while self._cache_bytes > self._cache_limit and len(self._cache) > 1:
+                    _, old = self._cache.popitem(last=False)
+                    self._cache_bytes -= len(old[0])
+        if records and hit[2] is None:
+            hit[2] = block_records(hit[0], hit[1], where)
+        return hit[1], hit[2]
 
     def _stored_record(self, log_id: int, segment_id: int, block: int, entry_id: int) -> bytes:
         header, records = self._block(log_id, segment_id, block)
@@ -245,6 +249,8 @@ class LogStoreEngine:
                     f"add of {first} refused"
                 )
         seg.next_block = n + 1
+        if seg.scanned == n:
+            seg.scanned = n + 1
         seg.add_block(first, first + count - 1, n)
 
     def fence(self, log_id: int, segment_id: int) -> tuple[int, int]:
@@ -334,8 +340,7 @@ class LogStoreEngine:
                 self._segments.pop((log_id, segment_id), None)
         with self._cache_lock:
             for key in [k for k in self._cache if k[:2] == (log_id, segment_id)]:
-                data, _ = self._cache.pop(key)
-                self._cache_bytes -= len(data)
+                self._cache_bytes -= len(self._cache.pop(key)[0])
 
     def delete_log(self, log_id: int) -> None:
         self.store.delete_prefix(f"{log_id}/")
