@@ -89,7 +89,7 @@ def check_history(
         prev = last_seen.get(key)
         if prev is not None:
             index, ts, first_id = prev
-            in_window = msg.timestamp_ms - ts < window_ms and keyed - 1 - index < window_max_keys
+            in_window = msg.timestamp_ms - ts < window_ms and keyed - 1 - index <= window_max_keys
             if in_window:
                 problems.append(
                     f"key {key.hex()} appears at {first_id} and again at "
