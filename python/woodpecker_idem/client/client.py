@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..config import Config, load_config
-from ..errors import InvalidTypeError, LogNotFoundError
+from ..config import Config, load_config, parse_fsync
+from ..errors import ConfigError, InvalidTypeError, LogNotFoundError
 from ..logstore.engine import LogStoreEngine
 from ..logstore.transport import InProcessTransport, LogStoreTransport
 from ..meta import MetadataStore, NodeInfo, open_metadata_store
@@ -106,7 +106,11 @@ def _object_store(cfg: Config, data_dir: Path, sub: str = "") -> ObjectStore:
     oc = cfg.objectstore
     if oc.type == "local":
         path = Path(oc.path) if oc.path else data_dir / "objects"
-        return open_object_store("local", path=str(path / sub if sub else path))
+        return open_object_store(
+            "local",
+            path=str(path / sub if sub else path),
+            fsync=parse_fsync(cfg.storage.fsync).mode != "never",
+        )
     root = "/".join(p for p in (oc.root.strip("/"), sub) if p)
     return open_object_store(
         "s3", endpoint_url=oc.endpoint_url, bucket=oc.bucket, root=root, region=oc.region
@@ -125,6 +129,11 @@ def connect(
     `transport` replaces the in-process LogStore nodes (tests inject faults this way).
     """
     cfg = _config(config)
+    if cfg.storage.type != "object":
+        raise ConfigError(
+            f"storage.type={cfg.storage.type!r} is not available yet; use 'object' "
+            "(staged LogStore nodes come with service mode)"
+        )
     root = Path(data_dir if data_dir is not None else DEFAULT_DATA_DIR)
     root.mkdir(parents=True, exist_ok=True)
     objects = _object_store(cfg, root)
