@@ -97,6 +97,7 @@ class SegmentHandle:
         self.batches: deque[Batch] = deque()  # sent, not committed, in order
         self.failed_nodes: dict[str, str] = {}  # node -> why
         self.lac = -1
+        self.lac_sent = -1  # highest LAC piggybacked to the nodes
         self.by_entry: dict[int, PendingEntry] = {}
 
     @property

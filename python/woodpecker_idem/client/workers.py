@@ -39,7 +39,7 @@ class NodeWorker:
         self.thread = threading.Thread(target=self._run, name=f"wp-node-{node}", daemon=True)
         self.thread.start()
 
-    def submit(self, seg: SegmentHandle, batch: Batch) -> None:
+    def submit(self, seg: SegmentHandle, batch: Batch | None) -> None:
         self.queue.put((seg, batch))
 
     def stop(self) -> None:
@@ -56,9 +56,21 @@ class NodeWorker:
             except Exception:  # a bug must not silently stop this node's sends
                 log.exception("log %s: sender for %s failed", self.writer.log_id, self.node)
 
-    def _send(self, seg: SegmentHandle, batch: Batch) -> None:
-        """Send one batch until acked, retrying transient failures up to append.max_retries."""
+    def _send(self, seg: SegmentHandle, batch: Batch | None) -> None:
+        """Send one batch until acked, retrying transient failures up to append.max_retries.
+
+        `batch=None` is a LAC-only update (best effort) so readers of an idle segment with aq > 1
+        see its last acknowledged entries.
+        """
         w = self.writer
+        if batch is None:
+            try:
+                w._transport.add_entries(
+                    self.node, w.log_id, seg.segment_id, seg.lac + 1, b"", seg.lac
+                )
+            except Exception as exc:  # the next batch carries the LAC anyway
+                log.debug("log %s: LAC update to %s failed: %s", w.log_id, self.node, exc)
+            return
         attempt = 0
         while w._fenced is None and self.node not in seg.failed_nodes:
             if seg.status is SegmentStatus.FAILED or (

@@ -323,6 +323,16 @@ class LogWriter:
         for worker in self._workers.values():
             worker.stop()
         self._maint.stop()
+        unresolved = []
+        for seg in segments:
+            for entry in seg.pending:
+                exc = WriterClosedError(
+                    f"writer of log {self.log_id} closed before entry {seg.segment_id}:"
+                    f"{entry.entry_id} was acknowledged; the next writer's recovery keeps it if "
+                    f"it reached the nodes (an idempotent retry then returns its id)"
+                )
+                unresolved.extend((f, exc) for f, _ in entry.waiters())
+        resolve(unresolved)
         if self._fenced is not None:
             return
         for seg in segments:
@@ -362,8 +372,9 @@ class LogWriter:
     # --- flusher -----------------------------------------------------------------------------
 
     def _flush_loop(self) -> None:
+        """Cut batches (size or linger), fail expired waiters, keep readers' LAC fresh."""
         while True:
-            sends: list[tuple[SegmentHandle, Batch]] = []
+            sends: list[tuple[SegmentHandle, Batch | None]] = []
             expired: list[tuple[Future, BaseException]] = []
             with self._lock:
                 if self._closed or self._fenced is not None:
@@ -371,27 +382,13 @@ class LogWriter:
                 now = time.monotonic()
                 wait = 0.05
                 for seg in list(self._segments.values()):
-                    if seg.status not in (SegmentStatus.OPEN, SegmentStatus.ROLLED):
-                        continue
-                    while seg.unsent:
-                        full = (
-                            len(seg.unsent) >= self._max_batch_entries
-                            or seg.unsent_bytes >= self._max_batch_bytes
-                        )
-                        due = seg.unsent_since + self._linger_s - now
-                        if not full and due > 0 and seg.status is SegmentStatus.OPEN:
-                            wait = min(wait, due)
-                            break
-                        batch = seg.take_batch(self._max_batch_entries, self._max_batch_bytes)
-                        sends.append((seg, batch))
-                        if seg.unsent:
-                            seg.unsent_since = now
-                    for entry in seg.pending:
-                        if entry.deadline > now:
-                            break
-                        if not entry.timed_out:
-                            entry.timed_out = True
-                            expired.extend(self._timeout_waiters(seg, entry))
+                    if seg.status in (SegmentStatus.OPEN, SegmentStatus.ROLLED):
+                        wait = min(wait, self._cut_batches_locked(seg, now, sends))
+                        if seg.aq > 1 and not seg.unsent and not seg.batches \
+                                and seg.lac > seg.lac_sent:
+                            sends.append((seg, None))  # LAC-only update for tail readers
+                            seg.lac_sent = seg.lac
+                    self._expire_locked(seg, now, expired)
                     if seg.status is SegmentStatus.ROLLED and seg.drained():
                         seg.status = SegmentStatus.DONE
                         self._maint.submit(self._complete_drained, seg)
@@ -404,12 +401,39 @@ class LogWriter:
             for seg, batch in sends:
                 for node in seg.meta.nodes:
                     if node in seg.failed_nodes:
-                        batch.failed.add(node)
+                        if batch is not None:
+                            batch.failed.add(node)
                     else:
                         self._workers[node].submit(seg, batch)
             for future, exc in expired:
                 if not future.done():
                     future.set_exception(exc)
+
+    def _cut_batches_locked(self, seg: SegmentHandle, now: float, sends: list) -> float:
+        """Move full or lingered entries into batches; returns how long until the next is due."""
+        while seg.unsent:
+            full = (
+                len(seg.unsent) >= self._max_batch_entries
+                or seg.unsent_bytes >= self._max_batch_bytes
+            )
+            due = seg.unsent_since + self._linger_s - now
+            if not full and due > 0 and seg.status is SegmentStatus.OPEN:
+                return due
+            sends.append((seg, seg.take_batch(self._max_batch_entries, self._max_batch_bytes)))
+            if seg.lac > seg.lac_sent:
+                seg.lac_sent = seg.lac
+            if seg.unsent:
+                seg.unsent_since = now
+        return 0.05
+
+    def _expire_locked(self, seg: SegmentHandle, now: float, expired: list) -> None:
+        """Fail waiters past their deadline (the entries stay pending), in any segment state."""
+        for entry in seg.pending:
+            if entry.deadline > now:
+                break
+            if not entry.timed_out:
+                entry.timed_out = True
+                expired.extend(self._timeout_waiters(seg, entry))
 
     def _timeout_waiters(self, seg: SegmentHandle, entry: PendingEntry):
         exc = WriteTimeoutError(

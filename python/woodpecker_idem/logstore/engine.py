@@ -119,10 +119,10 @@ class LogStoreEngine:
             header, _ = self._block(log_id, segment_id, n, records=False)
             if header.kind == KIND_FENCE:
                 seg.fenced = True
-            elif header.count and (header.kind == KIND_RECOVERY or not seg.fenced):
-                if seg.holds(header.first_entry_id) is None:
+            elif header.kind == KIND_RECOVERY or not seg.fenced:
+                if header.count and seg.holds(header.first_entry_id) is None:
                     seg.add_block(header.first_entry_id, header.last_entry_id, n)
-                seg.lac = max(seg.lac, header.lac)
+                seg.lac = max(seg.lac, header.lac)  # count 0: a LAC-only update
             elif header.count:
                 log.warning("%s: ignoring data block %d written after the fence", prefix, n)
             seg.scanned = n + 1
@@ -189,9 +189,11 @@ class LogStoreEngine:
                 raise SegmentFencedError(f"{where} is completed; add of {first_entry_id} refused")
             if seg.fenced and not recovery:
                 raise SegmentFencedError(f"{where} is fenced; add of {first_entry_id} refused")
-            if not seg.index or first_entry_id > seg.index[-1][1]:
+            records: list[memoryview] = []
+            if count == 0:
+                runs = [(0, 0)] if lac > seg.lac else []  # a LAC-only update, kept for readers
+            elif not seg.index or first_entry_id > seg.index[-1][1]:
                 runs = [(0, count)]  # the common case: appending past everything held
-                records: list[memoryview] = []
             else:
                 records = split_frame(frame, where)
                 runs = self._missing_runs(log_id, segment_id, seg, first_entry_id, records, where)
@@ -251,7 +253,8 @@ class LogStoreEngine:
         seg.next_block = n + 1
         if seg.scanned == n:
             seg.scanned = n + 1
-        seg.add_block(first, first + count - 1, n)
+        if count:
+            seg.add_block(first, first + count - 1, n)
 
     def fence(self, log_id: int, segment_id: int) -> tuple[int, int]:
         """Fence the segment; returns (last contiguous entry id held, highest LAC seen)."""
