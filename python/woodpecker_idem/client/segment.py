@@ -110,15 +110,6 @@ class SegmentHandle:
     def live_nodes(self) -> list[str]:
         return [n for n in self.meta.nodes if n not in self.failed_nodes]
 
-    def append(self, entry: PendingEntry, now: float) -> None:
-        if not self.unsent:
-            self.unsent_since = now
-        self.pending.append(entry)
-        self.unsent.append(entry)
-        self.by_entry[entry.entry_id] = entry
-        self.unsent_bytes += len(entry.record)
-        self.size_bytes += len(entry.record)
-
     def take_batch(self, max_entries: int, max_bytes: int) -> Batch | None:
         """Cut the next batch from the unsent entries (at least one entry, even if oversized)."""
         if not self.unsent:

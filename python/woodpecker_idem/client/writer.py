@@ -202,7 +202,10 @@ class LogWriter:
                 "idempotency_id given to a non-idempotent writer; open it with "
                 "open_writer(idempotent=True)"
             )
-        payload, props = coerce_message(message, properties, self._max_entry_bytes)
+        if type(message) is bytes and properties is None and len(message) <= self._max_entry_bytes:
+            payload, props = message, None  # the common case, validated by construction
+        else:
+            payload, props = coerce_message(message, properties, self._max_entry_bytes)
         future: Future[WriteResult] = Future()
         with self._lock:
             self._append_locked(payload, props, None, future, self._clock.now_ms())
@@ -216,10 +219,55 @@ class LogWriter:
         future: Future | None,
         now_ms: int,
     ) -> PendingEntry | None:
-        """Assign the next id and queue the entry; on failure sets the future's exception."""
-        self._check_open_locked()
-        # Wait for room before taking an id, so ids stay in queue order.
-        size = len(payload) + 64
+        """Assign the next id and queue the entry; on failure sets the future's exception.
+
+        The hot path of every write: kept flat on purpose (no per-entry helper calls).
+        """
+        if self._fenced is not None or self._closed:
+            self._check_open_locked()
+        if (
+            self._inflight_entries >= self._max_inflight_entries
+            or self._inflight_bytes + len(payload) + 64 > self._max_inflight_bytes
+        ):
+            self._wait_for_room_locked(len(payload) + 64)
+        now = time.monotonic()
+        seg = self._current
+        if (
+            seg is None
+            or seg.next_entry_id >= self._roll_entries
+            or seg.size_bytes >= self._roll_bytes
+            or now - seg.created >= self._roll_s
+        ):
+            seg = self._writable_segment_locked()
+            if seg is None:
+                if future is not None:
+                    future.set_exception(self._unavailable_error())
+                return None
+        entry_id = seg.next_entry_id
+        seg.next_entry_id = entry_id + 1
+        record = encode_entry(seg.segment_id, entry_id, now_ms, payload, props, key)
+        self._seq += 1
+        entry = PendingEntry(
+            self._seq, seg.segment_id, entry_id, record, key, future, now + self._timeout_s
+        )
+        size = len(record)
+        seg.pending.append(entry)
+        unsent = seg.unsent
+        if not unsent:
+            seg.unsent_since = now
+            self._wake.notify()
+        unsent.append(entry)
+        seg.by_entry[entry_id] = entry
+        seg.unsent_bytes += size
+        seg.size_bytes += size
+        self._inflight_entries += 1
+        self._inflight_bytes += size
+        if len(unsent) >= self._max_batch_entries or seg.unsent_bytes >= self._max_batch_bytes:
+            self._wake.notify()
+        return entry
+
+    def _wait_for_room_locked(self, size: int) -> None:
+        """Backpressure: block until in-flight entries/bytes fall below the limits."""
         while (
             (
                 self._inflight_entries >= self._max_inflight_entries
@@ -231,31 +279,9 @@ class LogWriter:
         ):
             self._space.wait(0.1)
         self._check_open_locked()
-        seg = self._writable_segment_locked()
-        if seg is None:
-            if future is not None:
-                future.set_exception(self._unavailable_error())
-            return None
-        entry_id = seg.next_entry_id
-        seg.next_entry_id += 1
-        record = encode_entry(seg.segment_id, entry_id, now_ms, payload, props, key)
-        now = time.monotonic()
-        self._seq += 1
-        entry = PendingEntry(
-            self._seq, seg.segment_id, entry_id, record, key, future, now + self._timeout_s
-        )
-        seg.append(entry, now)
-        self._inflight_entries += 1
-        self._inflight_bytes += len(record)
-        if (
-            len(seg.unsent) == 1
-            or len(seg.unsent) >= self._max_batch_entries
-            or seg.unsent_bytes >= self._max_batch_bytes
-        ):
-            self._wake.notify()
-        return entry
 
     def _writable_segment_locked(self) -> SegmentHandle | None:
+        """The current segment, rolled first if it is full or old; None while repairing."""
         seg = self._current
         if seg is None:
             return None
