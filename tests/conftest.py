@@ -48,3 +48,26 @@ def object_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[obj
         yield store
     finally:
         store.close()
+
+
+# --- the log client (tests/test_log_*.py) --------------------------------------------------------
+
+
+@pytest.fixture
+def wp_connect() -> Iterator[object]:
+    """A factory `wp_connect(data_dir, config=None, **kw)` for clients closed at teardown."""
+    from woodpecker_idem.client.client import connect
+
+    opened: list[object] = []
+
+    def factory(data_dir: object, config: object = None, **kwargs: object) -> object:
+        client = connect(data_dir, config, **kwargs)
+        opened.append(client)
+        return client
+
+    yield factory
+    for client in reversed(opened):
+        try:
+            client.close()
+        except Exception:  # noqa: BLE001 - best effort at teardown
+            pass

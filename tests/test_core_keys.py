@@ -139,6 +139,8 @@ def test_content_keys_large_batch_equals_hashlib() -> None:
     offs, data = arrow_column(payloads, large=False)
     assert _core.content_keys_arrow(offs, data) == expected
     assert _core.content_keys_arrow(memoryview(offs), bytearray(data)) == expected
+    ids: list[str | bytes] = [f"order-{i}" if i % 2 else f"id-{i}".encode() for i in range(20_000)]
+    assert _core.explicit_keys(ids) == b"".join(ref_explicit(i) for i in ids)
 
 
 def test_arrow_from_array_module() -> None:

@@ -1,4 +1,4 @@
-"""Smoke test of every function of `woodpecker_idem._core` (the thorough property tests live elsewhere)."""
+"""Smoke test of every function of `woodpecker_idem._core` (property tests live elsewhere)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import array
 import hashlib
 
 import pytest
-
 from woodpecker_idem import _core
 from woodpecker_idem.errors import InvalidArgumentError, InvalidTypeError, SnapshotCorruptError
 
@@ -172,3 +171,22 @@ def test_snapshot_decode_errors() -> None:
     future[4] = 2
     with pytest.raises(SnapshotCorruptError, match="unsupported"):
         _core.decode_snapshot(bytes(future))
+
+
+def test_snapshot_decode_mutations_raise_cleanly() -> None:
+    w = _core.DedupWindow(64, 1000)
+    for i in range(40):
+        w.add_committed(key(i), i // 16, i, 5 * i)
+    good = _core.encode_snapshot(w, 1, 2, 3, {0: 15, 1: 31, 2: 39})
+    rng = __import__("random").Random(7)
+    for _ in range(300):
+        bad = bytearray(good)
+        choice = rng.randrange(3)
+        if choice == 0:
+            del bad[rng.randrange(len(bad)) :]
+        elif choice == 1:
+            bad[rng.randrange(len(bad))] ^= 1 << rng.randrange(8)
+        else:
+            bad = bytearray(rng.randbytes(rng.randrange(64)))
+        with pytest.raises(SnapshotCorruptError):
+            _core.decode_snapshot(bytes(bad))

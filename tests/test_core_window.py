@@ -10,7 +10,10 @@ state after every step.
 
 from __future__ import annotations
 
+import random
 import struct
+import subprocess
+import sys
 from collections import OrderedDict
 from typing import Any
 
@@ -280,8 +283,8 @@ class WindowMachine(RuleBasedStateMachine):
 
 
 WindowMachine.TestCase.settings = settings(
-    max_examples=120,
-    stateful_step_count=40,
+    max_examples=250,
+    stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
@@ -486,3 +489,102 @@ def test_batch_argument_errors() -> None:
     with pytest.raises(TypeError) as tinfo:
         w.add_committed_many(two, [1, 2], good, good)
     assert_arg_error(tinfo.value, TypeError, "segment_ids")
+
+
+# --- large batches (the multi-threaded paths) against the model ---------------------------------
+
+
+def _load_both(
+    rng: random.Random, max_keys: int, window_ms: int, rows: list[tuple[bytes, int, int, int]]
+) -> tuple[Any, RefWindow, int]:
+    w = _core.DedupWindow(max_keys, window_ms)
+    m = RefWindow(max_keys, window_ms)
+    expected = sum(m.add_committed(k_, (s, e, t)) for k_, s, e, t in rows)
+    got = w.add_committed_many(
+        b"".join(r[0] for r in rows),
+        q_buf([r[1] for r in rows]),
+        q_buf([r[2] for r in rows]),
+        q_buf([r[3] for r in rows]),
+    )
+    return w, m, got - expected
+
+
+def test_add_committed_many_large_batch_matches_model() -> None:
+    rng = random.Random(11)
+    pool = [rng.randbytes(16) for _ in range(70_000)]
+    rows = [
+        (rng.choice(pool), rng.randrange(5), rng.randrange(U32_MAX), rng.randrange(10**6))
+        for _ in range(100_000)
+    ]
+    w, m, diff = _load_both(rng, 30_000, 50_000, rows)
+    assert diff == 0
+    assert w.committed_entries() == m.entries()
+    assert (w.evictions, w.early_evictions) == (m.evictions, m.early_evictions)
+    assert m.early_evictions > 0 and m.evictions > m.early_evictions
+
+
+def test_get_many_large_batch_matches_model() -> None:
+    rng = random.Random(12)
+    keys = [rng.randbytes(16) for _ in range(60_000)]
+    rows = [(keys[i], i % 7, i, rng.randrange(2_000)) for i in range(50_000)]
+    w, m, diff = _load_both(rng, 40_000, 1_000, rows)  # the first 10,000 are capacity-evicted
+    assert diff == 0
+    for i in range(50_000, 55_000):  # pending; 55,000.. never seen
+        w.add_pending(keys[i], 9, i, 0)
+        m.add_pending(keys[i], (9, i, 0))
+    sel = [rng.choice(keys) for _ in range(200_000)]
+    for now in (None, 1_500):  # with now: about half of the committed keys are expired
+        expected = [m.lookup(key, now) for key in sel]
+        status, segs, ents = w.get_many(b"".join(sel), now)
+        assert list(status) == [s for s, _v in expected]
+        assert unpack_q(segs) == [v[0] if v else -1 for _s, v in expected]
+        assert unpack_q(ents) == [v[1] if v else -1 for _s, v in expected]
+        assert {s for s, _v in expected} == {0, 1, 2}
+    assert (w.hits, w.misses) == (m.hits, m.misses)
+
+
+def test_clone_committed_of_wrapped_ring_is_independent() -> None:
+    rng = random.Random(13)
+    rows = [(rng.randbytes(16), 1, i, i) for i in range(25_000)]
+    w, m, _ = _load_both(rng, 10_000, 10**9, rows)  # the ring has wrapped
+    w.add_pending(rng.randbytes(16), 0, 0, 0)
+    c = w.clone_committed()
+    assert c.committed_entries() == m.entries()
+    status = c.get_many(b"".join(e[0] for e in m.entries()))[0]
+    assert status == b"\x02" * 10_000  # the copied index finds every key
+    assert c.add_committed(rows[0][0], 5, 5, 5)  # long evicted: inserted, evicts the oldest
+    assert c.committed_entries()[-1] == (rows[0][0], 5, 5, 5)
+    assert w.committed_entries() == m.entries()  # the original is untouched
+    assert w.get(rows[0][0]) is None
+    assert c.pending_count == 0 and w.pending_count == 1
+
+
+def test_extreme_timestamps_do_not_overflow() -> None:
+    w = _core.DedupWindow(1, 10)
+    w.add_committed(k(1), 0, 0, I64_MIN)
+    w.add_committed(k(2), 0, 0, I64_MAX)  # I64_MAX - I64_MIN >= 10: not early (no wrap to -1)
+    assert (w.evictions, w.early_evictions) == (1, 0)
+    w.add_committed(k(3), 0, 0, I64_MIN)  # negative age: early
+    assert (w.evictions, w.early_evictions) == (2, 1)
+    w = _core.DedupWindow(4, I64_MAX)
+    w.add_committed(k(1), 0, 0, I64_MIN)
+    assert w.get(k(1), I64_MIN) is not None
+    assert w.get(k(1), I64_MAX) is None  # age 2**64 - 1 >= window
+    status, _segs, _ents = w.get_many(k(1), I64_MAX)
+    assert status == b"\x00"
+    assert w.evict(I64_MAX - 1) == 1
+
+
+def test_huge_window_is_a_memory_error_not_a_crash() -> None:
+    code = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
+        "from woodpecker_idem import _core\n"
+        "try:\n"
+        "    _core.DedupWindow(2**32 - 1, 1)\n"
+        "except MemoryError:\n"
+        "    print('MemoryError')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "MemoryError"

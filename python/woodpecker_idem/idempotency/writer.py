@@ -87,8 +87,9 @@ class IdempotentLogWriter(LogWriter):
     def _take_over_segments(self) -> None:
         super()._take_over_segments()
         client = self._handle.client
-        report, covered = rebuild_window(
-            self._window,
+        self._window, report, covered = rebuild_window(
+            self._window.max_keys,
+            self._window.window_ms,
             self.log_id,
             client.meta,
             client.objects,

@@ -1,0 +1,207 @@
+"""LogReader: start positions, iteration, tail mode, crossing segments, corrupt blocks."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+from woodpecker_idem.errors import CorruptEntryError
+from woodpecker_idem.logstore.blocks import (
+    BLOCK_HEADER_SIZE,
+    RECORD_HEADER,
+    decode_block_header,
+)
+from woodpecker_idem.types import LogMessageId
+
+
+def fill(handle, n, prefix=b"m", **writer_kw):
+    writer = handle.open_writer()
+    futures = [writer.write_async(prefix + b"%d" % i) for i in range(n)]
+    ids = [f.result(20).message_id for f in futures]
+    return writer, ids
+
+
+def test_start_earliest_latest_explicit(tmp_path, wp_connect):
+    client = wp_connect(tmp_path, {"segment.max_entries": 8})
+    handle = client.create_log("r")
+    writer, ids = fill(handle, 20)
+    writer.close()
+
+    earliest = handle.open_reader("earliest")
+    assert earliest.position == LogMessageId(0, 0)
+    assert [m.message_id for m in earliest] == ids
+    assert earliest.read_next(0) is None  # the end: nothing more without waiting
+
+    latest = handle.open_reader("latest")
+    assert list(latest) == []
+    assert latest.read_next(0.05) is None
+
+    for k in (0, 5, 7, 8, 13, 19):
+        r = handle.open_reader(ids[k])
+        assert r.position == ids[k]
+        got = list(r)
+        assert [m.message_id for m in got] == ids[k:]
+        assert got[0].payload == b"m%d" % k
+    # a plain tuple works as a position too
+    assert handle.open_reader((1, 0)).read_next(0).message_id == LogMessageId(1, 0)
+    # past the end: empty, and picks up what is written later
+    beyond = handle.open_reader(LogMessageId(2, 4))
+    assert list(beyond) == []
+    with pytest.raises(ValueError):
+        handle.open_reader("middle")
+
+
+def test_latest_sees_only_new_entries_of_a_live_writer(tmp_path, wp_connect):
+    client = wp_connect(tmp_path)
+    handle = client.create_log("live")
+    writer, ids = fill(handle, 10)
+    latest = handle.open_reader("latest")
+    assert latest.position == LogMessageId(0, 10)
+    assert list(latest) == []
+    new = writer.write(b"new").message_id
+    msg = latest.read_next(2)
+    assert msg is not None and msg.message_id == new and msg.payload == b"new"
+    writer.close()
+
+
+def test_iteration_stops_at_end_and_resumes(tmp_path, wp_connect):
+    client = wp_connect(tmp_path)
+    handle = client.create_log("it")
+    writer, ids = fill(handle, 5)
+    reader = handle.open_reader()
+    t0 = time.monotonic()
+    assert [m.message_id for m in reader] == ids
+    assert time.monotonic() - t0 < 1.0  # iteration does not wait for more
+    assert reader.position == LogMessageId(0, 5)
+    more = [writer.write(b"x%d" % i).message_id for i in range(3)]
+    assert [m.message_id for m in reader] == more  # a new iteration picks up from the position
+    writer.close()
+    assert list(reader) == []
+
+
+def test_tail_read_next_returns_entry_written_while_waiting(tmp_path, wp_connect):
+    client = wp_connect(tmp_path)
+    handle = client.create_log("tail")
+    writer, _ = fill(handle, 3)
+    reader = handle.open_reader("latest")
+
+    t0 = time.monotonic()
+    assert reader.read_next(0.3) is None
+    waited = time.monotonic() - t0
+    assert 0.25 <= waited < 1.5
+
+    written: list[LogMessageId] = []
+
+    def later():
+        time.sleep(0.3)
+        written.append(writer.write(b"late", properties={"who": "thread"}).message_id)
+
+    t = threading.Thread(target=later)
+    t.start()
+    t0 = time.monotonic()
+    msg = reader.read_next(timeout=10)
+    elapsed = time.monotonic() - t0
+    t.join(10)
+    assert msg is not None, "read_next returned nothing although an entry was written"
+    assert msg.payload == b"late" and msg.properties == {"who": "thread"}
+    assert msg.message_id == written[0]
+    assert elapsed < 5
+    writer.close()
+
+
+def test_tail_reader_crosses_segment_roll(tmp_path, wp_connect):
+    """A tailing reader follows the writer into the next segment."""
+    client = wp_connect(tmp_path, {"segment.max_entries": 4})
+    handle = client.create_log("tail-roll")
+    writer = handle.open_writer()
+    reader = handle.open_reader("earliest")
+    got = []
+    done = threading.Event()
+
+    def consume():
+        while len(got) < 10:
+            m = reader.read_next(10)
+            if m is None:
+                break
+            got.append(m)
+        done.set()
+
+    t = threading.Thread(target=consume)
+    t.start()
+    ids = []
+    for i in range(10):
+        ids.append(writer.write(b"%d" % i).message_id)
+        time.sleep(0.01)
+    assert done.wait(20)
+    t.join(5)
+    writer.close()
+    assert [m.message_id for m in got] == ids
+    assert ids[-1].segment_id == 2
+
+
+def test_reader_in_another_client_sees_active_segment(tmp_path, wp_connect):
+    """Another client (its own engine state) reads what a live writer acknowledged."""
+    client = wp_connect(tmp_path)
+    handle = client.create_log("other")
+    writer, ids = fill(handle, 7)
+    other = wp_connect(tmp_path).open_log("other")
+    assert [m.message_id for m in other.open_reader()] == ids
+    more = writer.write(b"more").message_id
+    r = other.open_reader(more)
+    m = r.read_next(2)
+    assert m is not None and m.payload == b"more"
+    writer.close()
+
+
+# --- corrupt blocks -------------------------------------------------------------------------------
+
+
+def _flip_entry_byte(blk_path, entry_id):
+    """Flip one payload byte of entry `entry_id` in a block file; returns the block header."""
+    data = bytearray(blk_path.read_bytes())
+    header = decode_block_header(bytes(data), str(blk_path))
+    pos = BLOCK_HEADER_SIZE
+    for eid in range(header.first_entry_id, header.last_entry_id + 1):
+        length, _ = RECORD_HEADER.unpack_from(data, pos)
+        if eid == entry_id:
+            data[pos + RECORD_HEADER.size + length - 2] ^= 0x40  # inside the payload field
+            blk_path.write_bytes(bytes(data))
+            return header
+        pos += RECORD_HEADER.size + length
+    raise AssertionError(f"entry {entry_id} not in {blk_path}")
+
+
+def test_corrupt_block_raises_corrupt_entry_naming_position(tmp_path, wp_connect):
+    client = wp_connect(tmp_path, {"append.linger_ms": 50})
+    handle = client.create_log("corrupt")
+    writer, ids = fill(handle, 30, prefix=b"payload-")
+    writer.close()
+    blocks = sorted((tmp_path / "objects" / str(handle.log_id) / "0").glob("*.blk"))
+    assert blocks
+    target = 17
+    victim = None
+    for blk in blocks:
+        h = decode_block_header(blk.read_bytes(), str(blk))
+        if h.count and h.first_entry_id <= target <= h.last_entry_id:
+            victim = blk
+    assert victim is not None
+    _flip_entry_byte(victim, target)
+    block_no = int(victim.stem)
+
+    fresh = wp_connect(tmp_path).open_log("corrupt")  # no cached blocks
+    reader = fresh.open_reader()
+    with pytest.raises(CorruptEntryError) as exc:
+        for _ in reader:
+            pass
+    msg = str(exc.value)
+    assert exc.value.code == "CORRUPT_ENTRY"
+    # names log / segment / block / entry
+    assert re.search(rf"\b{handle.log_id}/0/{block_no}\.blk\b", msg), msg
+    assert re.search(rf"\bentry {target}\b", msg), msg
+
+    # entries after the corrupt one are still readable from an explicit position
+    after = list(fresh.open_reader(LogMessageId(0, target + 1)))
+    assert [m.message_id for m in after] == ids[target + 1 :]
+    assert after[0].payload == b"payload-%d" % (target + 1)
