@@ -230,6 +230,16 @@ class DedupWindow:
 
         May evict the oldest committed key when the window is full.
         """
+    def commit_many(self, keys: Buffer) -> int:
+        """`commit` for N keys in one N*16-byte buffer, in order (one call per acked batch).
+
+        Returns:
+            How many of the keys were pending (and are now committed).
+
+        Raises:
+            InvalidArgumentError: naming `keys`, when its length is not a multiple of 16.
+        """
+
     def drop_pending(self, key: Buffer) -> bool:
         """Forget a pending key whose write failed, so a retry writes it anew.
 

@@ -228,6 +228,21 @@ impl PyDedupWindow {
         Ok(self.lock(py).commit(&key))
     }
 
+    /// Commit many pending keys (one N*16-byte buffer) in order; returns how many were pending.
+    fn commit_many(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let keys = args::key_buffer(keys, "keys")?;
+        let mut w = self.lock(py);
+        Ok(keys
+            .as_slice()
+            .chunks_exact(crate::keys::KEY_LEN)
+            .filter(|k| {
+                let mut key = [0u8; crate::keys::KEY_LEN];
+                key.copy_from_slice(k);
+                w.commit(&key)
+            })
+            .count())
+    }
+
     fn drop_pending(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         let key = args::key(key, "key")?;
         Ok(self.lock(py).drop_pending(&key))

@@ -63,6 +63,8 @@ class IdempotentLogWriter(LogWriter):
         if not isinstance(max_keys, int) or isinstance(max_keys, bool) or max_keys < 1:
             raise InvalidArgumentError(f"window_max_keys must be an int >= 1, not {max_keys!r}")
         self._window = DedupWindow(max_keys, max(1, int(duration * 1000)))
+        self._next_evict_ms = 0
+        self._evict_every_ms = max(1, min(1000, self._window.window_ms // 100))
         self._watermarks: dict[int, int] = {}
         self._new_keys = 0
         self._duplicates = 0
@@ -119,7 +121,10 @@ class IdempotentLogWriter(LogWriter):
         properties: dict[str, str] | None = None,
         idempotency_id: str | bytes | None = None,
     ) -> Future[WriteResult]:
-        payload, props = coerce_message(message, properties, self._max_entry_bytes)
+        if type(message) is bytes and properties is None and len(message) <= self._max_entry_bytes:
+            payload, props = message, None  # the common case, validated by construction
+        else:
+            payload, props = coerce_message(message, properties, self._max_entry_bytes)
         key = content_key(payload) if idempotency_id is None else explicit_key(idempotency_id)
         future: Future[WriteResult] = Future()
         with self._lock:
@@ -127,10 +132,13 @@ class IdempotentLogWriter(LogWriter):
         return future
 
     def _write_locked(self, payload: bytes, props: dict | None, key: bytes, future: Future) -> None:
-        self._check_open_locked()
+        if self._fenced is not None or self._closed:
+            self._check_open_locked()
         now = self._clock.now_ms()
         window = self._window
-        window.evict(now)
+        if now >= self._next_evict_ms:  # `get(key, now)` ignores expired keys in between
+            window.evict(now)
+            self._next_evict_ms = now + self._evict_every_ms
         hit = window.get(key, now)
         if hit is not None:
             if hit.committed:
@@ -198,8 +206,7 @@ class IdempotentLogWriter(LogWriter):
     def _on_committed(self, segment_id: int, entries: list[PendingEntry]) -> None:
         window = self._window
         before = window.early_evictions
-        for entry in entries:
-            window.commit(entry.key)
+        window.commit_many(b"".join([entry.key for entry in entries]))
         self._new_keys += len(entries)
         self._watermarks[segment_id] = entries[-1].entry_id
         early = window.early_evictions - before
