@@ -588,3 +588,18 @@ def test_huge_window_is_a_memory_error_not_a_crash() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "MemoryError"
+
+
+def test_commit_many_equals_commits_in_order() -> None:
+    keys = [bytes([i]) * 16 for i in range(6)]
+    one, many = _core.DedupWindow(4, 1_000), _core.DedupWindow(4, 1_000)
+    for w in (one, many):
+        for i, k in enumerate(keys[:5]):
+            w.add_pending(k, 1, i, 100 + i)
+    for k in (keys[3], keys[0], keys[5], keys[1], keys[3]):
+        one.commit(k)
+    assert many.commit_many(keys[3] + keys[0] + keys[5] + keys[1] + keys[3]) == 3
+    assert many.committed_entries() == one.committed_entries()
+    assert many.pending_count == one.pending_count == 2
+    with pytest.raises(InvalidArgumentError, match="keys"):
+        many.commit_many(b"x" * 17)

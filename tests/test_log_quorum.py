@@ -345,3 +345,29 @@ def test_lac_rule_two_nodes_unreachable_is_quorum_unavailable(tmp_path, wp_conne
     writer = handle.open_writer()
     assert handle.segments()[0].last_entry_id == 9
     writer.close()
+
+
+def test_takeover_retries_transient_node_failures_until_timeout(tmp_path, wp_connect):
+    """open_writer completes the previous writer's segment through node outages: it retries for
+    append.timeout_ms, succeeds once enough nodes answer, and fails clearly if none come back."""
+    import threading
+
+    client = wp_connect(tmp_path, ES3)
+    faults = faulty(client)
+    handle = client.create_log("takeover-retry")
+    first = handle.open_writer()
+    acked = {b"a%d" % i: first.write(b"a%d" % i, timeout=5).message_id for i in range(5)}
+    # the first writer crashes (abandoned); two of three nodes are down while the second opens
+    faults.fail_node("node-0")
+    faults.fail_node("node-1")
+    t0 = time.monotonic()
+    with pytest.raises(QuorumUnavailableError):
+        handle.open_writer()
+    assert 0.9 <= time.monotonic() - t0 < 5  # retried for about append.timeout_ms, then gave up
+    threading.Timer(0.3, faults.heal_node, args=("node-1",)).start()
+    second = handle.open_writer()  # fence needs es - aq + 1 = 2 answers: node-1 and node-2
+    assert handle.segments()[0].state is SegmentState.SEALED
+    acked[b"b"] = second.write(b"b", timeout=5).message_id
+    second.close()
+    faults.heal_all()
+    assert_exactly_once(read_all(handle), acked)

@@ -141,10 +141,25 @@ class LogWriter:
         """Complete every ACTIVE segment a previous writer left (DESIGN.md sections 3 and 4)."""
         for seg in self._meta.list_segments(self.log_id):
             if seg.state in (SegmentState.ACTIVE, SegmentState.COMPLETED):
-                done = recover_segment(
+                done = self._recover_with_retries(seg)
+                self._on_segment_completed(done.segment_id, done.last_entry_id)
+
+    def _recover_with_retries(self, seg: SegmentMeta) -> SegmentMeta:
+        """Recovery meets the same transient faults as writes: retry them for append.timeout_ms."""
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                return recover_segment(
                     self._transport, self._meta, self.epoch, seg, self._clock.now_ms()
                 )
-                self._on_segment_completed(done.segment_id, done.last_entry_id)
+            except (NodeUnavailableError, QuorumUnavailableError) as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                log.info(
+                    "log %s: completing segment %s, retrying: %s", self.log_id, seg.segment_id, exc
+                )
+                time.sleep(REPAIR_RETRY_S)
+                seg = self._meta.get_segment(self.log_id, seg.segment_id) or seg
 
     def _open_segment_locked(self) -> SegmentHandle:
         existing = self._meta.list_segments(self.log_id)
@@ -410,8 +425,12 @@ class LogWriter:
                 for seg in list(self._segments.values()):
                     if seg.status in (SegmentStatus.OPEN, SegmentStatus.ROLLED):
                         wait = min(wait, self._cut_batches_locked(seg, now, sends))
-                        if seg.aq > 1 and not seg.unsent and not seg.batches \
-                                and seg.lac > seg.lac_sent:
+                        if (
+                            seg.aq > 1
+                            and not seg.unsent
+                            and not seg.batches
+                            and seg.lac > seg.lac_sent
+                        ):
                             sends.append((seg, None))  # LAC-only update for tail readers
                             seg.lac_sent = seg.lac
                     self._expire_locked(seg, now, expired)
