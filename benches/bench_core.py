@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
 from woodpecker_idem import _core
 
 HERE = Path(__file__).resolve().parent

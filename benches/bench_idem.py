@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 import woodpecker_idem as wp
 
 ROUNDS = 9

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from woodpecker_idem.client.client import connect
 
 TARGET_ES1_1K = 50_000

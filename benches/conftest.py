@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+
 from woodpecker_idem import _core
 
 SNAPSHOT_ENTRIES = 100_000

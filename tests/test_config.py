@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 import pytest
+
 from woodpecker_idem.config import (
     KEYS,
     SECTIONS,

@@ -7,6 +7,7 @@ import struct
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from woodpecker_idem import InvalidArgumentError, InvalidTypeError, crc32c
 from woodpecker_idem._core import count_records, encode_entry
 from woodpecker_idem._proto.logstore_pb2 import LogEntry

@@ -12,6 +12,7 @@ from typing import Any
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
+
 from woodpecker_idem import _core
 from woodpecker_idem.errors import InvalidArgumentError, InvalidTypeError, WoodpeckerError
 

@@ -6,6 +6,7 @@ import array
 import hashlib
 
 import pytest
+
 from woodpecker_idem import _core
 from woodpecker_idem.errors import InvalidArgumentError, InvalidTypeError, SnapshotCorruptError
 
@@ -87,7 +88,7 @@ def test_window_single_ops() -> None:
     w.add_pending(key(2), 3, 6, 1010)
     assert w.drop_pending(key(2)) and not w.drop_pending(key(2))
     assert w.add_committed(key(3), 3, 7, 1020)
-    assert not w.add_committed(key(3), 9, 9, 1020)
+    assert not w.add_committed(key(3), 3, 6, 1020)  # an earlier position never replaces
     assert w.add_committed(key(4), 3, 8, 1030)  # evicts key(1), 30 ms old: early
     assert (w.evictions, w.early_evictions, w.committed_count, w.pending_count) == (1, 1, 2, 0)
     assert [e[2] for e in w.committed_entries()] == [7, 8]
@@ -190,3 +191,16 @@ def test_snapshot_decode_mutations_raise_cleanly() -> None:
             bad = bytearray(rng.randbytes(rng.randrange(64)))
         with pytest.raises(SnapshotCorruptError):
             _core.decode_snapshot(bytes(bad))
+
+
+def test_window_rewrite_replaces_the_old_record() -> None:
+    w = _core.DedupWindow(4, 100)
+    assert w.add_committed(key(1), 0, 1, 1000)
+    assert w.add_committed(key(1), 0, 5, 1200)  # a later position of the key (a rewrite)
+    assert w.committed_entries() == [(key(1), 0, 5, 1200)] and w.committed_count == 1
+    w2 = _core.DedupWindow(4, 100)
+    w2.add_committed(key(2), 0, 0, 1000)
+    with pytest.raises(InvalidArgumentError, match="key"):
+        w2.add_pending(key(2), 0, 1, 1099)  # still in the window
+    w2.add_pending(key(2), 0, 1, 1100)  # its window expired: a new write replaces it
+    assert w2.commit(key(2)) and w2.committed_entries() == [(key(2), 0, 1, 1100)]

@@ -13,6 +13,7 @@ from typing import Any
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
+
 from woodpecker_idem import _core
 from woodpecker_idem.errors import SnapshotCorruptError
 

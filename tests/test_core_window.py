@@ -26,6 +26,7 @@ from hypothesis.stateful import (
     invariant,
     rule,
 )
+
 from woodpecker_idem import _core
 from woodpecker_idem.errors import (
     InvalidArgumentError,
@@ -41,48 +42,76 @@ Entry = tuple[bytes, int, int, int]
 
 
 class RefWindow:
-    """Reference model of DedupWindow, straight from the contract."""
+    """Reference model of DedupWindow, straight from the contract.
+
+    Committed records sit in a ring of `max_keys` slots in commit order; a key written again
+    (after its window, or at a later log position during recovery) leaves a dead slot behind,
+    which is dropped at the oldest end without counting as an eviction.
+    """
 
     def __init__(self, max_keys: int, window_ms: int) -> None:
         self.max_keys = max_keys
         self.window_ms = window_ms
         self.pending: dict[bytes, Value] = {}
-        self.committed: OrderedDict[bytes, Value] = OrderedDict()
+        self.ring: list[list[Any]] = []  # [key, value, live], oldest first
+        self.live: dict[bytes, list[Any]] = {}
         self.hits = 0
         self.misses = 0
         self.evictions = 0
         self.early_evictions = 0
 
+    @property
+    def committed(self) -> dict[bytes, Value]:
+        return {k: slot[1] for k, slot in self.live.items()}
+
     # -- helpers ------------------------------------------------------------------------------
-    def _append_committed(self, key: bytes, value: Value) -> None:
-        if len(self.committed) >= self.max_keys:
-            _old_key, old = self.committed.popitem(last=False)
+    def _pop_oldest(self) -> list[Any]:
+        slot = self.ring.pop(0)
+        if slot[2]:
+            del self.live[slot[0]]
             self.evictions += 1
-            if value[2] - old[2] < self.window_ms:
+        return slot
+
+    def _append_committed(self, key: bytes, value: Value) -> None:
+        if len(self.ring) >= self.max_keys:
+            old = self._pop_oldest()
+            if old[2] and value[2] - old[1][2] < self.window_ms:
                 self.early_evictions += 1
-        self.committed[key] = value
+        slot = [key, value, True]
+        self.ring.append(slot)
+        self.live[key] = slot
+
+    def _kill(self, key: bytes) -> None:
+        self.live.pop(key)[2] = False
 
     def _expired(self, value: Value, now_ms: int | None) -> bool:
         return now_ms is not None and now_ms - value[2] >= self.window_ms
 
     def lookup(self, key: bytes, now_ms: int | None) -> tuple[int, Value | None]:
         """(status, value) with status 0 absent, 1 pending, 2 committed; counts hit/miss."""
+        if key in self.live:
+            value = self.live[key][1]
+            if self._expired(value, now_ms):
+                self.misses += 1
+                return 0, None
+            self.hits += 1
+            return 2, value
         if key in self.pending:
             self.hits += 1
             return 1, self.pending[key]
-        value = self.committed.get(key)
-        if value is None or self._expired(value, now_ms):
-            self.misses += 1
-            return 0, None
-        self.hits += 1
-        return 2, value
+        self.misses += 1
+        return 0, None
 
     # -- operations ---------------------------------------------------------------------------
-    def can_add_pending(self, key: bytes) -> bool:
-        return key not in self.pending and key not in self.committed
+    def can_add_pending(self, key: bytes, ts: int) -> bool:
+        if key in self.pending:
+            return False
+        return key not in self.live or ts - self.live[key][1][2] >= self.window_ms
 
     def add_pending(self, key: bytes, value: Value) -> None:
-        assert self.can_add_pending(key)
+        assert self.can_add_pending(key, value[2])
+        if key in self.live:
+            self._kill(key)  # its committed record expired: the new write replaces it
         self.pending[key] = value
 
     def commit(self, key: bytes) -> bool:
@@ -96,25 +125,27 @@ class RefWindow:
         return self.pending.pop(key, None) is not None
 
     def add_committed(self, key: bytes, value: Value) -> bool:
-        if key in self.committed:
-            return False
+        if key in self.live:
+            old = self.live[key][1]
+            if (value[0], value[1]) <= (old[0], old[1]):
+                return False
+            self._kill(key)
         self.pending.pop(key, None)
         self._append_committed(key, value)
         return True
 
     def evict(self, now_ms: int) -> int:
         n = 0
-        while self.committed:
-            _key, value = next(iter(self.committed.items()))
-            if now_ms - value[2] < self.window_ms:
+        while self.ring:
+            key, value, live = self.ring[0]
+            if live and now_ms - value[2] < self.window_ms:
                 break
-            self.committed.popitem(last=False)
-            n += 1
-        self.evictions += n
+            self._pop_oldest()
+            n += live
         return n
 
     def entries(self) -> list[Entry]:
-        return [(k, s, e, t) for k, (s, e, t) in self.committed.items()]
+        return [(k, v[0], v[1], v[2]) for k, v, live in self.ring if live]
 
 
 def q_buf(values: list[int]) -> bytes:
@@ -161,7 +192,7 @@ class WindowMachine(RuleBasedStateMachine):
     def add_pending(self, key: bytes, seg: int, ent: int, frac: float) -> None:
         assert self.model is not None
         ts = self._ts(frac)
-        if self.model.can_add_pending(key):
+        if self.model.can_add_pending(key, ts):
             self.model.add_pending(key, (seg, ent, ts))
             assert self.real.add_pending(key, seg, ent, ts) is None
         else:
@@ -341,7 +372,7 @@ def test_add_committed_pending_becomes_committed_with_given_ids() -> None:
     assert w.add_committed(k(1), 2, 9, 20)
     assert w.pending_count == 0
     assert w.committed_entries() == [(k(1), 2, 9, 20)]
-    assert not w.add_committed(k(1), 3, 3, 30)  # already committed: existing entry kept
+    assert not w.add_committed(k(1), 2, 5, 30)  # an earlier log position: existing entry kept
     assert w.committed_entries() == [(k(1), 2, 9, 20)]
     with pytest.raises(InvalidArgumentError, match="key"):
         w.add_pending(k(1), 0, 0, 0)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 import woodpecker_idem as wp
 from woodpecker_idem import (
     InvalidArgumentError,

@@ -14,10 +14,11 @@ import shutil
 import tempfile
 import time
 
-import woodpecker_idem as wp
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+
+import woodpecker_idem as wp
 from woodpecker_idem import (
     ManualClock,
     QuorumUnavailableError,

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from woodpecker_idem._core import encode_entry
 from woodpecker_idem.client.recovery import recover_segment
 from woodpecker_idem.errors import SegmentFencedError, WoodpeckerError, WriterFencedError

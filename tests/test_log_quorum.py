@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from woodpecker_idem._core import encode_entry
 from woodpecker_idem.client.recovery import recover_segment
 from woodpecker_idem.errors import (

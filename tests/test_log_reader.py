@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+
 from woodpecker_idem.errors import CorruptEntryError
 from woodpecker_idem.logstore.blocks import (
     BLOCK_HEADER_SIZE,

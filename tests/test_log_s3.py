@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+
 from woodpecker_idem.errors import WriterFencedError
 from woodpecker_idem.types import LogMessageId, SegmentState
 

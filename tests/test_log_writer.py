@@ -13,6 +13,7 @@ import time
 from concurrent.futures import Future
 
 import pytest
+
 from woodpecker_idem.errors import (
     ConfigError,
     EntryTruncatedError,

@@ -4,6 +4,7 @@ blocks."""
 from __future__ import annotations
 
 import pytest
+
 from woodpecker_idem._core import encode_entry
 from woodpecker_idem.errors import CorruptEntryError, EntryConflictError, SegmentFencedError
 from woodpecker_idem.logstore.blocks import (

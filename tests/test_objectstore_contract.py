@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from woodpecker_idem.errors import (
     InvalidArgumentError,
     InvalidTypeError,

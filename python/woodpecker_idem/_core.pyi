@@ -217,9 +217,13 @@ class DedupWindow:
     def add_pending(self, key: Buffer, segment_id: int, entry_id: int, timestamp_ms: int) -> None:
         """Record a write in flight, so a concurrent retry of the same key joins it.
 
+        A committed record of the key that is at least `window_ms` older than `timestamp_ms` is
+        replaced (the key is being written again after its window, a new write by design).
+
         Raises:
-            InvalidArgumentError: `key` is already pending or committed (the caller should have
-                looked it up first), `key` is not 16 bytes, or an id/timestamp is out of range.
+            InvalidArgumentError: `key` is already pending, or committed within the window (the
+                caller should have looked it up first), `key` is not 16 bytes, or an
+                id/timestamp is out of range.
             InvalidTypeError: an argument has the wrong type.
         """
     def commit(self, key: Buffer) -> bool:
@@ -247,13 +251,15 @@ class DedupWindow:
             False if the key is not pending.
         """
     def add_committed(self, key: Buffer, segment_id: int, entry_id: int, timestamp_ms: int) -> bool:
-        """Insert a durable key directly (recovery from snapshots and segment scans).
+        """Insert a durable key directly (recovery from snapshots and segment scans, in log order).
 
-        An existing committed entry wins, because the first durable copy is the one readers saw.
-        A pending entry for the key is replaced by the given ids and becomes committed.
+        The later log position wins: a committed record of the key at the same or a later
+        (segment_id, entry_id) is kept; one at an earlier position (the key was rewritten after
+        its window) is replaced and its ring slot freed lazily. A pending entry for the key is
+        replaced by the given ids and becomes committed.
 
         Returns:
-            True if the key was inserted, False if it was already committed.
+            True if the record was inserted, False if the existing one was kept.
 
         Raises:
             InvalidArgumentError / InvalidTypeError: as for `add_pending` (except presence).

@@ -3,6 +3,11 @@
 //!
 //! Layout per committed key: one 32-byte [`Record`] in the ring plus one `u32` slot number and one
 //! control byte in the index (~ 32 + 5 * 8/7 .. 32 + 5 * 16/7 bytes, i.e. 37.7..43.5 bytes).
+//!
+//! A key written again after its window expired (or a newer occurrence met during recovery)
+//! replaces its old record: the old slot leaves the index and stays in the ring as a *dead* slot
+//! until it reaches the oldest end, where it is dropped without counting as an eviction. A slot
+//! is live exactly when the index points at it.
 
 use std::collections::TryReserveError;
 use std::hash::BuildHasher;
@@ -68,6 +73,8 @@ pub struct Window {
     len: usize,
     /// Ring slot numbers, hashed on the key of the record in that slot.
     index: HashTable<u32>,
+    /// Slots in `[head, head + len)` that the index no longer points at.
+    dead: usize,
     pending: HashTable<Record>,
     counters: Counters,
 }
@@ -126,6 +133,7 @@ impl Window {
             head: 0,
             len: 0,
             index,
+            dead: 0,
             pending: HashTable::new(),
             counters: Counters::default(),
         })
@@ -138,7 +146,7 @@ impl Window {
         self.window_ms
     }
     pub fn committed_count(&self) -> usize {
-        self.len
+        self.len - self.dead
     }
     pub fn pending_count(&self) -> usize {
         self.pending.len()
@@ -208,11 +216,18 @@ impl Window {
         found
     }
 
-    /// Register an in-flight write. The key must be neither pending nor committed.
+    /// Register an in-flight write. The key must not be pending, nor committed within the window
+    /// as seen from `rec.timestamp_ms` (an expired committed record of it is replaced).
     pub fn add_pending(&mut self, rec: Record) -> Result<(), WindowError> {
         let h = key_hash(self.seed, &rec.key);
-        if self.find_committed(&rec.key, h).is_some() || self.find_pending(&rec.key, h).is_some() {
+        if self.find_pending(&rec.key, h).is_some() {
             return Err(WindowError::KeyPresent);
+        }
+        if let Some(old) = self.find_committed(&rec.key, h) {
+            if age(rec.timestamp_ms, old.timestamp_ms) < i128::from(self.window_ms) {
+                return Err(WindowError::KeyPresent);
+            }
+            self.kill(&rec.key, h);
         }
         let seed = self.seed;
         self.pending
@@ -245,22 +260,44 @@ impl Window {
         self.take_pending(key, h).is_some()
     }
 
-    /// Recovery insert at the newest end. An existing committed entry wins (returns false); a
-    /// pending entry is replaced by the given ids and becomes committed.
+    /// Recovery insert at the newest end. The later log position wins: an existing committed
+    /// record at the same or a later (segment, entry) is kept (returns false); one at an earlier
+    /// position is replaced. A pending entry is replaced by the given ids and becomes committed.
     pub fn add_committed(&mut self, rec: Record) -> bool {
         let h = key_hash(self.seed, &rec.key);
-        if self.find_committed(&rec.key, h).is_some() {
-            return false;
+        if let Some(old) = self.find_committed(&rec.key, h) {
+            if (rec.segment_id, rec.entry_id) <= (old.segment_id, old.entry_id) {
+                return false;
+            }
+            self.kill(&rec.key, h);
         }
         self.take_pending(&rec.key, h);
         self.push_committed(rec, h);
         true
     }
 
+    /// Take a committed key out of the index; its ring slot becomes dead.
+    fn kill(&mut self, key: &Key, h: u64) {
+        let ring = &self.ring;
+        if let Ok(e) = self
+            .index
+            .find_entry(h, |&s| ring.get(s as usize).is_some_and(|r| r.key == *key))
+        {
+            e.remove();
+            self.dead += 1;
+        }
+    }
+
+    /// Whether the index points at `slot` (holding `rec`).
+    fn is_live(&self, slot: usize, rec: &Record) -> bool {
+        let h = key_hash(self.seed, &rec.key);
+        self.index.find(h, |&s| s as usize == slot).is_some()
+    }
+
     /// Append a record known to be absent, evicting the oldest when the ring is full.
     fn push_committed(&mut self, rec: Record, h: u64) {
         if self.len == self.max_keys {
-            if let Some(old) = self.pop_oldest() {
+            if let Some((old, true)) = self.pop_oldest() {
                 if age(rec.timestamp_ms, old.timestamp_ms) < i128::from(self.window_ms) {
                     self.counters.early_evictions += 1;
                 }
@@ -291,38 +328,49 @@ impl Window {
         }
     }
 
-    /// Remove the oldest committed record (counted as an eviction).
-    fn pop_oldest(&mut self) -> Option<Record> {
+    /// Remove the oldest slot: (record, true) for a live one (counted as an eviction),
+    /// (record, false) for a dead one.
+    fn pop_oldest(&mut self) -> Option<(Record, bool)> {
         if self.len == 0 {
             return None;
         }
         let slot = self.head;
         let rec = *self.ring.get(slot)?;
         let h = key_hash(self.seed, &rec.key);
-        if let Ok(e) = self.index.find_entry(h, |&s| s as usize == slot) {
-            e.remove();
-        }
+        let live = match self.index.find_entry(h, |&s| s as usize == slot) {
+            Ok(e) => {
+                e.remove();
+                true
+            }
+            Err(_) => false,
+        };
         self.head = self.slot(1);
         self.len -= 1;
-        self.counters.evictions += 1;
-        Some(rec)
+        if live {
+            self.counters.evictions += 1;
+        } else {
+            self.dead -= 1;
+        }
+        Some((rec, live))
     }
 
-    /// Evict committed keys from the oldest end while they are at least `window_ms` old.
+    /// Evict committed keys from the oldest end while they are at least `window_ms` old (dead
+    /// slots met on the way are dropped and not counted).
     pub fn evict(&mut self, now_ms: i64) -> usize {
         let mut n = 0;
-        while let Some(ts) = self.oldest().map(|r| r.timestamp_ms) {
-            if age(now_ms, ts) < i128::from(self.window_ms) {
+        while let Some(rec) = self.oldest() {
+            let dead = self.dead > 0 && !self.is_live(self.head, &rec);
+            if !dead && age(now_ms, rec.timestamp_ms) < i128::from(self.window_ms) {
                 break;
             }
             self.pop_oldest();
-            n += 1;
+            n += usize::from(!dead);
         }
         n
     }
 
     /// Committed records in commit order as two slices (oldest part first), like `VecDeque`.
-    pub fn committed_slices(&self) -> (&[Record], &[Record]) {
+    fn committed_slices(&self) -> (&[Record], &[Record]) {
         let end = self.head + self.len;
         if end <= self.ring.len() {
             (self.ring.get(self.head..end).unwrap_or_default(), &[])
@@ -335,10 +383,15 @@ impl Window {
         }
     }
 
-    /// Committed records in commit order, oldest first.
+    /// Live committed records in commit order, oldest first.
     pub fn committed_iter(&self) -> impl Iterator<Item = &Record> + '_ {
         let (a, b) = self.committed_slices();
-        a.iter().chain(b)
+        let check = self.dead > 0;
+        a.iter()
+            .chain(b)
+            .enumerate()
+            .filter(move |(i, r)| !check || self.is_live(self.slot(*i), r))
+            .map(|(_, r)| r)
     }
 
     /// Same config and committed entries in the same order; no pending, zero counters. Copies the
@@ -355,6 +408,7 @@ impl Window {
             head: self.head,
             len: self.len,
             index: self.index.clone(),
+            dead: self.dead,
             pending: HashTable::new(),
             counters: Counters::default(),
         })
@@ -557,9 +611,9 @@ mod tests {
     fn add_committed_semantics() {
         let mut w = Window::new(10, 100).unwrap();
         assert!(w.add_committed(rec(1, 0)));
-        let mut other = rec(1, 5);
-        other.entry_id = 77;
-        assert!(!w.add_committed(other));
+        let mut older = rec(1, 5);
+        older.entry_id = 0; // rec(1, 0) sits at (1, 1): an earlier position never replaces it
+        assert!(!w.add_committed(older));
         assert_eq!(w.peek(&k(1), None), Lookup::Committed(rec(1, 0)));
         w.add_pending(rec(2, 0)).unwrap();
         let mut upgrade = rec(2, 3);
@@ -568,6 +622,42 @@ mod tests {
         assert_eq!(w.pending_count(), 0);
         assert_eq!(w.peek(&k(2), None), Lookup::Committed(upgrade));
         assert_eq!(w.add_committed_many([rec(1, 0), rec(3, 0), rec(3, 0)]), 1);
+    }
+
+    #[test]
+    fn rewritten_keys_replace_their_old_record() {
+        let mut w = Window::new(3, 100).unwrap();
+        assert!(w.add_committed(rec(1, 0)));
+        assert!(w.add_committed(rec(2, 10)));
+        // a later log position of key 1 (recovery meets the rewrite) replaces the old record
+        let mut newer = rec(1, 120);
+        newer.entry_id = 9;
+        assert!(w.add_committed(newer));
+        assert_eq!(w.peek(&k(1), None), Lookup::Committed(newer));
+        assert_eq!(w.committed_count(), 2);
+        assert_eq!(
+            w.committed_iter().map(|r| r.key).collect::<Vec<_>>(),
+            vec![k(2), k(1)]
+        );
+        // the dead slot leaves at the oldest end without counting as an eviction
+        assert_eq!(w.evict(105), 0);
+        assert_eq!(w.evict(115), 1); // key 2
+        assert_eq!(w.counters().evictions, 1);
+        assert_eq!(w.committed_count(), 1);
+        // a write of a key whose committed record expired replaces it as pending
+        let mut again = rec(1, 220);
+        again.entry_id = 10;
+        assert!(w.add_pending(rec(1, 200)).is_err()); // 200 - 120 < 100: still in the window
+        w.add_pending(again).unwrap();
+        assert_eq!(w.peek(&k(1), None), Lookup::Pending(again));
+        assert!(w.commit(&k(1)));
+        assert_eq!(w.committed_count(), 1);
+        // capacity: dead slots free space first, without early evictions
+        for i in 10..13u64 {
+            w.add_committed(rec(i, 230));
+        }
+        assert_eq!(w.committed_count(), 3);
+        assert_eq!(w.counters().early_evictions, 1); // key 1 was live and young
     }
 
     #[test]

@@ -38,25 +38,27 @@ class RecoveryReport:
 
 
 def rebuild_window(
-    max_keys: int,
-    window_ms: int,
+    window: DedupWindow,
     log_id: int,
     meta: MetadataStore,
     objects: ObjectStore,
     transport: LogStoreTransport,
     now_ms: int,
-) -> tuple[DedupWindow, RecoveryReport, dict[int, int]]:
-    """A window rebuilt from snapshot + gap; also the report and the covered segments' ends.
+) -> tuple[RecoveryReport, dict[int, int]]:
+    """Fill `window`; returns the report and the watermarks of the segments now covered.
 
-    A key may occur more than once (rewritten after its window expired): the newest occurrence
-    must win, so the gap is read first and deduplicated, and the snapshot's older entry of such
-    a key is left out.
+    A key may occur more than once (rewritten after its window expired): `add_committed` keeps
+    the occurrence at the later log position, so loading in log order leaves the newest.
     """
     started = time.perf_counter()
     snap, corrupt = load_newest(objects, log_id)
-    watermarks: dict[int, int] = dict(snap.watermarks) if snap is not None else {}
-    horizon = now_ms - window_ms
-    gap = _Gap()
+    loaded = 0
+    watermarks: dict[int, int] = {}
+    if snap is not None:
+        loaded = snap.load_into(window)
+        watermarks = dict(snap.watermarks)
+    horizon = now_ms - window.window_ms
+    replayed = 0
     segments = 0
     covered: dict[int, int] = {}
     for seg in meta.list_segments(log_id):
@@ -69,93 +71,44 @@ def rebuild_window(
         else:
             start = 0  # a segment the snapshot does not know (seed case 6)
         if start <= seg.last_entry_id:
-            gap.read(transport, seg, start)
+            replayed += _replay(window, transport, seg, start)
             segments += 1
         if seg.completed_ms == 0 or seg.completed_ms > horizon:
             covered[seg.segment_id] = seg.last_entry_id
-    keys, segs, ids, stamps = gap.newest()
-    window = DedupWindow(max_keys, window_ms)
-    loaded = 0
-    if snap is not None:
-        loaded = snap.load_into(window)
-        if keys and _conflicts(window, keys, segs, ids, now_ms):
-            window, loaded = _load_without(snap, max_keys, window_ms, set(gap.by_key))
-    if keys:
-        window.add_committed_many(keys, segs, ids, stamps)
     window.evict(now_ms)
     report = RecoveryReport(
         seconds=time.perf_counter() - started,
         snapshot_key_count=loaded,
         snapshot_age_ms=None if snap is None else now_ms - snap.timestamp_ms,
         corrupt_snapshots=corrupt,
-        entries_replayed=gap.entries,
+        entries_replayed=replayed,
         segments_replayed=segments,
         window_size=len(window),
     )
-    return window, report, covered
+    return report, covered
 
 
-class _Gap:
-    """Keyed entries read after the snapshot, in log order."""
-
-    def __init__(self) -> None:
-        self.order: list[tuple[bytes, int, int, int]] = []
-        self.by_key: dict[bytes, int] = {}  # key -> index of its newest occurrence
-        self.entries = 0
-
-    def read(self, transport: LogStoreTransport, seg: SegmentMeta, start: int) -> None:
-        entry = start
-        while entry <= seg.last_entry_id:
-            want = min(READ_CHUNK, seg.last_entry_id - entry + 1)
-            raw = _read_any(transport, seg, entry, want)
-            for i, data in enumerate(raw):
-                e = decode_entry(data, f"log {seg.log_id} entry {seg.segment_id}:{entry + i}")
-                if len(e.idempotency_key) == 16:
-                    self.by_key[e.idempotency_key] = len(self.order)
-                    self.order.append(
-                        (e.idempotency_key, seg.segment_id, entry + i, e.timestamp_ms)
-                    )
-            entry += len(raw)
-            self.entries += len(raw)
-
-    def newest(self) -> tuple[bytes, array, array, array]:
-        """Columns of each key's newest occurrence, in log order."""
+def _replay(window: DedupWindow, transport: LogStoreTransport, seg: SegmentMeta, start: int) -> int:
+    """Add the keyed entries of `seg` from `start` to its end as committed; returns entries read."""
+    entry = start
+    count = 0
+    while entry <= seg.last_entry_id:
+        want = min(READ_CHUNK, seg.last_entry_id - entry + 1)
+        raw = _read_any(transport, seg, entry, want)
         keys = bytearray()
         segs, ids, stamps = array("q"), array("q"), array("q")
-        for i, (key, seg, entry, ts) in enumerate(self.order):
-            if self.by_key[key] == i:
-                keys += key
-                segs.append(seg)
-                ids.append(entry)
-                stamps.append(ts)
-        return bytes(keys), segs, ids, stamps
-
-
-def _conflicts(window: DedupWindow, keys: bytes, segs: array, ids: array, now_ms: int) -> bool:
-    """True if the window holds a gap key at another position (an older occurrence)."""
-    status, seg_col, id_col = window.get_many(keys)
-    have_segs, have_ids = array("q"), array("q")
-    have_segs.frombytes(seg_col)
-    have_ids.frombytes(id_col)
-    return any(
-        status[i] == 2 and (have_segs[i], have_ids[i]) != (segs[i], ids[i])
-        for i in range(len(status))
-    )
-
-
-def _load_without(snap, max_keys: int, window_ms: int, skip: set[bytes]) -> tuple[DedupWindow, int]:
-    """The snapshot's entries minus `skip` (keys the gap rewrote), in a fresh window."""
-    window = DedupWindow(max_keys, window_ms)
-    keys = bytearray()
-    segs, ids, stamps = array("q"), array("q"), array("q")
-    for key, seg, entry, ts in snap.entries():
-        if key not in skip:
-            keys += key
-            segs.append(seg)
-            ids.append(entry)
-            stamps.append(ts)
-    loaded = window.add_committed_many(bytes(keys), segs, ids, stamps) if keys else 0
-    return window, loaded
+        for i, data in enumerate(raw):
+            e = decode_entry(data, f"log {seg.log_id} entry {seg.segment_id}:{entry + i}")
+            if len(e.idempotency_key) == 16:
+                keys += e.idempotency_key
+                segs.append(seg.segment_id)
+                ids.append(entry + i)
+                stamps.append(e.timestamp_ms)
+        if keys:
+            window.add_committed_many(bytes(keys), segs, ids, stamps)
+        entry += len(raw)
+        count += len(raw)
+    return count
 
 
 def _read_any(transport: LogStoreTransport, seg: SegmentMeta, entry: int, want: int) -> list[bytes]:

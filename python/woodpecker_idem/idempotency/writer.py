@@ -89,9 +89,8 @@ class IdempotentLogWriter(LogWriter):
     def _take_over_segments(self) -> None:
         super()._take_over_segments()
         client = self._handle.client
-        self._window, report, covered = rebuild_window(
-            self._window.max_keys,
-            self._window.window_ms,
+        report, covered = rebuild_window(
+            self._window,
             self.log_id,
             client.meta,
             client.objects,
