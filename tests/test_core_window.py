@@ -14,7 +14,6 @@ import random
 import struct
 import subprocess
 import sys
-from collections import OrderedDict
 from typing import Any
 
 import hypothesis.strategies as st
