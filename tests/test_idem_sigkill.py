@@ -17,6 +17,7 @@ import woodpecker_idem as wp
 from woodpecker_idem import LogMessageId, WriteResult, explicit_key
 from woodpecker_idem.history import History
 
+PACKAGE_ROOT = str(Path(wp.__file__).resolve().parent.parent)
 HERE = Path(__file__).resolve().parent
 N = 400
 ROUNDS = 12  # the last one runs to the end
@@ -27,7 +28,8 @@ def run_round(data_dir: Path, kill_after: int | None, kill_delay: float = 0.0,
     """Start a producer; SIGKILL it once it printed `kill_after` acks (0: as soon as it is ready;
     -1: `kill_delay` seconds after the start, wherever it is; None: let it finish)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "python"), env.get("PYTHONPATH", "")])
+    # the child imports the same woodpecker_idem as this process (the installed wheel in CI)
+    env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT, env.get("PYTHONPATH", "")])
     proc = subprocess.Popen([sys.executable, str(HERE / "idemproc.py"), str(data_dir), str(N)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
                             bufsize=1)

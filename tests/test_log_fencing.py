@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import woodpecker_idem
 from woodpecker_idem._core import encode_entry
 from woodpecker_idem.client.recovery import recover_segment
 from woodpecker_idem.errors import SegmentFencedError, WoodpeckerError, WriterFencedError
@@ -25,7 +26,8 @@ from woodpecker_idem.objectstore.local import LocalObjectStore
 from woodpecker_idem.types import LogMessageId, SegmentState
 
 LOGPROC = Path(__file__).with_name("logproc.py")
-PYTHONPATH = str(Path(__file__).resolve().parent.parent / "python")
+# the child imports the same woodpecker_idem as this process (the installed wheel in CI)
+PYTHONPATH = str(Path(woodpecker_idem.__file__).resolve().parent.parent)
 
 
 def read_all(handle, start="earliest"):
