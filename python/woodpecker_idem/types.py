@@ -34,9 +34,11 @@ class WriteMessage:
     properties: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class WriteResult:
-    """Where a write landed; `duplicate` is True iff this call did not create the entry."""
+class WriteResult(NamedTuple):
+    """Where a write landed; `duplicate` is True iff this call did not create the entry.
+
+    A NamedTuple, not a dataclass: one is made per acknowledged write, on the hot path.
+    """
 
     message_id: LogMessageId
     duplicate: bool = False

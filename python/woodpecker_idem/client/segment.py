@@ -124,7 +124,7 @@ class SegmentHandle:
         entries = self.unsent[:count]
         del self.unsent[:count]
         self.unsent_bytes -= size
-        batch = Batch(entries[0].entry_id, entries, b"".join(e.record for e in entries))
+        batch = Batch(entries[0].entry_id, entries, b"".join([e.record for e in entries]))
         self.batches.append(batch)
         return batch
 

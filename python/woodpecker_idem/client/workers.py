@@ -6,7 +6,7 @@ import logging
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING
 
 from ..errors import EntryConflictError, SegmentFencedError, WoodpeckerError, WriterFencedError
@@ -21,12 +21,13 @@ log = logging.getLogger(__name__)
 def resolve(items: list[tuple[Future, object]]) -> None:
     """Set results/exceptions outside the writer's lock (callbacks may call back into it)."""
     for future, outcome in items:
-        if future.done():
-            continue
-        if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
+        try:
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+        except InvalidStateError:  # already resolved (e.g. timed out, or cancelled by the caller)
+            pass
 
 
 class NodeWorker:

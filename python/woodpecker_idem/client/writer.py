@@ -37,6 +37,7 @@ from ..errors import (
 )
 from ..meta.base import SegmentMeta
 from ..types import LogMessageId, SegmentState, WriteMessage, WriteResult
+from .futures import WriteFuture
 from .recovery import choose_nodes, recover_segment, seal
 from .segment import Batch, PendingEntry, SegmentHandle, SegmentStatus
 from .workers import Maintenance, NodeWorker, resolve
@@ -221,7 +222,7 @@ class LogWriter:
             payload, props = message, None  # the common case, validated by construction
         else:
             payload, props = coerce_message(message, properties, self._max_entry_bytes)
-        future: Future[WriteResult] = Future()
+        future: Future[WriteResult] = WriteFuture()
         with self._lock:
             self._append_locked(payload, props, None, future, self._clock.now_ms())
         return future

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._core import DedupWindow, content_key, content_keys, explicit_key, explicit_keys
+from ..client.futures import WriteFuture
 from ..client.segment import PendingEntry
 from ..client.writer import LogWriter, coerce_message
 from ..errors import InvalidArgumentError, WriterFencedError
@@ -125,7 +126,7 @@ class IdempotentLogWriter(LogWriter):
         else:
             payload, props = coerce_message(message, properties, self._max_entry_bytes)
         key = content_key(payload) if idempotency_id is None else explicit_key(idempotency_id)
-        future: Future[WriteResult] = Future()
+        future: Future[WriteResult] = WriteFuture()
         with self._lock:
             self._write_locked(payload, props, key, future)
         return future
@@ -191,7 +192,7 @@ class IdempotentLogWriter(LogWriter):
                     if status[i] == 2:
                         continue
                     payload, props = coerce_message(payloads[i], None, self._max_entry_bytes)
-                    future: Future = Future()
+                    future: Future = WriteFuture()
                     self._write_locked(payload, props, keys[16 * i : 16 * i + 16], future)
                     futures.append((i, future))
         for i, future in futures:
