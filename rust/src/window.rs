@@ -271,7 +271,9 @@ impl Window {
             }
             self.kill(&rec.key, h);
         }
-        self.take_pending(&rec.key, h);
+        if !self.pending.is_empty() {
+            self.take_pending(&rec.key, h);
+        }
         self.push_committed(rec, h);
         true
     }
