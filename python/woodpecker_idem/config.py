@@ -186,7 +186,7 @@ KEYS: tuple[Key, ...] = (
     _int("idempotency.snapshot_threshold", 10_000, 1, 10**8, "snapshot after this many new keys"),
     _int("idempotency.snapshots_kept", 2, 1, 100, "dedup snapshots retained per log"),
     Key("storage.type", "choice", "object", "LogStore mode", choices=("object", "staged")),
-    Key("storage.fsync", "fsync", "always", "staged mode: when to fsync"),
+    Key("storage.fsync", "fsync", "always", "when LogStore writes fsync (local dir, staged)"),
     Key("objectstore.type", "choice", "local", "object storage backend", choices=("local", "s3")),
     _opt("objectstore.path", "local directory; null: <data_dir>/objects"),
     _opt("objectstore.endpoint_url", "S3 endpoint URL; null: the AWS default", _check_url),
