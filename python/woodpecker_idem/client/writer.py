@@ -57,6 +57,8 @@ def coerce_message(
     max_bytes: int,
 ) -> tuple[bytes, dict | None]:
     """Validate a payload and its properties; bad input fails here, before anything is queued."""
+    if type(message) is bytes and properties is None and len(message) <= max_bytes:
+        return message, None  # the common case, valid by construction
     if isinstance(message, WriteMessage):
         payload, props = message.payload, message.properties or None
     else:
@@ -218,10 +220,7 @@ class LogWriter:
                 "idempotency_id given to a non-idempotent writer; open it with "
                 "open_writer(idempotent=True)"
             )
-        if type(message) is bytes and properties is None and len(message) <= self._max_entry_bytes:
-            payload, props = message, None  # the common case, validated by construction
-        else:
-            payload, props = coerce_message(message, properties, self._max_entry_bytes)
+        payload, props = coerce_message(message, properties, self._max_entry_bytes)
         future: Future[WriteResult] = WriteFuture()
         with self._lock:
             self._append_locked(payload, props, None, future, self._clock.now_ms())

@@ -121,10 +121,7 @@ class IdempotentLogWriter(LogWriter):
         properties: dict[str, str] | None = None,
         idempotency_id: str | bytes | None = None,
     ) -> Future[WriteResult]:
-        if type(message) is bytes and properties is None and len(message) <= self._max_entry_bytes:
-            payload, props = message, None  # the common case, validated by construction
-        else:
-            payload, props = coerce_message(message, properties, self._max_entry_bytes)
+        payload, props = coerce_message(message, properties, self._max_entry_bytes)
         key = content_key(payload) if idempotency_id is None else explicit_key(idempotency_id)
         future: Future[WriteResult] = WriteFuture()
         with self._lock:
