@@ -1,7 +1,8 @@
 """Local ObjectStore throughput: 1 MiB create-if-absent puts (the block-write hot path).
 
-Run: `PYTHONPATH=python .venv/bin/python benches/bench_objectstore.py [--dir DIR] [--n N]`
-(DIR should be on the disk you care about; the default is a temp dir under the CWD).
+As a bench: `pytest benches/bench_objectstore.py --benchmark-json=...` (figures in extra_info).
+As a script: `.venv/bin/python benches/bench_objectstore.py [--dir DIR] [--n N]` (DIR should be on
+the disk you care about; the default is a temp dir under the CWD).
 """
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ def run(directory: str, n: int, size: int, fsync: bool) -> dict[str, float]:
         "p50_ms": statistics.median(lat) * 1e3,
         "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3,
     }
+
+
+def test_local_put_1mib(benchmark, tmp_path) -> None:
+    """The writer needs ~100 block puts/s at its 2 MiB batch limit; that floor is asserted."""
+    figures = {f"fsync_{fsync}": run(str(tmp_path), 100, 1 << 20, fsync) for fsync in (True, False)}
+    benchmark.pedantic(lambda: run(str(tmp_path / "p"), 20, 1 << 20, True), rounds=1, iterations=1)
+    benchmark.extra_info.update(figures)
+    print("\nlocal 1 MiB create-if-absent puts:", figures)
+    assert figures["fsync_True"]["puts_per_s"] >= 100
 
 
 def main() -> None:
