@@ -1,8 +1,9 @@
 """Command line: `woodpecker-idem demo` runs the main job on the embedded default.
 
-The demo is a producer that retries like real ones do: acks lost on the node, application-level
-resends, and its writer abandoned mid-stream (a crash) with a new writer taking over and replaying
-the uncertain tail. It prints what was attempted, what landed, and the history checker's verdict.
+The demo is a producer that retries like real ones do: acks lost on the node, resends by the
+application, and a producer process SIGKILLed mid-stream whose restart replays everything since
+its last checkpoint. It prints what was attempted, what landed, and the history checker's verdict
+(exit status 1 if the checker finds a duplicate in the window or a lost acknowledged write).
 """
 
 from __future__ import annotations
@@ -11,12 +12,21 @@ import argparse
 import logging
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from . import DedupWindow, connect, decode_snapshot, encode_snapshot, explicit_key
+from . import (
+    DedupWindow,
+    LogMessageId,
+    WriteResult,
+    connect,
+    decode_snapshot,
+    encode_snapshot,
+    explicit_key,
+)
 from .errors import LogNotFoundError, WoodpeckerError
 from .history import History
 from .logstore.transport import FaultInjectingTransport
@@ -49,9 +59,86 @@ def _core_figures() -> None:
     )
 
 
+def _payload(i: int) -> bytes:
+    return f"order {i}: {i * 7919 % 997 + 1} units".encode()
+
+
+class _Producer:
+    """Writes orders through an idempotent writer, recording every attempt in the history."""
+
+    def __init__(self, writer, history: History):
+        self.writer = writer
+        self.history = history
+        self.inflight: list[tuple[bytes, object]] = []
+
+    def attempt(self, i: int) -> None:
+        oid = f"order-{i}"
+        key = explicit_key(oid)
+        try:
+            self.inflight.append((key, self.writer.write_async(_payload(i), idempotency_id=oid)))
+        except WoodpeckerError as exc:
+            self.history.failed(key, exc)
+
+    def settle(self) -> None:
+        for key, future in self.inflight:
+            try:
+                self.history.ok(key, future.result(30))
+            except WoodpeckerError as exc:
+                self.history.failed(key, exc)
+        self.inflight.clear()
+
+
+def _killed_producer(data_dir: Path, start: int, stop: int, history: History) -> int:
+    """Run a producer in a child process and SIGKILL it mid-stream; returns its acks."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "woodpecker_idem.cli",
+        "_produce",
+        str(data_dir),
+        str(start),
+        str(stop),
+    ]
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    acks = 0
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            i, seg, entry, dup = (int(x) for x in line.split())
+            history.ok(explicit_key(f"order-{i}"), WriteResult(LogMessageId(seg, entry), bool(dup)))
+            acks += 1
+            if acks >= (stop - start) // 3:
+                break  # writes are still in flight in the child right now
+    finally:
+        child.kill()  # SIGKILL, by PID: no close, no flush, no final snapshot
+        child.wait()
+    return acks
+
+
+def _produce(data_dir: Path, start: int, stop: int) -> int:
+    """The child side of the demo: writes orders, prints each ack as `i segment entry dup`."""
+    client = connect(data_dir)
+    writer = client.open_log("demo").open_writer(idempotent=True)
+    for lo in range(start, stop, 50):
+        futures = [
+            (i, writer.write_async(_payload(i), idempotency_id=f"order-{i}"))
+            for i in range(lo, min(lo + 50, stop))
+        ]
+        for i, future in futures:
+            r = future.result(30)
+            print(i, r.message_id.segment_id, r.message_id.entry_id, int(r.duplicate), flush=True)
+    writer.close()
+    return 0
+
+
 def demo(data_dir: Path, records: int, seed: int) -> int:
     _core_figures()
     rng = random.Random(seed)
+    history = History()
+    half = records // 2
+    lost_acks = app_retries = 0
+
+    # 1. In this process: acks lost on the node, and resends by the application itself.
     client = connect(data_dir)
     faults = FaultInjectingTransport(client.transport)
     client.transport = faults
@@ -60,59 +147,43 @@ def demo(data_dir: Path, records: int, seed: int) -> int:
     except LogNotFoundError:
         pass
     log_handle = client.create_log("demo")
-    history = History()
-    writer = log_handle.open_writer(idempotent=True)
-    crash_at = records // 2
-    lost_acks = app_retries = 0
-
-    inflight: list[tuple[bytes, object]] = []
-
-    def attempt(i: int) -> None:
-        oid = f"order-{i}"
-        payload = f"order {i}: {rng.randint(1, 999)} units".encode()
-        key = explicit_key(oid)
-        try:
-            inflight.append((key, writer.write_async(payload, idempotency_id=oid)))
-        except WoodpeckerError as exc:
-            history.failed(key, exc)
-
-    def settle() -> None:
-        for key, future in inflight:
-            try:
-                history.ok(key, future.result(30))
-            except WoodpeckerError as exc:
-                history.failed(key, exc)
-        inflight.clear()
-
-    for i in range(records):
+    producer = _Producer(log_handle.open_writer(idempotent=True), history)
+    for i in range(half):
         if rng.random() < 0.03:
             faults.drop_acks("node-0")  # the node applies the batch, its ack is lost
             lost_acks += 1
-        attempt(i)
+        producer.attempt(i)
         if rng.random() < 0.2:  # the application resends anyway (it lost the ack itself)
             app_retries += 1
-            attempt(i)
+            producer.attempt(i)
         if i % 100 == 99:
-            settle()
-        if i == crash_at:
-            # Crash: the writer is abandoned mid-stream with writes in flight; a new one takes
-            # over (fencing it), rebuilds its window, and the producer replays its uncertain tail.
-            writer = log_handle.open_writer(idempotent=True)
-            settle()
-            for j in range(max(0, i - 200), i + 1):
-                attempt(j)
-    settle()
+            producer.settle()
+    producer.settle()
+    producer.writer.close()
+
+    # 2. A producer process killed with SIGKILL mid-stream, writes in flight.
+    child_acks = _killed_producer(data_dir, half, records, history)
+
+    # 3. The restarted producer takes over (completing the dead writer's segment, rebuilding
+    #    the window) and, not knowing what landed, replays everything since the last checkpoint.
+    writer = log_handle.open_writer(idempotent=True)
+    producer = _Producer(writer, history)
+    for i in range(half - 200, records):
+        producer.attempt(i)
+        if i % 100 == 99:
+            producer.settle()
+    producer.settle()
     writer.close()
     report = writer.recovery
     metrics = writer.metrics_snapshot()
-    window_ms = writer.window.window_ms
     messages = list(log_handle.open_reader("earliest"))
-    verdict = history.check(messages, window_ms, writer.window.max_keys)
+    verdict = history.check(messages, writer.window.window_ms, writer.window.max_keys)
     client.close()
     print(
         f"producer: {records:,} records, {len(history.attempts):,} attempts "
-        f"({app_retries} application resends, {lost_acks} acks lost on the node, "
-        f"1 writer crash with takeover and a 200-record replay)"
+        f"({app_retries} application resends, {lost_acks} acks lost on the node, a producer "
+        f"process SIGKILLed after {child_acks} acks, then a restart replaying "
+        f"{records - half + 200:,} records)"
     )
     print(
         f"log: {len(messages):,} entries appended; {verdict.duplicates_returned:,} duplicates "
@@ -143,11 +214,18 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--records", type=int, default=3000)
     d.add_argument("--seed", type=int, default=7)
     d.add_argument("-v", "--verbose", action="store_true")
+    p = sub.add_parser("_produce")  # the demo's child producer (killed on purpose)
+    p.add_argument("data_dir", type=Path)
+    p.add_argument("start", type=int)
+    p.add_argument("stop", type=int)
+    p.set_defaults(verbose=False)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.ERROR,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    if args.command == "_produce":
+        return _produce(args.data_dir, args.start, args.stop)
     if args.command == "demo":
         tmp = None
         data_dir = args.data_dir
