@@ -37,6 +37,7 @@ from ..errors import (
 )
 from ..meta.base import SegmentMeta
 from ..types import LogMessageId, SegmentState, WriteMessage, WriteResult
+from .flusher import Flusher
 from .futures import WriteFuture
 from .recovery import choose_nodes, recover_segment, seal
 from .segment import Batch, PendingEntry, SegmentHandle, SegmentStatus
@@ -129,14 +130,10 @@ class LogWriter:
         self.metrics: dict[str, float] = {"segments_rolled": 0, "segments_repaired": 0}
 
         self.epoch = self._meta.take_over(self.log_id, self.owner, self._clock.now_ms(), LEASE_MS)
-        self._lease_renewed = time.monotonic()
         self._take_over_segments()
         with self._lock:
             self._open_segment_locked()
-        self._flusher = threading.Thread(
-            target=self._flush_loop, name=f"wp-flush-{self.log_id}", daemon=True
-        )
-        self._flusher.start()
+        self._flusher = Flusher(self)
 
     # --- opening ---------------------------------------------------------------------------
 
@@ -411,84 +408,6 @@ class LogWriter:
         """The writer closed (not fenced)."""
 
     # --- flusher -----------------------------------------------------------------------------
-
-    def _flush_loop(self) -> None:
-        """Cut batches (size or linger), fail expired waiters, keep readers' LAC fresh."""
-        while True:
-            sends: list[tuple[SegmentHandle, Batch | None]] = []
-            expired: list[tuple[Future, BaseException]] = []
-            with self._lock:
-                if self._closed or self._fenced is not None:
-                    return
-                now = time.monotonic()
-                wait = 0.05
-                for seg in list(self._segments.values()):
-                    if seg.status in (SegmentStatus.OPEN, SegmentStatus.ROLLED):
-                        wait = min(wait, self._cut_batches_locked(seg, now, sends))
-                        if (
-                            seg.aq > 1
-                            and not seg.unsent
-                            and not seg.batches
-                            and seg.lac > seg.lac_sent
-                        ):
-                            sends.append((seg, None))  # LAC-only update for tail readers
-                            seg.lac_sent = seg.lac
-                    self._expire_locked(seg, now, expired)
-                    if seg.status is SegmentStatus.ROLLED and seg.drained():
-                        seg.status = SegmentStatus.DONE
-                        self._maint.submit(self._complete_drained, seg)
-                if now - self._lease_renewed > LEASE_MS / 3000:
-                    self._lease_renewed = now
-                    self._maint.submit(self._renew_lease)
-                if not sends and not expired:
-                    self._wake.wait(wait)
-                    continue
-            for seg, batch in sends:
-                for node in seg.meta.nodes:
-                    if node in seg.failed_nodes:
-                        if batch is not None:
-                            batch.failed.add(node)
-                    else:
-                        self._workers[node].submit(seg, batch)
-            for future, exc in expired:
-                if not future.done():
-                    future.set_exception(exc)
-
-    def _cut_batches_locked(self, seg: SegmentHandle, now: float, sends: list) -> float:
-        """Move full or lingered entries into batches; returns how long until the next is due."""
-        while seg.unsent:
-            full = (
-                len(seg.unsent) >= self._max_batch_entries
-                or seg.unsent_bytes >= self._max_batch_bytes
-            )
-            due = seg.unsent_since + self._linger_s - now
-            if not full and due > 0 and seg.status is SegmentStatus.OPEN:
-                return due
-            sends.append((seg, seg.take_batch(self._max_batch_entries, self._max_batch_bytes)))
-            if seg.lac > seg.lac_sent:
-                seg.lac_sent = seg.lac
-            if seg.unsent:
-                seg.unsent_since = now
-        return 0.05
-
-    def _expire_locked(self, seg: SegmentHandle, now: float, expired: list) -> None:
-        """Fail waiters past their deadline (the entries stay pending), in any segment state."""
-        for entry in seg.pending:
-            if entry.deadline > now:
-                break
-            if not entry.timed_out:
-                entry.timed_out = True
-                expired.extend(self._timeout_waiters(seg, entry))
-
-    def _timeout_waiters(self, seg: SegmentHandle, entry: PendingEntry):
-        exc = WriteTimeoutError(
-            f"entry {seg.segment_id}:{entry.entry_id} of log {self.log_id} not acknowledged by "
-            f"{seg.aq} nodes within {self._timeout_s:g} s; it stays pending and is retried"
-        )
-        waiters = [(f, exc) for f, _ in entry.waiters()]
-        entry.future = None
-        entry.joiners = None
-        return waiters
 
     def _renew_lease(self) -> None:
         try:
