@@ -74,9 +74,7 @@ class NodeWorker:
             return
         attempt = 0
         while w._fenced is None and self.node not in seg.failed_nodes:
-            if seg.status is SegmentStatus.FAILED or (
-                seg.status is SegmentStatus.DONE and not seg.pending
-            ):
+            if seg.status in (SegmentStatus.FAILED, SegmentStatus.DONE):
                 return
             try:
                 w._transport.add_entries(

@@ -423,12 +423,8 @@ class LogWriter:
 
     def _on_ack(self, node: str, seg: SegmentHandle, batch: Batch) -> None:
         with self._lock:
-            if (
-                seg.status is SegmentStatus.DONE
-                and not seg.pending
-                or seg.status is SegmentStatus.FAILED
-            ):
-                return
+            if seg.status in (SegmentStatus.FAILED, SegmentStatus.DONE):
+                return  # recovery decides (FAILED); nothing is pending any more (DONE)
             committed = seg.ack(node, batch)
             if not committed:
                 return
