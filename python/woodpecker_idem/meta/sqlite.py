@@ -120,6 +120,21 @@ def _row_to_log(row: tuple[Any, ...]) -> LogMeta:
     )
 
 
+def _segment_fields(seg: SegmentMeta) -> tuple[Any, ...]:
+    """The stored columns after (log_id, segment_id), in `_SEG_COLUMNS` order."""
+    return (
+        _state_value(seg.state),
+        json.dumps(list(seg.nodes)),
+        seg.es,
+        seg.wq,
+        seg.aq,
+        seg.created_ms,
+        seg.last_entry_id,
+        seg.completed_ms,
+        seg.size_bytes,
+    )
+
+
 def _row_to_segment(row: tuple[Any, ...]) -> SegmentMeta:
     return SegmentMeta(
         log_id=row[0],
@@ -403,8 +418,6 @@ class SqliteMetadataStore(MetadataStore):
     # --- segments -----------------------------------------------------------------------------
 
     def create_segment(self, epoch: int, seg: SegmentMeta) -> SegmentMeta:
-        state = _state_value(seg.state)
-        nodes = json.dumps(list(seg.nodes))
         with self._write("create_segment") as conn:
             self._check_epoch_in(conn, seg.log_id, epoch, "create_segment")
             exists = conn.execute(
@@ -417,19 +430,7 @@ class SqliteMetadataStore(MetadataStore):
                 )
             conn.execute(
                 f"INSERT INTO segments({_SEG_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,1)",
-                (
-                    seg.log_id,
-                    seg.segment_id,
-                    state,
-                    nodes,
-                    seg.es,
-                    seg.wq,
-                    seg.aq,
-                    seg.created_ms,
-                    seg.last_entry_id,
-                    seg.completed_ms,
-                    seg.size_bytes,
-                ),
+                (seg.log_id, seg.segment_id, *_segment_fields(seg)),
             )
             row = self._segment_row(conn, seg.log_id, seg.segment_id)
         return _row_to_segment(row)
@@ -442,8 +443,6 @@ class SqliteMetadataStore(MetadataStore):
         ).fetchone()
 
     def update_segment(self, epoch: int | None, seg: SegmentMeta) -> SegmentMeta:
-        state = _state_value(seg.state)
-        nodes = json.dumps(list(seg.nodes))
         with self._write("update_segment") as conn:
             if epoch is not None:
                 self._check_epoch_in(conn, seg.log_id, epoch, "update_segment")
@@ -451,20 +450,7 @@ class SqliteMetadataStore(MetadataStore):
                 "UPDATE segments SET state = ?, nodes = ?, es = ?, wq = ?, aq = ?, created_ms = ?, "
                 "last_entry_id = ?, completed_ms = ?, size_bytes = ?, revision = revision + 1 "
                 "WHERE log_id = ? AND segment_id = ? AND revision = ?",
-                (
-                    state,
-                    nodes,
-                    seg.es,
-                    seg.wq,
-                    seg.aq,
-                    seg.created_ms,
-                    seg.last_entry_id,
-                    seg.completed_ms,
-                    seg.size_bytes,
-                    seg.log_id,
-                    seg.segment_id,
-                    seg.revision,
-                ),
+                (*_segment_fields(seg), seg.log_id, seg.segment_id, seg.revision),
             )
             if cur.rowcount != 1:
                 found = conn.execute(
