@@ -18,6 +18,7 @@ __all__ = [
     "KEY_SIZE",
     "SNAPSHOT_FORMAT_VERSION",
     "DedupWindow",
+    "KeyPipe",
     "Snapshot",
     "WindowEntry",
     "content_key",
@@ -288,6 +289,31 @@ class DedupWindow:
             InvalidArgumentError: `keys` is not a multiple of 16 bytes.
             InvalidTypeError: `keys` is not bytes-like.
         """
+    def reserve_many(
+        self, keys: Buffer, timestamps_ms: Buffer, segment_id: int, first_entry_id: int
+    ) -> tuple[bytes, bytes, bytes]:
+        """Judge a batch of writes in one pass, row by row in order, each as of its own time.
+
+        A key committed within its window (as of its row's timestamp) or pending (including a
+        repeat of an earlier row) reports the ids it holds; any other key becomes pending at the
+        next entry id of `segment_id`, counting up from `first_entry_id`. The GIL is kept: a
+        writer's batch takes microseconds.
+
+        Args:
+            keys: N*16 bytes.
+            timestamps_ms: N int64 (array('q'), numpy int64, or raw little-endian bytes).
+            segment_id: 0..=2**32-1.
+            first_entry_id: the entry id of the first new row.
+
+        Returns:
+            `(status, segment_ids, entry_ids)` like `get_many`, where status 0 means "new here:
+            now pending at the returned ids" (new rows get consecutive entry ids).
+
+        Raises:
+            InvalidArgumentError: `timestamps_ms` does not hold N values, `keys` is not a
+                multiple of 16 bytes, or the new rows could pass entry id 2**32-1. Nothing is
+                reserved in that case.
+        """
     def add_committed_many(
         self, keys: Buffer, segment_ids: Buffer, entry_ids: Buffer, timestamps_ms: Buffer
     ) -> int:
@@ -351,6 +377,30 @@ class DedupWindow:
 # --- snapshots -------------------------------------------------------------------------------
 
 @final
+@final
+class KeyPipe:
+    """Content keys computed on a background thread, returned in push order.
+
+    `push` copies the payload (a memcpy) and returns; every 64 payloads or 256 KiB the chunk goes
+    to the pipe's own Rust thread, which hashes it without the GIL while the producer carries on.
+    Not meant to be shared: the idempotent writer calls it under its own lock.
+    """
+
+    def __init__(self) -> None: ...
+    def push(self, payload: Buffer) -> None:
+        """Queue a copy of `payload`; raises InvalidTypeError for a non-bytes-like."""
+    def ready_count(self) -> int:
+        """How many of the oldest queued payloads have their keys computed already (taking
+        them neither waits nor hashes)."""
+    def take(self, n: int) -> bytes:
+        """The keys (N*16 bytes) of the `n` oldest queued payloads, in push order. Keys of a
+        chunk not handed over yet are hashed here; an unfinished chunk is waited for without
+        the GIL. Raises InvalidArgumentError if fewer than `n` are queued."""
+    def clear(self) -> None:
+        """Forget every queued payload."""
+    def __len__(self) -> int:
+        """Payloads queued and not yet taken."""
+
 class Snapshot:
     """A decoded, fully validated dedup snapshot (see `proto/dedup_snapshot.proto`)."""
 

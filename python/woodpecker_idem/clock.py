@@ -44,6 +44,8 @@ class ManualClock:
             return self._now
 
     def advance(self, ms: int) -> int:
+        if not isinstance(ms, int) or isinstance(ms, bool):
+            raise TypeError(f"advance takes whole milliseconds (an int), not {ms!r}")
         if ms < 0:
             raise ValueError(f"clock cannot go backwards (advance by {ms} ms)")
         with self._lock:

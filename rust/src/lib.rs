@@ -1,5 +1,6 @@
 //! `woodpecker_idem._core`: the Rust core of woodpecker_idem — idempotency keys, the dedup window,
-//! the dedup snapshot codec and LogStore record encoding. The pure-Rust modules (`keys`, `varint`, `window`, `snapshot`)
+//! the dedup snapshot codec and LogStore record encoding. The pure-Rust modules (`keys`, `hasher`,
+//! `varint`, `window`, `snapshot`)
 //! have no Python dependency and are unit-tested with `cargo test`; `py`, `args` and `errors` are
 //! the PyO3 layer. The contract is `docs/core-api.md`.
 
@@ -8,9 +9,11 @@
 pub mod args;
 pub mod entry;
 pub mod errors;
+pub mod hasher;
 pub mod keys;
 pub mod py;
 pub mod py_entry;
+pub mod py_hasher;
 pub mod snapshot;
 pub mod varint;
 pub mod window;
@@ -22,6 +25,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<py::PyDedupWindow>()?;
     m.add_class::<py::PyWindowEntry>()?;
     m.add_class::<py::PySnapshot>()?;
+    m.add_class::<py_hasher::PyKeyPipe>()?;
     m.add_function(wrap_pyfunction!(py::content_key, m)?)?;
     m.add_function(wrap_pyfunction!(py::explicit_key, m)?)?;
     m.add_function(wrap_pyfunction!(py::content_keys, m)?)?;

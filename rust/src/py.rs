@@ -287,6 +287,65 @@ impl PyDedupWindow {
         ))
     }
 
+    /// The intake of a batch of writes (see `Window::reserve_many`).
+    fn reserve_many<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        timestamps_ms: &Bound<'py, PyAny>,
+        segment_id: &Bound<'py, PyAny>,
+        first_entry_id: &Bound<'py, PyAny>,
+    ) -> PyResult<(
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+    )> {
+        let keys = args::key_buffer(keys, "keys")?;
+        let n = keys.as_slice().len() / KEY_LEN;
+        let column = args::i64_column(timestamps_ms, "timestamps_ms")?;
+        if column.len() != n {
+            return Err(invalid_argument(
+                py,
+                format!(
+                    "timestamps_ms holds {} values but keys holds {n} keys",
+                    column.len()
+                ),
+            ));
+        }
+        let view = column.view(py);
+        let mut timestamps = Vec::with_capacity(n);
+        for i in 0..n {
+            match view.get(i).map(i64::try_from) {
+                Some(Ok(t)) => timestamps.push(t),
+                v => {
+                    return Err(invalid_argument(
+                        py,
+                        format!("timestamps_ms[{i}] = {v:?} does not fit int64"),
+                    ))
+                }
+            }
+        }
+        let segment_id = args::int_u32(segment_id, "segment_id")?;
+        let first = args::int_u32(first_entry_id, "first_entry_id")?;
+        if u64::from(first) + n as u64 > u64::from(u32::MAX) + 1 {
+            return Err(invalid_argument(
+                py,
+                format!("first_entry_id {first} + {n} rows exceeds the uint32 entry id range"),
+            ));
+        }
+        let slice = keys.as_slice();
+        // A writer's intake batch takes microseconds: keep the GIL (giving it up would make the
+        // flusher queue behind the producer threads to get it back).
+        let (status, segs, ents, _) =
+            self.lock(py)
+                .reserve_many(slice, &timestamps, segment_id, first);
+        Ok((
+            PyBytes::new(py, &status),
+            PyBytes::new(py, &segs),
+            PyBytes::new(py, &ents),
+        ))
+    }
+
     fn add_committed_many(
         &self,
         py: Python<'_>,

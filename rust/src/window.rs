@@ -484,6 +484,61 @@ impl Window {
         hits
     }
 
+    /// The intake of a batch of writes, row by row in order, each row as of its own timestamp.
+    /// A key committed within its window ([`COMMITTED`]) or in flight ([`PENDING`], including a
+    /// repeat of an earlier row) reports the ids it holds; any other key becomes pending at the
+    /// next entry id of `segment_id`, counting up from `first_entry_id` ([`ABSENT`]: new here).
+    /// Returns the status and ids like [`Window::get_many`], and the number of new rows.
+    /// The caller keeps `first_entry_id + rows` within `u32`.
+    pub fn reserve_many(
+        &mut self,
+        keys: &[u8],
+        timestamps_ms: &[i64],
+        segment_id: u32,
+        first_entry_id: u32,
+    ) -> (Vec<u8>, Vec<u8>, Vec<u8>, u32) {
+        let n = keys.len() / KEY_LEN;
+        let mut status = vec![0u8; n];
+        let mut segs = vec![0u8; n * 8];
+        let mut ents = vec![0u8; n * 8];
+        let mut next = first_entry_id;
+        let rows = keys
+            .chunks_exact(KEY_LEN)
+            .zip(timestamps_ms)
+            .zip(status.iter_mut())
+            .zip(segs.chunks_exact_mut(8).zip(ents.chunks_exact_mut(8)));
+        for (((k, &ts), st), (sg, en)) in rows {
+            let key = <Key>::try_from(k).unwrap_or_default();
+            let held = match self.get(&key, Some(ts)) {
+                Lookup::Pending(r) => Some((PENDING, r)),
+                Lookup::Committed(r) => Some((COMMITTED, r)),
+                Lookup::Absent => None,
+            };
+            let (code, rec) = match held {
+                Some(found) => found,
+                None => {
+                    let rec = Record {
+                        key,
+                        segment_id,
+                        entry_id: next,
+                        timestamp_ms: ts,
+                    };
+                    // Absent as of `ts` means neither pending nor committed within the window
+                    // seen from `ts`, which is exactly what `add_pending` accepts.
+                    if self.add_pending(rec).is_err() {
+                        debug_assert!(false, "absent key refused by add_pending");
+                    }
+                    next = next.wrapping_add(1);
+                    (ABSENT, rec)
+                }
+            };
+            *st = code;
+            sg.copy_from_slice(&i64::from(rec.segment_id).to_le_bytes());
+            en.copy_from_slice(&i64::from(rec.entry_id).to_le_bytes());
+        }
+        (status, segs, ents, next.wrapping_sub(first_entry_id))
+    }
+
     /// Recovery insert of many records in order; returns how many were inserted.
     pub fn add_committed_many(&mut self, recs: impl IntoIterator<Item = Record>) -> usize {
         recs.into_iter().filter(|r| self.add_committed(*r)).count()
@@ -701,6 +756,58 @@ mod tests {
         c.add_committed(rec(9, 0));
         assert_eq!(order(&c), vec![3, 4, 5, 9]);
         assert_eq!(order(&w), vec![2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn reserve_many_matches_get_then_add_pending() {
+        // Rows: committed keys (some expired as of their row's time), a pending key, new keys and
+        // repeats of new keys within the batch; the batch must equal the one-by-one sequence.
+        let mut one = Window::with_seed(1_000, 100, 7).unwrap();
+        for i in 0..50u64 {
+            one.add_committed(rec(i, i as i64 * 2));
+        }
+        one.add_pending(rec(500, 90)).unwrap();
+        let mut many = Window::with_seed(1_000, 100, 7).unwrap();
+        for i in 0..50u64 {
+            many.add_committed(rec(i, i as i64 * 2));
+        }
+        many.add_pending(rec(500, 90)).unwrap();
+        let rows: Vec<(u64, i64)> = [0u64, 10, 49, 500, 600, 601, 600, 5, 601, 700, 0]
+            .iter()
+            .enumerate()
+            .map(|(n, &i)| (i, 95 + n as i64 * 3))
+            .collect();
+        let keys: Vec<u8> = rows.iter().flat_map(|&(i, _)| k(i)).collect();
+        let ts: Vec<i64> = rows.iter().map(|&(_, t)| t).collect();
+        let (st, sg, en, new) = many.reserve_many(&keys, &ts, 9, 40);
+        let mut next = 40u32;
+        for (row, &(i, t)) in rows.iter().enumerate() {
+            let seg = i64::from_le_bytes(sg[row * 8..row * 8 + 8].try_into().unwrap());
+            let ent = i64::from_le_bytes(en[row * 8..row * 8 + 8].try_into().unwrap());
+            let want = match one.get(&k(i), Some(t)) {
+                Lookup::Pending(r) => (PENDING, r.segment_id.into(), r.entry_id.into()),
+                Lookup::Committed(r) => (COMMITTED, r.segment_id.into(), r.entry_id.into()),
+                Lookup::Absent => {
+                    let r = Record {
+                        key: k(i),
+                        segment_id: 9,
+                        entry_id: next,
+                        timestamp_ms: t,
+                    };
+                    one.add_pending(r).unwrap();
+                    next += 1;
+                    (ABSENT, 9, i64::from(next - 1))
+                }
+            };
+            assert_eq!((st[row], seg, ent), want, "row {row} key {i}");
+        }
+        assert_eq!(new, next - 40);
+        assert_eq!(new, 5); // 600, 601, 5 (expired at its row), 700, 0 (expired)
+        assert_eq!(many.pending_count(), one.pending_count());
+        assert_eq!(many.counters(), one.counters());
+        for (i, _) in rows {
+            assert_eq!(many.peek(&k(i), None), one.peek(&k(i), None));
+        }
     }
 
     #[test]

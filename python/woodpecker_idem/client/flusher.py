@@ -3,6 +3,7 @@ fails waiters past their deadline (their entries stay pending), and keeps reader
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import Future
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
     from .writer import LogWriter
 
 LEASE_RENEW_EVERY_S = 10.0
+
+log = logging.getLogger(__name__)
 
 
 class Flusher:
@@ -32,6 +35,12 @@ class Flusher:
     def run(self) -> None:
         w = self.writer
         while True:
+            intake_due = None
+            if w._intake:
+                try:
+                    intake_due = w._process_intake()
+                except Exception:  # a bug must not stop batching (and hang every writer call)
+                    log.exception("log %s: admitting queued writes failed", w.log_id)
             sends: list[tuple[SegmentHandle, Batch | None]] = []
             expired: list[tuple[Future, BaseException]] = []
             with w._lock:
@@ -58,7 +67,7 @@ class Flusher:
                     self.lease_renewed = now
                     w._maint.submit(w._renew_lease)
                 if not sends and not expired:
-                    w._wake.wait(wait)
+                    w._wake.wait(wait if intake_due is None else min(wait, intake_due))
                     continue
             for seg, batch in sends:
                 for node in seg.meta.nodes:

@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Sized
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -90,6 +91,9 @@ def coerce_message(
 
 class LogWriter:
     """Appends to one log; thread-safe. Open it with `LogHandle.open_writer()`."""
+
+    # Writes accepted but not given ids yet: the idempotent writer's intake; none here
+    _intake: Sized = ()
 
     def __init__(self, handle: LogHandle):
         self._handle = handle
@@ -406,6 +410,11 @@ class LogWriter:
 
     def _on_close(self) -> None:
         """The writer closed (not fenced)."""
+
+    def _process_intake(self) -> float | None:
+        """Flusher thread, without the lock: admit queued `_intake` writes that are due; returns
+        the seconds until the rest are."""
+        return None
 
     # --- flusher -----------------------------------------------------------------------------
 

@@ -17,12 +17,18 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .._core import DedupWindow, content_key, content_keys, explicit_key, explicit_keys
+from .._core import DedupWindow, content_keys, encode_entry, explicit_key, explicit_keys
 from ..client.futures import WriteFuture
 from ..client.segment import PendingEntry
+from ..client.workers import resolve
 from ..client.writer import LogWriter, coerce_message
-from ..errors import InvalidArgumentError, WriterFencedError
+from ..errors import (
+    InvalidArgumentError,
+    WriterClosedError,
+    WriterFencedError,
+)
 from ..types import LogMessageId, WriteMessage, WriteResult
+from .intake import ADMIT_AT, ADMIT_MIN, OVERHEAD, Intake, IntakeBatch
 from .recovery import RecoveryReport, rebuild_window
 from .snapshot import SnapshotSource, Snapshotter
 
@@ -30,6 +36,10 @@ if TYPE_CHECKING:
     from ..client.log import LogHandle
 
 log = logging.getLogger(__name__)
+
+
+def _i64(column: bytes, i: int) -> int:
+    return int.from_bytes(column[8 * i : 8 * i + 8], "little", signed=True)
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,7 @@ class IdempotentLogWriter(LogWriter):
         self._watermarks: dict[int, int] = {}
         self._new_keys = 0
         self._duplicates = 0
+        self._intake = Intake()
         self.recovery: RecoveryReport | None = None
         self._snapshotter: Snapshotter | None = None
         super().__init__(handle)  # takes over, completes segments, rebuilds the window, opens one
@@ -113,6 +124,10 @@ class IdempotentLogWriter(LogWriter):
         )
 
     # --- writing -----------------------------------------------------------------------------
+    #
+    # A write is queued on the intake (see intake.py) under the lock and nothing more; batches of
+    # queued writes are admitted in queueing order: each judged as of its own queueing time in
+    # one window pass (`reserve_many`), duplicates answered or joined, the rest new entries.
 
     def write_async(
         self,
@@ -122,31 +137,161 @@ class IdempotentLogWriter(LogWriter):
         idempotency_id: str | bytes | None = None,
     ) -> Future[WriteResult]:
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
-        key = content_key(payload) if idempotency_id is None else explicit_key(idempotency_id)
+        key = None if idempotency_id is None else explicit_key(idempotency_id)
         future: Future[WriteResult] = WriteFuture()
         with self._lock:
-            self._write_locked(payload, props, key, future)
+            resolved = self._queue_locked(payload, props, key, future)
+        if resolved:
+            resolve(resolved)
         return future
 
-    def _write_locked(self, payload: bytes, props: dict | None, key: bytes, future: Future) -> None:
+    def _queue_locked(self, payload: bytes, props: dict | None, key: bytes | None, future):
+        """Queue one write; returns the outcomes to set once the lock is released."""
         if self._fenced is not None or self._closed:
             self._check_open_locked()
+        size = len(payload) + OVERHEAD
+        if (
+            self._inflight_entries >= self._max_inflight_entries
+            or self._inflight_bytes + size > self._max_inflight_bytes
+        ):
+            self._wait_for_room_locked(size)
         now = self._clock.now_ms()
+        intake = self._intake
+        intake.timestamps.append(now)  # first: it refuses a clock reading that is not an int
+        items = intake.items
+        if not items:
+            intake.since = time.monotonic()
+            seg = self._current
+            if seg is None or not seg.unsent:  # else the flusher wakes within linger_ms anyway
+                self._wake.notify()  # it admits the write after linger_ms if nobody does sooner
+        items.append((payload, props, key, future))
+        self._inflight_entries += 1
+        self._inflight_bytes += size
+        intake.nbytes += size
+        if key is None:
+            intake.keyless += 1
+            intake.pipe.push(payload)
+        if len(items) >= ADMIT_AT and len(items) % 16 == 0:
+            ready = intake.ready()
+            if ready >= ADMIT_MIN:
+                return self._admit_locked(intake.take(ready))
+        return None
+
+    def _process_intake(self) -> float | None:
+        """Flusher: admit the queued writes once the oldest has waited linger_ms; returns the
+        seconds until that, or None when nothing is queued."""
+        with self._lock:
+            if not self._intake.items:
+                return None
+            due = self._intake.since + self._linger_s - time.monotonic()
+            if due > 0:
+                return due
+            resolved = self._admit_locked(self._intake.take())
+        resolve(resolved)
+        return None
+
+    def _admit_locked(self, batch: IntakeBatch) -> list:
+        """Give queued writes their ids; returns the outcomes to set after the lock."""
+        n = len(batch.items)
+        resolved: list = []
+        self._inflight_entries -= n
+        self._inflight_bytes -= batch.nbytes
+        if self._fenced is not None or self._closed:
+            exc = (
+                WriterFencedError(str(self._fenced))
+                if self._fenced is not None
+                else WriterClosedError(f"writer of log {self.log_id} closed")
+            )
+            resolved = [(it[3], exc) for it in batch.items]
+        else:
+            self._assign_locked(batch, resolved)
+        self._space.notify_all()
+        return resolved
+
+    def _assign_locked(self, batch: IntakeBatch, resolved: list) -> None:
+        items, stamps, keys = batch.items, batch.timestamps, batch.keys
         window = self._window
-        if now >= self._next_evict_ms:  # `get(key, now)` ignores expired keys in between
-            window.evict(now)
-            self._next_evict_ms = now + self._evict_every_ms
-        hit = window.get(key, now)
-        if hit is not None:
-            if hit.committed:
-                self._duplicates += 1
-                future.set_result(WriteResult(LogMessageId(hit.segment_id, hit.entry_id), True))
+        if stamps[0] >= self._next_evict_ms:  # lookups ignore expired keys in between
+            window.evict(stamps[0])
+            self._next_evict_ms = stamps[0] + self._evict_every_ms
+        n = len(items)
+        start = 0
+        while start < n:
+            seg = self._writable_segment_locked()
+            if seg is None:  # repairing: duplicates are still answered, new writes fail fast
+                for i in range(start, n):
+                    key = keys[16 * i : 16 * i + 16]
+                    self._admit_one_unavailable_locked(items[i], key, stamps[i], resolved)
                 return
-            self._join_locked(hit.segment_id, hit.entry_id, future)
-            return
-        entry = self._append_locked(payload, props, key, future, now)
-        if entry is not None:
-            window.add_pending(key, entry.segment_id, entry.entry_id, now)
+            # a chunk stays within the segment's entry and byte limits; rolls happen in between
+            end = min(n, start + self._roll_entries - seg.next_entry_id)
+            if seg.size_bytes + batch.nbytes >= self._roll_bytes:
+                room = self._roll_bytes - seg.size_bytes
+                for i in range(start, end):
+                    room -= len(items[i][0]) + OVERHEAD
+                    if room <= 0:
+                        end = i + 1
+                        break
+            status, seg_col, ent_col = window.reserve_many(
+                keys[16 * start : 16 * end], stamps[start:end], seg.segment_id, seg.next_entry_id
+            )
+            self._enqueue_locked(seg, batch, start, end, status, seg_col, ent_col, resolved)
+            start = end
+
+    def _enqueue_locked(self, seg, batch, start, end, status, seg_col, ent_col, resolved):
+        """The hot loop of admission: kept flat on purpose (no per-entry helper calls)."""
+        keys = batch.keys
+        segment_id = seg.segment_id
+        first = entry_id = seg.next_entry_id
+        deadline = time.monotonic() + self._timeout_s
+        pending = seg.pending
+        unsent = seg.unsent
+        was_empty = not unsent
+        by_entry = seg.by_entry
+        added = 0
+        seq = self._seq
+        k = 16 * start
+        rows = zip(batch.items[start:end], batch.timestamps[start:end], status, strict=True)
+        for i, ((payload, props, _, future), ts, code) in enumerate(rows):
+            if code == 0:
+                key = keys[k : k + 16]
+                record = encode_entry(segment_id, entry_id, ts, payload, props, key)
+                seq += 1
+                entry = PendingEntry(seq, segment_id, entry_id, record, key, future, deadline)
+                pending.append(entry)
+                unsent.append(entry)
+                by_entry[entry_id] = entry
+                added += len(record)
+                entry_id += 1
+            elif code == 1:
+                self._join_locked(_i64(seg_col, i), _i64(ent_col, i), future)
+            else:
+                self._duplicates += 1
+                mid = LogMessageId(_i64(seg_col, i), _i64(ent_col, i))
+                resolved.append((future, WriteResult(mid, True)))
+            k += 16
+        self._seq = seq
+        seg.next_entry_id = entry_id
+        seg.unsent_bytes += added
+        seg.size_bytes += added
+        self._inflight_entries += entry_id - first
+        self._inflight_bytes += added
+        if was_empty and unsent:
+            seg.unsent_since = batch.since  # the linger started when the oldest was queued
+            self._wake.notify()
+        if len(unsent) >= self._max_batch_entries or seg.unsent_bytes >= self._max_batch_bytes:
+            self._wake.notify()
+
+    def _admit_one_unavailable_locked(self, item: tuple, key: bytes, ts: int, resolved) -> None:
+        hit = self._window.get(key, ts)
+        if hit is None:
+            resolved.append((item[3], self._unavailable_error()))
+        elif hit.committed:
+            self._duplicates += 1
+            mid = LogMessageId(hit.segment_id, hit.entry_id)
+            resolved.append((item[3], WriteResult(mid, True)))
+        else:
+            self._join_locked(hit.segment_id, hit.entry_id, item[3])
 
     def _join_locked(self, segment_id: int, entry_id: int, future: Future) -> None:
         seg = self._segments.get(segment_id)
@@ -161,6 +306,21 @@ class IdempotentLogWriter(LogWriter):
             entry.timed_out = False
             entry.deadline = time.monotonic() + self._timeout_s
 
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every write queued before this call is committed or failed."""
+        with self._lock:
+            resolved = self._admit_locked(self._intake.take()) if self._intake.items else None
+        if resolved:
+            resolve(resolved)
+        super().flush(timeout)
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        super().close(timeout)
+        with self._lock:  # writes queued during the close: nobody will admit them
+            items = self._intake.drop()
+        exc = WriterClosedError(f"writer of log {self.log_id} closed before this write was queued")
+        resolve([(it[3], exc) for it in items])
+
     def write_many(
         self,
         payloads: Sequence[bytes],
@@ -172,11 +332,10 @@ class IdempotentLogWriter(LogWriter):
             raise InvalidArgumentError(f"ids has {len(ids)} items but payloads has {len(payloads)}")
         keys = content_keys(payloads) if ids is None else explicit_keys(ids)
         futures: list[tuple[int, Future]] = []
+        resolved: list = []
         with self._lock:
             self._check_open_locked()
-            now = self._clock.now_ms()
-            self._window.evict(now)
-            status, segs, ents = self._window.get_many(keys, now)
+            status, segs, ents = self._window.get_many(keys, self._clock.now_ms())
             seg_ids = array("q")
             seg_ids.frombytes(segs)
             entry_ids = array("q")
@@ -190,8 +349,11 @@ class IdempotentLogWriter(LogWriter):
                         continue
                     payload, props = coerce_message(payloads[i], None, self._max_entry_bytes)
                     future: Future = WriteFuture()
-                    self._write_locked(payload, props, keys[16 * i : 16 * i + 16], future)
+                    done = self._queue_locked(payload, props, keys[16 * i : 16 * i + 16], future)
+                    if done:
+                        resolved.extend(done)
                     futures.append((i, future))
+        resolve(resolved)
         for i, future in futures:
             result = future.result(timeout)
             seg_ids[i], entry_ids[i] = result.message_id
@@ -254,14 +416,14 @@ class IdempotentLogWriter(LogWriter):
         except WriterFencedError as exc:
             with self._lock:
                 resolved = self._fence_locked(exc)
-            from ..client.workers import resolve
-
             resolve(resolved)
             return False
         return True
 
     def _fence_locked(self, exc: WriterFencedError):
         resolved = super()._fence_locked(exc)
+        items = self._intake.drop()
+        resolved.extend((it[3], WriterFencedError(str(exc))) for it in items)
         if self._snapshotter is not None:
             self._snapshotter._stop.set()
         return resolved
@@ -274,7 +436,7 @@ class IdempotentLogWriter(LogWriter):
         s = self._snapshotter
         r = self.recovery
         with self._lock:
-            pending = w.pending_count
+            pending = w.pending_count + len(self._intake)
         return {
             "duplicates_suppressed": self._duplicates,
             "pending": pending,

@@ -1,0 +1,68 @@
+//! Python face of `hasher`: `KeyPipe`, content keys hashed off the producer thread.
+
+use parking_lot::{Mutex, MutexGuard};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::args;
+use crate::errors::invalid_argument;
+use crate::hasher::KeyPipe;
+
+/// Content keys of pushed payloads, hashed on a background thread, returned in push order.
+#[pyclass(module = "woodpecker_idem._core", name = "KeyPipe")]
+pub struct PyKeyPipe {
+    inner: Mutex<KeyPipe>,
+}
+
+impl PyKeyPipe {
+    fn lock(&self, py: Python<'_>) -> MutexGuard<'_, KeyPipe> {
+        match self.inner.try_lock() {
+            Some(g) => g,
+            None => py.detach(|| self.inner.lock()),
+        }
+    }
+}
+
+#[pymethods]
+impl PyKeyPipe {
+    #[new]
+    fn new() -> Self {
+        Self {
+            inner: Mutex::new(KeyPipe::new()),
+        }
+    }
+
+    /// Queue a copy of `payload` for hashing.
+    fn push(&self, py: Python<'_>, payload: &Bound<'_, PyAny>) -> PyResult<()> {
+        let payload = args::bytes_like(payload, "payload")?;
+        self.lock(py).push(payload.as_slice());
+        Ok(())
+    }
+
+    /// How many of the oldest queued payloads have their keys computed already.
+    fn ready_count(&self, py: Python<'_>) -> usize {
+        self.lock(py).ready_count()
+    }
+
+    /// The keys of the `n` oldest queued payloads (N*16 bytes), in push order.
+    fn take<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyBytes>> {
+        let mut pipe = self.lock(py);
+        if n as u64 > pipe.len() {
+            return Err(invalid_argument(
+                py,
+                format!("take({n}) but only {} payloads are queued", pipe.len()),
+            ));
+        }
+        let keys = pipe.take(n, |slot| py.detach(|| slot.wait()));
+        Ok(PyBytes::new(py, &keys))
+    }
+
+    /// Forget every queued payload.
+    fn clear(&self, py: Python<'_>) {
+        self.lock(py).clear();
+    }
+
+    fn __len__(&self, py: Python<'_>) -> usize {
+        self.lock(py).len() as usize
+    }
+}

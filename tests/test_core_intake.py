@@ -1,0 +1,131 @@
+"""The core's intake pieces: `KeyPipe` (content keys hashed on a Rust thread, in push order) and
+`DedupWindow.reserve_many` (a batch of writes judged in one window pass)."""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from woodpecker_idem import InvalidArgumentError, InvalidTypeError
+from woodpecker_idem._core import DedupWindow, KeyPipe, content_key, content_keys
+
+# --- KeyPipe ---------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.binary(max_size=3000), max_size=150),  # pushed in one go
+            st.integers(min_value=0, max_value=400),  # then take this many (capped)
+        ),
+        max_size=12,
+    )
+)
+def test_keypipe_returns_content_keys_in_push_order(steps):
+    pipe = KeyPipe()
+    pushed: list[bytes] = []
+    got = b""
+    for payloads, take in steps:
+        for p in payloads:
+            pipe.push(p)
+        pushed.extend(payloads)
+        n = min(take, len(pipe))
+        assert 0 <= pipe.ready_count() <= len(pipe)
+        got += pipe.take(n)
+    got += pipe.take(len(pipe))
+    assert got == content_keys(pushed)
+    assert len(pipe) == 0
+
+
+def test_keypipe_hashes_full_chunks_in_the_background():
+    pipe = KeyPipe()
+    payloads = [b"%06d" % i * 170 for i in range(64 * 5 + 3)]  # ~1 KiB each
+    for p in payloads:
+        pipe.push(p)
+    # five full chunks went to the worker; the last three payloads wait in the open chunk
+    import time
+
+    deadline = time.monotonic() + 10
+    while pipe.ready_count() < 64 * 5 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert pipe.ready_count() == 64 * 5
+    assert pipe.take(100) == content_keys(payloads[:100])
+    assert pipe.ready_count() == 64 * 5 - 100
+    assert pipe.take(len(pipe)) == content_keys(payloads[100:])
+
+
+def test_keypipe_accepts_bytes_likes_and_refuses_the_rest():
+    pipe = KeyPipe()
+    pipe.push(bytearray(b"abc"))
+    pipe.push(memoryview(b"xyz"))
+    assert pipe.take(2) == content_key(b"abc") + content_key(b"xyz")
+    with pytest.raises(InvalidTypeError, match="payload"):
+        pipe.push("a str")
+    with pytest.raises(InvalidArgumentError, match=r"take\(1\) but only 0"):
+        pipe.take(1)
+
+
+def test_keypipe_clear_forgets_queued_payloads():
+    pipe = KeyPipe()
+    for i in range(200):
+        pipe.push(b"p%d" % i)
+    pipe.take(5)
+    pipe.clear()
+    assert len(pipe) == 0 and pipe.ready_count() == 0
+    pipe.push(b"after")
+    assert pipe.take(1) == content_key(b"after")
+
+
+# --- reserve_many ----------------------------------------------------------------------------
+
+
+def K(i: int) -> bytes:
+    return i.to_bytes(16, "big")
+
+
+def _ids(col: bytes) -> list[int]:
+    out = array("q")
+    out.frombytes(col)
+    return list(out)
+
+
+def test_reserve_many_equals_get_then_add_pending_row_by_row():
+    """Committed (some expired as of their row's time), pending, new, and repeats in the batch."""
+    one, many = DedupWindow(1000, 100), DedupWindow(1000, 100)
+    for w in (one, many):
+        for i in range(50):
+            w.add_committed(K(i), 0, i, i * 2)
+        w.add_pending(K(500), 0, 50, 90)
+    rows = [0, 10, 49, 500, 600, 601, 600, 5, 601, 700, 0]
+    stamps = [95 + 3 * n for n in range(len(rows))]
+    status, segs, ents = many.reserve_many(b"".join(map(K, rows)), array("q", stamps), 9, 40)
+    nxt = 40
+    want = []
+    for i, ts in zip(rows, stamps, strict=True):
+        hit = one.get(K(i), ts)
+        if hit is None:
+            one.add_pending(K(i), 9, nxt, ts)
+            want.append((0, 9, nxt))
+            nxt += 1
+        else:
+            want.append((2 if hit.committed else 1, hit.segment_id, hit.entry_id))
+    assert list(zip(status, _ids(segs), _ids(ents), strict=True)) == want
+    assert [s for s, _, _ in want].count(0) == 5  # 600, 601, 5 (expired), 700, 0 (expired)
+    assert (many.pending_count, many.hits, many.misses) == (one.pending_count, one.hits, one.misses)
+    for i in rows:
+        assert many.get(K(i)) == one.get(K(i))
+
+
+def test_reserve_many_bad_arguments():
+    w = DedupWindow(10, 100)
+    with pytest.raises(InvalidArgumentError, match="timestamps_ms holds 1 values but keys holds 2"):
+        w.reserve_many(K(1) + K(2), array("q", [1]), 0, 0)
+    with pytest.raises(InvalidArgumentError, match="exceeds the uint32 entry id range"):
+        w.reserve_many(K(1) + K(2), array("q", [1, 2]), 0, 2**32 - 1)
+    with pytest.raises(InvalidArgumentError, match="multiple of 16"):
+        w.reserve_many(b"short", array("q", [1]), 0, 0)
+    assert w.pending_count == 0  # a refused call reserves nothing
