@@ -3,8 +3,10 @@
     PYTHONPATH=python .venv/bin/python -m pytest benches/bench_idem.py \
         --benchmark-json=bench-results/idem.json -p no:cacheprovider
 
-Comparisons run interleaved (plain, explicit id, content key, then reversed) and compare medians
-of 9 runs.
+Comparisons run interleaved (plain, explicit id, content key, then reversed), ROUNDS rounds. The
+throughput and p99 targets are judged on the median of the per-round ratios (each idempotent run
+against the plain run of the same round, so slow drifts of the shared machine cancel out); the
+ratio of the medians is reported next to it.
 Figures go to ``benchmark.extra_info`` and are printed (``-s``). Targets (asserted):
 - idempotent write_async throughput within 10% of plain, p99 latency within 1.2x (1 KiB payloads,
   with a business id and with the default content key);
@@ -23,7 +25,7 @@ import pytest
 
 import woodpecker_idem as wp
 
-ROUNDS = 9
+ROUNDS = 15
 N_WRITES = 10_000
 PAYLOAD = 1024
 SNAPSHOT_KEYS = 100_000
@@ -105,22 +107,34 @@ def test_idempotent_vs_plain_write_throughput(benchmark, tmp_path: Path):
     client.close()
     tp = {k: statistics.median(x[0] for x in v) for k, v in results.items()}
     p99 = {k: statistics.median(x[1] for x in v) for k, v in results.items()}
+    plain = results["plain"]
+    paired = {  # median over rounds of (idempotent run / plain run of the same round)
+        k: (
+            statistics.median(x[0] / p[0] for x, p in zip(results[k], plain, strict=True)),
+            statistics.median(x[1] / p[1] for x, p in zip(results[k], plain, strict=True)),
+        )
+        for k in ("explicit", "content")
+    }
     info = {
         "writes_per_run": N_WRITES,
         "payload_bytes": PAYLOAD,
         **{f"{k}_writes_per_s": round(tp[k]) for k in KINDS},
         **{f"{k}_p99_ms": round(p99[k] * 1000, 2) for k in KINDS},
-        "explicit_throughput_ratio": round(tp["explicit"] / tp["plain"], 3),
-        "explicit_p99_ratio": round(p99["explicit"] / p99["plain"], 3),
-        "content_throughput_ratio": round(tp["content"] / tp["plain"], 3),
-        "content_p99_ratio": round(p99["content"] / p99["plain"], 3),
+        "explicit_throughput_ratio": round(paired["explicit"][0], 3),
+        "explicit_p99_ratio": round(paired["explicit"][1], 3),
+        "content_throughput_ratio": round(paired["content"][0], 3),
+        "content_p99_ratio": round(paired["content"][1], 3),
+        "ratio_of_medians": {
+            k: (round(tp[k] / tp["plain"], 3), round(p99[k] / p99["plain"], 3))
+            for k in ("explicit", "content")
+        },
         "runs": {k: [(round(a), round(b * 1000, 2)) for a, b in v] for k, v in results.items()},
     }
     benchmark.extra_info.update(info)
     print("\nwrite throughput:", info)
     for kind in ("explicit", "content"):
-        assert tp[kind] >= THROUGHPUT_RATIO * tp["plain"], (kind, info)
-        assert p99[kind] <= P99_RATIO * p99["plain"], (kind, info)
+        assert paired[kind][0] >= THROUGHPUT_RATIO, (kind, info)
+        assert paired[kind][1] <= P99_RATIO, (kind, info)
 
 
 def _fill(writer, start: int, count: int, chunk: int = 10_000) -> None:

@@ -1,6 +1,7 @@
-//! Content keys computed on a background thread, in the order the payloads were pushed.
+//! Idempotency keys computed on a background thread, in the order their inputs were pushed.
 //!
-//! A producer thread pushes a copy of each payload (cheap: a memcpy) and carries on; every
+//! A producer thread pushes a copy of each payload or explicit id (cheap: a memcpy) and carries
+//! on; every
 //! [`CHUNK_ITEMS`] payloads or [`CHUNK_BYTES`] bytes the chunk goes to a worker thread that hashes
 //! it, in parallel with the producer and without any Python lock. [`KeyPipe::take`] returns the
 //! keys of the oldest payloads, in push order: finished chunks are read as they are, a chunk not
@@ -18,11 +19,12 @@ pub const CHUNK_ITEMS: usize = 64;
 /// ... or at this many payload bytes, whichever comes first.
 pub const CHUNK_BYTES: usize = 256 * 1024;
 
-/// Payload copies laid end to end, with each one's end offset.
+/// Payload (or explicit id) copies laid end to end, with each one's end offset and kind.
 #[derive(Default)]
 struct Chunk {
     data: Vec<u8>,
     ends: Vec<usize>,
+    explicit: Vec<bool>,
 }
 
 impl Chunk {
@@ -33,10 +35,13 @@ impl Chunk {
     fn keys(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.len() * KEY_LEN);
         let mut start = 0;
-        for &end in &self.ends {
-            out.extend_from_slice(&keys::content_key(
-                self.data.get(start..end).unwrap_or_default(),
-            ));
+        for (&end, &explicit) in self.ends.iter().zip(&self.explicit) {
+            let bytes = self.data.get(start..end).unwrap_or_default();
+            out.extend_from_slice(&if explicit {
+                keys::explicit_key(bytes)
+            } else {
+                keys::content_key(bytes)
+            });
             start = end;
         }
         out
@@ -128,10 +133,20 @@ impl KeyPipe {
         self.len() == 0
     }
 
-    /// Queue a copy of `payload` for hashing.
+    /// Queue a copy of `payload` for its content key.
     pub fn push(&mut self, payload: &[u8]) {
-        self.open.data.extend_from_slice(payload);
+        self.push_item(payload, false);
+    }
+
+    /// Queue a copy of an explicit id (already validated) for its explicit key.
+    pub fn push_id(&mut self, id: &[u8]) {
+        self.push_item(id, true);
+    }
+
+    fn push_item(&mut self, bytes: &[u8], explicit: bool) {
+        self.open.data.extend_from_slice(bytes);
         self.open.ends.push(self.open.data.len());
+        self.open.explicit.push(explicit);
         self.pushed += 1;
         if self.open.len() >= CHUNK_ITEMS || self.open.data.len() >= CHUNK_BYTES {
             self.dispatch();
@@ -232,12 +247,16 @@ mod tests {
     }
 
     #[test]
-    fn keys_come_back_in_push_order_whatever_the_take_sizes() {
+    fn keys_come_back_in_push_order_whatever_the_kinds_and_take_sizes() {
         let mut pipe = KeyPipe::new();
         let all: Vec<Vec<u8>> = (0..1000).map(payload).collect();
         let mut expected = Vec::new();
         for p in &all {
-            expected.extend_from_slice(&keys::content_key(p));
+            expected.extend_from_slice(&if p.len() % 3 == 0 {
+                keys::explicit_key(p)
+            } else {
+                keys::content_key(p)
+            });
         }
         let mut got = Vec::new();
         let mut pushed = 0;
@@ -248,7 +267,11 @@ mod tests {
         {
             let upto = (pushed + 97 + step * 13).min(all.len());
             for p in &all[pushed..upto] {
-                pipe.push(p);
+                if p.len() % 3 == 0 {
+                    pipe.push_id(p);
+                } else {
+                    pipe.push(p);
+                }
             }
             pushed = upto;
             let n = (*take).min(pipe.len() as usize);

@@ -697,7 +697,7 @@ fn sequence_items<'py>(
 }
 
 /// Bytes of one explicit id (str as UTF-8, or bytes), validated to 1..=1024 bytes.
-fn id_bytes<'a, N: std::fmt::Display>(
+pub(crate) fn id_bytes<'a, N: std::fmt::Display>(
     obj: &'a Bound<'_, PyAny>,
     name: impl Fn() -> N,
 ) -> PyResult<&'a [u8]> {

@@ -1,4 +1,4 @@
-//! Python face of `hasher`: `KeyPipe`, content keys hashed off the producer thread.
+//! Python face of `hasher`: `KeyPipe`, idempotency keys hashed off the producer thread.
 
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
@@ -8,7 +8,7 @@ use crate::args;
 use crate::errors::invalid_argument;
 use crate::hasher::KeyPipe;
 
-/// Content keys of pushed payloads, hashed on a background thread, returned in push order.
+/// Keys of pushed payloads and ids, hashed on a background thread, returned in push order.
 #[pyclass(module = "woodpecker_idem._core", name = "KeyPipe")]
 pub struct PyKeyPipe {
     inner: Mutex<KeyPipe>,
@@ -36,6 +36,13 @@ impl PyKeyPipe {
     fn push(&self, py: Python<'_>, payload: &Bound<'_, PyAny>) -> PyResult<()> {
         let payload = args::bytes_like(payload, "payload")?;
         self.lock(py).push(payload.as_slice());
+        Ok(())
+    }
+
+    /// Queue a copy of an explicit id for its key; a bad id raises here, queueing nothing.
+    fn push_id(&self, py: Python<'_>, idempotency_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = crate::py::id_bytes(idempotency_id, || "idempotency_id")?;
+        self.lock(py).push_id(id);
         Ok(())
     }
 

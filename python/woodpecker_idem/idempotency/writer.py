@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .._core import DedupWindow, content_keys, encode_entry, explicit_key, explicit_keys
+from .._core import DedupWindow, content_keys, encode_entry, explicit_keys
 from ..client.futures import WriteFuture
 from ..client.segment import PendingEntry
 from ..client.workers import resolve
@@ -137,16 +137,16 @@ class IdempotentLogWriter(LogWriter):
         idempotency_id: str | bytes | None = None,
     ) -> Future[WriteResult]:
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
-        key = None if idempotency_id is None else explicit_key(idempotency_id)
         future: Future[WriteResult] = WriteFuture()
         with self._lock:
-            resolved = self._queue_locked(payload, props, key, future)
+            resolved = self._queue_locked(payload, props, idempotency_id, future)
         if resolved:
             resolve(resolved)
         return future
 
-    def _queue_locked(self, payload: bytes, props: dict | None, key: bytes | None, future):
-        """Queue one write; returns the outcomes to set once the lock is released."""
+    def _queue_locked(self, payload: bytes, props: dict | None, ident, future):
+        """Queue one write (its key from `ident`, an explicit id, or from the payload when None);
+        returns the outcomes to set once the lock is released."""
         if self._fenced is not None or self._closed:
             self._check_open_locked()
         size = len(payload) + OVERHEAD
@@ -155,24 +155,29 @@ class IdempotentLogWriter(LogWriter):
             or self._inflight_bytes + size > self._max_inflight_bytes
         ):
             self._wait_for_room_locked(size)
-        now = self._clock.now_ms()
         intake = self._intake
-        intake.timestamps.append(now)  # first: it refuses a clock reading that is not an int
+        stamps = intake.timestamps
+        stamps.append(self._clock.now_ms())
+        try:
+            if ident is None:
+                intake.pipe.push(payload)
+            else:
+                intake.pipe.push_id(ident)  # a bad id raises here
+        except BaseException:
+            stamps.pop()
+            raise
         items = intake.items
         if not items:
             intake.since = time.monotonic()
             seg = self._current
             if seg is None or not seg.unsent:  # else the flusher wakes within linger_ms anyway
                 self._wake.notify()  # it admits the write after linger_ms if nobody does sooner
-        items.append((payload, props, key, future))
+        items.append((payload, props, future))
         self._inflight_entries += 1
         self._inflight_bytes += size
         intake.nbytes += size
-        if key is None:
-            intake.keyless += 1
-            intake.pipe.push(payload)
         if len(items) >= ADMIT_AT and len(items) % 16 == 0:
-            ready = intake.ready()
+            ready = intake.pipe.ready_count()
             if ready >= ADMIT_MIN:
                 return self._admit_locked(intake.take(ready))
         return None
@@ -202,7 +207,7 @@ class IdempotentLogWriter(LogWriter):
                 if self._fenced is not None
                 else WriterClosedError(f"writer of log {self.log_id} closed")
             )
-            resolved = [(it[3], exc) for it in batch.items]
+            resolved = [(it[2], exc) for it in batch.items]
         else:
             self._assign_locked(batch, resolved)
         self._space.notify_all()
@@ -252,7 +257,7 @@ class IdempotentLogWriter(LogWriter):
         seq = self._seq
         k = 16 * start
         rows = zip(batch.items[start:end], batch.timestamps[start:end], status, strict=True)
-        for i, ((payload, props, _, future), ts, code) in enumerate(rows):
+        for i, ((payload, props, future), ts, code) in enumerate(rows):
             if code == 0:
                 key = keys[k : k + 16]
                 record = encode_entry(segment_id, entry_id, ts, payload, props, key)
@@ -285,13 +290,13 @@ class IdempotentLogWriter(LogWriter):
     def _admit_one_unavailable_locked(self, item: tuple, key: bytes, ts: int, resolved) -> None:
         hit = self._window.get(key, ts)
         if hit is None:
-            resolved.append((item[3], self._unavailable_error()))
+            resolved.append((item[2], self._unavailable_error()))
         elif hit.committed:
             self._duplicates += 1
             mid = LogMessageId(hit.segment_id, hit.entry_id)
-            resolved.append((item[3], WriteResult(mid, True)))
+            resolved.append((item[2], WriteResult(mid, True)))
         else:
-            self._join_locked(hit.segment_id, hit.entry_id, item[3])
+            self._join_locked(hit.segment_id, hit.entry_id, item[2])
 
     def _join_locked(self, segment_id: int, entry_id: int, future: Future) -> None:
         seg = self._segments.get(segment_id)
@@ -319,7 +324,7 @@ class IdempotentLogWriter(LogWriter):
         with self._lock:  # writes queued during the close: nobody will admit them
             items = self._intake.drop()
         exc = WriterClosedError(f"writer of log {self.log_id} closed before this write was queued")
-        resolve([(it[3], exc) for it in items])
+        resolve([(it[2], exc) for it in items])
 
     def write_many(
         self,
@@ -349,7 +354,8 @@ class IdempotentLogWriter(LogWriter):
                         continue
                     payload, props = coerce_message(payloads[i], None, self._max_entry_bytes)
                     future: Future = WriteFuture()
-                    done = self._queue_locked(payload, props, keys[16 * i : 16 * i + 16], future)
+                    ident = None if ids is None else ids[i]
+                    done = self._queue_locked(payload, props, ident, future)
                     if done:
                         resolved.extend(done)
                     futures.append((i, future))
@@ -423,7 +429,7 @@ class IdempotentLogWriter(LogWriter):
     def _fence_locked(self, exc: WriterFencedError):
         resolved = super()._fence_locked(exc)
         items = self._intake.drop()
-        resolved.extend((it[3], WriterFencedError(str(exc))) for it in items)
+        resolved.extend((it[2], WriterFencedError(str(exc))) for it in items)
         if self._snapshotter is not None:
             self._snapshotter._stop.set()
         return resolved
