@@ -58,6 +58,21 @@ def test_keypipe_hashes_full_chunks_in_the_background():
     assert pipe.take(len(pipe)) == content_keys(payloads[100:])
 
 
+def test_keypipe_mixes_payloads_ids_and_computed_keys_in_order():
+    from woodpecker_idem._core import explicit_key
+
+    pipe = KeyPipe()
+    pipe.push(b"payload")
+    pipe.push_id("order-1")
+    pipe.push_key(b"k" * 16)
+    with pytest.raises(InvalidArgumentError):
+        pipe.push_id("")  # refused, nothing queued
+    with pytest.raises(InvalidArgumentError):
+        pipe.push_key(b"short")
+    assert len(pipe) == 3
+    assert pipe.take(3) == content_key(b"payload") + explicit_key("order-1") + b"k" * 16
+
+
 def test_keypipe_accepts_bytes_likes_and_refuses_the_rest():
     pipe = KeyPipe()
     pipe.push(bytearray(b"abc"))

@@ -389,6 +389,10 @@ class KeyPipe:
     def __init__(self) -> None: ...
     def push(self, payload: Buffer) -> None:
         """Queue a copy of `payload`; raises InvalidTypeError for a non-bytes-like."""
+    def push_id(self, idempotency_id: str | bytes) -> None:
+        """Queue a copy of an explicit id for its key; a bad id raises (as `explicit_key`)."""
+    def push_key(self, key: Buffer) -> None:
+        """Queue a key computed already (16 bytes); it comes back as it is, in its turn."""
     def ready_count(self) -> int:
         """How many of the oldest queued payloads have their keys computed already (taking
         them neither waits nor hashes)."""

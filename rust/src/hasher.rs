@@ -19,12 +19,23 @@ pub const CHUNK_ITEMS: usize = 64;
 /// ... or at this many payload bytes, whichever comes first.
 pub const CHUNK_BYTES: usize = 256 * 1024;
 
-/// Payload (or explicit id) copies laid end to end, with each one's end offset and kind.
+/// What a pushed input is, so which key it gets.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// A payload: its content key.
+    Payload,
+    /// An explicit id: its explicit key.
+    Id,
+    /// A key computed already: passed through as it is.
+    Key,
+}
+
+/// Input copies laid end to end, with each one's end offset and kind.
 #[derive(Default)]
 struct Chunk {
     data: Vec<u8>,
     ends: Vec<usize>,
-    explicit: Vec<bool>,
+    kinds: Vec<Kind>,
 }
 
 impl Chunk {
@@ -35,13 +46,13 @@ impl Chunk {
     fn keys(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.len() * KEY_LEN);
         let mut start = 0;
-        for (&end, &explicit) in self.ends.iter().zip(&self.explicit) {
+        for (&end, &kind) in self.ends.iter().zip(&self.kinds) {
             let bytes = self.data.get(start..end).unwrap_or_default();
-            out.extend_from_slice(&if explicit {
-                keys::explicit_key(bytes)
-            } else {
-                keys::content_key(bytes)
-            });
+            match kind {
+                Kind::Payload => out.extend_from_slice(&keys::content_key(bytes)),
+                Kind::Id => out.extend_from_slice(&keys::explicit_key(bytes)),
+                Kind::Key => out.extend_from_slice(bytes),
+            }
             start = end;
         }
         out
@@ -135,18 +146,23 @@ impl KeyPipe {
 
     /// Queue a copy of `payload` for its content key.
     pub fn push(&mut self, payload: &[u8]) {
-        self.push_item(payload, false);
+        self.push_item(payload, Kind::Payload);
     }
 
     /// Queue a copy of an explicit id (already validated) for its explicit key.
     pub fn push_id(&mut self, id: &[u8]) {
-        self.push_item(id, true);
+        self.push_item(id, Kind::Id);
     }
 
-    fn push_item(&mut self, bytes: &[u8], explicit: bool) {
+    /// Queue a key computed already (16 bytes), returned as it is in its turn.
+    pub fn push_key(&mut self, key: &crate::keys::Key) {
+        self.push_item(key, Kind::Key);
+    }
+
+    fn push_item(&mut self, bytes: &[u8], kind: Kind) {
         self.open.data.extend_from_slice(bytes);
         self.open.ends.push(self.open.data.len());
-        self.open.explicit.push(explicit);
+        self.open.kinds.push(kind);
         self.pushed += 1;
         if self.open.len() >= CHUNK_ITEMS || self.open.data.len() >= CHUNK_BYTES {
             self.dispatch();
@@ -252,7 +268,7 @@ mod tests {
         let all: Vec<Vec<u8>> = (0..1000).map(payload).collect();
         let mut expected = Vec::new();
         for p in &all {
-            expected.extend_from_slice(&if p.len() % 3 == 0 {
+            expected.extend_from_slice(&if p.len() % 5 == 0 {
                 keys::explicit_key(p)
             } else {
                 keys::content_key(p)
@@ -267,10 +283,10 @@ mod tests {
         {
             let upto = (pushed + 97 + step * 13).min(all.len());
             for p in &all[pushed..upto] {
-                if p.len() % 3 == 0 {
-                    pipe.push_id(p);
-                } else {
-                    pipe.push(p);
+                match p.len() % 5 {
+                    0 => pipe.push_id(p),
+                    1 => pipe.push_key(&keys::content_key(p)),
+                    _ => pipe.push(p),
                 }
             }
             pushed = upto;

@@ -336,7 +336,7 @@ impl PyDedupWindow {
         let slice = keys.as_slice();
         // A writer's intake batch takes microseconds: keep the GIL (giving it up would make the
         // flusher queue behind the producer threads to get it back).
-        let (status, segs, ents, _) =
+        let (status, segs, ents) =
             self.lock(py)
                 .reserve_many(slice, &timestamps, segment_id, first);
         Ok((

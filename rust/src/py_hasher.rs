@@ -46,6 +46,13 @@ impl PyKeyPipe {
         Ok(())
     }
 
+    /// Queue a key computed already (16 bytes); it comes back as it is, in its turn.
+    fn push_key(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<()> {
+        let key = args::key(key, "key")?;
+        self.lock(py).push_key(&key);
+        Ok(())
+    }
+
     /// How many of the oldest queued payloads have their keys computed already.
     fn ready_count(&self, py: Python<'_>) -> usize {
         self.lock(py).ready_count()

@@ -144,9 +144,9 @@ class IdempotentLogWriter(LogWriter):
             resolve(resolved)
         return future
 
-    def _queue_locked(self, payload: bytes, props: dict | None, ident, future):
-        """Queue one write (its key from `ident`, an explicit id, or from the payload when None);
-        returns the outcomes to set once the lock is released."""
+    def _queue_locked(self, payload: bytes, props: dict | None, ident, future, key=None):
+        """Queue one write; its key is `key` if given (computed already), else that of `ident`
+        (an explicit id), else the payload's. Returns the outcomes to set after the lock."""
         if self._fenced is not None or self._closed:
             self._check_open_locked()
         size = len(payload) + OVERHEAD
@@ -159,7 +159,9 @@ class IdempotentLogWriter(LogWriter):
         stamps = intake.timestamps
         stamps.append(self._clock.now_ms())
         try:
-            if ident is None:
+            if key is not None:
+                intake.pipe.push_key(key)
+            elif ident is None:
                 intake.pipe.push(payload)
             else:
                 intake.pipe.push_id(ident)  # a bad id raises here
@@ -354,8 +356,8 @@ class IdempotentLogWriter(LogWriter):
                         continue
                     payload, props = coerce_message(payloads[i], None, self._max_entry_bytes)
                     future: Future = WriteFuture()
-                    ident = None if ids is None else ids[i]
-                    done = self._queue_locked(payload, props, ident, future)
+                    key = keys[16 * i : 16 * i + 16]  # hashed once, above
+                    done = self._queue_locked(payload, props, None, future, key)
                     if done:
                         resolved.extend(done)
                     futures.append((i, future))
