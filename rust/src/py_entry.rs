@@ -1,7 +1,7 @@
 //! Python face of `entry`: encoding a record on the write path and counting a frame's records.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyString};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
 use crate::args;
 use crate::entry::{self, EntryFields};
@@ -24,7 +24,28 @@ pub fn encode_entry<'py>(
         Some(k) if !k.is_none() => Some(args::bytes_like(k, "idempotency_key")?),
         _ => None,
     };
-    let mut owned: Vec<(Bound<'py, PyString>, Bound<'py, PyString>)> = Vec::new();
+    let owned = property_strings(py, properties)?;
+    let mut pairs: Vec<(&[u8], &[u8])> = Vec::with_capacity(owned.len());
+    for (k, v) in &owned {
+        pairs.push((k.to_str()?.as_bytes(), v.to_str()?.as_bytes()));
+    }
+    let record = entry::encode_record(&EntryFields {
+        segment_id,
+        entry_id,
+        timestamp_ms,
+        payload: payload.as_slice(),
+        properties: &pairs,
+        idempotency_key: key.as_ref().map(|k| k.as_slice()).unwrap_or_default(),
+    });
+    Ok(PyBytes::new(py, &record))
+}
+
+/// The (key, value) strings of an optional `dict[str, str]`.
+fn property_strings<'py>(
+    py: Python<'py>,
+    properties: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Vec<(Bound<'py, PyString>, Bound<'py, PyString>)>> {
+    let mut owned = Vec::new();
     if let Some(props) = properties.filter(|p| !p.is_none()) {
         let dict = props.cast::<PyDict>().map_err(|_| {
             invalid_type(
@@ -42,19 +63,83 @@ pub fn encode_entry<'py>(
             }
         }
     }
-    let mut pairs: Vec<(&[u8], &[u8])> = Vec::with_capacity(owned.len());
-    for (k, v) in &owned {
-        pairs.push((k.to_str()?.as_bytes(), v.to_str()?.as_bytes()));
+    Ok(owned)
+}
+
+/// The records of the rows `DedupWindow.reserve_many` made new (status 0), in row order, with
+/// entry ids counting up from `first_entry_id`: the writer's admission, one call per batch.
+/// `payloads` and `properties` are lists of N items, `timestamps_ms` N int64, `keys` N*16 bytes.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn encode_new_entries<'py>(
+    py: Python<'py>,
+    status: &Bound<'py, PyAny>,
+    segment_id: i64,
+    first_entry_id: i64,
+    timestamps_ms: &Bound<'py, PyAny>,
+    payloads: &Bound<'py, PyList>,
+    properties: &Bound<'py, PyList>,
+    keys: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyList>> {
+    let status = args::bytes_like(status, "status")?;
+    let status = status.as_slice();
+    let n = status.len();
+    let stamps = args::i64_column(timestamps_ms, "timestamps_ms")?;
+    let keys = args::key_buffer(keys, "keys")?;
+    let keys = keys.as_slice();
+    if stamps.len() != n || payloads.len() != n || properties.len() != n || keys.len() != n * 16 {
+        return Err(invalid_argument(
+            py,
+            format!(
+                "status has {n} rows but timestamps_ms {}, payloads {}, properties {} and keys {}",
+                stamps.len(),
+                payloads.len(),
+                properties.len(),
+                keys.len() / 16
+            ),
+        ));
     }
-    let record = entry::encode_record(&EntryFields {
-        segment_id,
-        entry_id,
-        timestamp_ms,
-        payload: payload.as_slice(),
-        properties: &pairs,
-        idempotency_key: key.as_ref().map(|k| k.as_slice()).unwrap_or_default(),
-    });
-    Ok(PyBytes::new(py, &record))
+    let stamps = stamps.view(py);
+    let out = PyList::empty(py);
+    let mut entry_id = first_entry_id;
+    for (i, &code) in status.iter().enumerate() {
+        if code != 0 {
+            continue;
+        }
+        let payload = payloads.get_item(i)?;
+        let payload = payload.cast::<PyBytes>().map_err(|_| {
+            invalid_type(
+                py,
+                format!("payloads[{i}] must be bytes, not {}", type_name(&payload)),
+            )
+        })?;
+        let props = properties.get_item(i)?;
+        let owned = property_strings(py, Some(&props))?;
+        let mut pairs: Vec<(&[u8], &[u8])> = Vec::with_capacity(owned.len());
+        for (k, v) in &owned {
+            pairs.push((k.to_str()?.as_bytes(), v.to_str()?.as_bytes()));
+        }
+        let timestamp_ms = match stamps.get(i).map(i64::try_from) {
+            Some(Ok(t)) => t,
+            v => {
+                return Err(invalid_argument(
+                    py,
+                    format!("timestamps_ms[{i}] = {v:?} does not fit int64"),
+                ))
+            }
+        };
+        let record = entry::encode_record(&EntryFields {
+            segment_id,
+            entry_id,
+            timestamp_ms,
+            payload: payload.as_bytes(),
+            properties: &pairs,
+            idempotency_key: keys.get(i * 16..i * 16 + 16).unwrap_or_default(),
+        });
+        out.append(PyBytes::new(py, &record))?;
+        entry_id += 1;
+    }
+    Ok(out)
 }
 
 /// Number of records in a frame; the lengths must tile it exactly.

@@ -24,54 +24,76 @@ ADMIT_AT = 128
 # ... and at least this many of the oldest have their keys ready
 ADMIT_MIN = 64
 
-Item = tuple[bytes, "dict | None", Future]
+# Queueing times: C long where it is 64-bit (appending an int to it is cheaper than to 'q')
+TIMESTAMP_TYPECODE = "l" if array("l").itemsize == 8 else "q"
 
 
 class IntakeBatch(NamedTuple):
-    items: list[Item]
-    timestamps: array  # array('q'): each write's queueing time, the time it is judged at
+    payloads: list[bytes]
+    properties: list[dict | None]
+    futures: list[Future]
+    timestamps: array  # each write's queueing time, the time it is judged at
     nbytes: int  # what the writes count against append.max_inflight_bytes
-    keys: bytes  # N*16 bytes, one key per item
+    keys: bytes  # N*16 bytes, one key per write
     since: float  # time.monotonic() when the oldest write was queued
 
 
 class Intake:
-    """A FIFO of queued writes; item i's key is the pipe's i-th."""
+    """A FIFO of queued writes, one column per field; write i's key is the pipe's i-th."""
 
-    __slots__ = ("items", "timestamps", "nbytes", "since", "pipe")
+    __slots__ = ("payloads", "properties", "futures", "timestamps", "nbytes", "since", "pipe")
 
     def __init__(self) -> None:
-        self.items: list[Item] = []
-        self.timestamps = array("q")
+        self.payloads: list[bytes] = []
+        self.properties: list[dict | None] = []
+        self.futures: list[Future] = []
+        self.timestamps = array(TIMESTAMP_TYPECODE)
         self.nbytes = 0
         self.since = 0.0
         self.pipe = KeyPipe()
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self.futures)
 
     def take(self, count: int | None = None) -> IntakeBatch:
         """The oldest `count` writes (all by default) with their keys; waits for the pipe only
         for keys not computed yet."""
-        n = len(self.items) if count is None else count
-        items = self.items[:n]
-        stamps = self.timestamps[:n]
-        if n == len(self.items):
-            nbytes = self.nbytes
-        else:
-            nbytes = sum([len(it[0]) for it in items]) + OVERHEAD * n
-        since = self.since
-        del self.items[:n]
-        del self.timestamps[:n]
+        if count is None or count == len(self.futures):
+            batch = IntakeBatch(
+                self.payloads,
+                self.properties,
+                self.futures,
+                self.timestamps,
+                self.nbytes,
+                self.pipe.take(len(self.futures)),
+                self.since,
+            )
+            self.payloads, self.properties, self.futures = [], [], []
+            self.timestamps = array(TIMESTAMP_TYPECODE)
+            self.nbytes = 0
+            return batch
+        n = count
+        payloads = self.payloads[:n]
+        nbytes = sum([len(p) for p in payloads]) + OVERHEAD * n
+        batch = IntakeBatch(
+            payloads,
+            self.properties[:n],
+            self.futures[:n],
+            self.timestamps[:n],
+            nbytes,
+            self.pipe.take(n),
+            self.since,
+        )
+        del self.payloads[:n], self.properties[:n], self.futures[:n], self.timestamps[:n]
         self.nbytes -= nbytes
         self.since = time.monotonic()
-        return IntakeBatch(items, stamps, nbytes, self.pipe.take(n), since)
+        return batch
 
-    def drop(self) -> list[Item]:
-        """Forget every queued write (the writer failed); returns them."""
-        items = self.items
-        self.items = []
-        self.timestamps = array("q")
+    def drop(self) -> list[Future]:
+        """Forget every queued write (the writer failed); returns their futures."""
+        futures = self.futures
+        self.payloads, self.properties, self.futures = [], [], []
+        self.timestamps = array(TIMESTAMP_TYPECODE)
         self.nbytes = 0
         self.pipe.clear()
-        return items
+        return futures

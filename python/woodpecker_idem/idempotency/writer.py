@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .._core import DedupWindow, content_keys, encode_entry, explicit_keys
+from .._core import DedupWindow, content_keys, encode_new_entries, explicit_keys
 from ..client.futures import WriteFuture
 from ..client.segment import PendingEntry
 from ..client.workers import resolve
@@ -168,17 +168,19 @@ class IdempotentLogWriter(LogWriter):
         except BaseException:
             stamps.pop()
             raise
-        items = intake.items
-        if not items:
+        futures = intake.futures
+        if not futures:
             intake.since = time.monotonic()
             seg = self._current
             if seg is None or not seg.unsent:  # else the flusher wakes within linger_ms anyway
                 self._wake.notify()  # it admits the write after linger_ms if nobody does sooner
-        items.append((payload, props, future))
+        intake.payloads.append(payload)
+        intake.properties.append(props)
+        futures.append(future)
         self._inflight_entries += 1
         self._inflight_bytes += size
         intake.nbytes += size
-        if len(items) >= ADMIT_AT and len(items) % 16 == 0:
+        if len(futures) >= ADMIT_AT and len(futures) % 16 == 0:
             ready = intake.pipe.ready_count()
             if ready >= ADMIT_MIN:
                 return self._admit_locked(intake.take(ready))
@@ -188,7 +190,7 @@ class IdempotentLogWriter(LogWriter):
         """Flusher: admit the queued writes once the oldest has waited linger_ms; returns the
         seconds until that, or None when nothing is queued."""
         with self._lock:
-            if not self._intake.items:
+            if not self._intake.futures:
                 return None
             due = self._intake.since + self._linger_s - time.monotonic()
             if due > 0:
@@ -199,7 +201,7 @@ class IdempotentLogWriter(LogWriter):
 
     def _admit_locked(self, batch: IntakeBatch) -> list:
         """Give queued writes their ids; returns the outcomes to set after the lock."""
-        n = len(batch.items)
+        n = len(batch.futures)
         resolved: list = []
         self._inflight_entries -= n
         self._inflight_bytes -= batch.nbytes
@@ -209,33 +211,33 @@ class IdempotentLogWriter(LogWriter):
                 if self._fenced is not None
                 else WriterClosedError(f"writer of log {self.log_id} closed")
             )
-            resolved = [(it[2], exc) for it in batch.items]
+            resolved = [(f, exc) for f in batch.futures]
         else:
             self._assign_locked(batch, resolved)
         self._space.notify_all()
         return resolved
 
     def _assign_locked(self, batch: IntakeBatch, resolved: list) -> None:
-        items, stamps, keys = batch.items, batch.timestamps, batch.keys
+        stamps, keys = batch.timestamps, batch.keys
         window = self._window
         if stamps[0] >= self._next_evict_ms:  # lookups ignore expired keys in between
             window.evict(stamps[0])
             self._next_evict_ms = stamps[0] + self._evict_every_ms
-        n = len(items)
+        n = len(stamps)
         start = 0
         while start < n:
             seg = self._writable_segment_locked()
             if seg is None:  # repairing: duplicates are still answered, new writes fail fast
                 for i in range(start, n):
                     key = keys[16 * i : 16 * i + 16]
-                    self._admit_one_unavailable_locked(items[i], key, stamps[i], resolved)
+                    self._admit_one_unavailable_locked(batch.futures[i], key, stamps[i], resolved)
                 return
             # a chunk stays within the segment's entry and byte limits; rolls happen in between
             end = min(n, start + self._roll_entries - seg.next_entry_id)
             if seg.size_bytes + batch.nbytes >= self._roll_bytes:
                 room = self._roll_bytes - seg.size_bytes
                 for i in range(start, end):
-                    room -= len(items[i][0]) + OVERHEAD
+                    room -= len(batch.payloads[i]) + OVERHEAD
                     if room <= 0:
                         end = i + 1
                         break
@@ -247,9 +249,21 @@ class IdempotentLogWriter(LogWriter):
 
     def _enqueue_locked(self, seg, batch, start, end, status, seg_col, ent_col, resolved):
         """The hot loop of admission: kept flat on purpose (no per-entry helper calls)."""
-        keys = batch.keys
+        whole = start == 0 and end == len(batch.futures)
+        cut = slice(start, end)
+        futures = batch.futures if whole else batch.futures[cut]
+        keys = batch.keys if whole else batch.keys[16 * start : 16 * end]
         segment_id = seg.segment_id
         first = entry_id = seg.next_entry_id
+        records = encode_new_entries(
+            status,
+            segment_id,
+            first,
+            batch.timestamps if whole else batch.timestamps[cut],
+            batch.payloads if whole else batch.payloads[cut],
+            batch.properties if whole else batch.properties[cut],
+            keys,
+        )
         deadline = time.monotonic() + self._timeout_s
         pending = seg.pending
         unsent = seg.unsent
@@ -257,26 +271,29 @@ class IdempotentLogWriter(LogWriter):
         by_entry = seg.by_entry
         added = 0
         seq = self._seq
-        k = 16 * start
-        rows = zip(batch.items[start:end], batch.timestamps[start:end], status, strict=True)
-        for i, ((payload, props, future), ts, code) in enumerate(rows):
-            if code == 0:
-                key = keys[k : k + 16]
-                record = encode_entry(segment_id, entry_id, ts, payload, props, key)
-                seq += 1
-                entry = PendingEntry(seq, segment_id, entry_id, record, key, future, deadline)
-                pending.append(entry)
-                unsent.append(entry)
-                by_entry[entry_id] = entry
-                added += len(record)
-                entry_id += 1
-            elif code == 1:
-                self._join_locked(_i64(seg_col, i), _i64(ent_col, i), future)
-            else:
-                self._duplicates += 1
-                mid = LogMessageId(_i64(seg_col, i), _i64(ent_col, i))
-                resolved.append((future, WriteResult(mid, True)))
-            k += 16
+        split = [keys[k : k + 16] for k in range(0, len(keys), 16)]
+        duplicates = len(records) != len(futures)
+        if not duplicates:  # the common case
+            rows = zip(records, futures, split, strict=True)
+        else:
+            new = [i for i, code in enumerate(status) if not code]
+            rows = zip(records, [futures[i] for i in new], [split[i] for i in new], strict=True)
+        for record, future, key in rows:
+            seq += 1
+            entry = PendingEntry(seq, segment_id, entry_id, record, key, future, deadline)
+            pending.append(entry)
+            unsent.append(entry)
+            by_entry[entry_id] = entry
+            added += len(record)
+            entry_id += 1
+        if duplicates:  # after the new entries: a row may join one made by an earlier row
+            for i, code in enumerate(status):
+                if code == 1:
+                    self._join_locked(_i64(seg_col, i), _i64(ent_col, i), futures[i])
+                elif code == 2:
+                    self._duplicates += 1
+                    mid = LogMessageId(_i64(seg_col, i), _i64(ent_col, i))
+                    resolved.append((futures[i], WriteResult(mid, True)))
         self._seq = seq
         seg.next_entry_id = entry_id
         seg.unsent_bytes += added
@@ -289,16 +306,16 @@ class IdempotentLogWriter(LogWriter):
         if len(unsent) >= self._max_batch_entries or seg.unsent_bytes >= self._max_batch_bytes:
             self._wake.notify()
 
-    def _admit_one_unavailable_locked(self, item: tuple, key: bytes, ts: int, resolved) -> None:
+    def _admit_one_unavailable_locked(self, future, key: bytes, ts: int, resolved) -> None:
         hit = self._window.get(key, ts)
         if hit is None:
-            resolved.append((item[2], self._unavailable_error()))
+            resolved.append((future, self._unavailable_error()))
         elif hit.committed:
             self._duplicates += 1
             mid = LogMessageId(hit.segment_id, hit.entry_id)
-            resolved.append((item[2], WriteResult(mid, True)))
+            resolved.append((future, WriteResult(mid, True)))
         else:
-            self._join_locked(hit.segment_id, hit.entry_id, item[2])
+            self._join_locked(hit.segment_id, hit.entry_id, future)
 
     def _join_locked(self, segment_id: int, entry_id: int, future: Future) -> None:
         seg = self._segments.get(segment_id)
@@ -316,7 +333,7 @@ class IdempotentLogWriter(LogWriter):
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every write queued before this call is committed or failed."""
         with self._lock:
-            resolved = self._admit_locked(self._intake.take()) if self._intake.items else None
+            resolved = self._admit_locked(self._intake.take()) if self._intake.futures else None
         if resolved:
             resolve(resolved)
         super().flush(timeout)
@@ -324,9 +341,9 @@ class IdempotentLogWriter(LogWriter):
     def close(self, timeout: float | None = 30.0) -> None:
         super().close(timeout)
         with self._lock:  # writes queued during the close: nobody will admit them
-            items = self._intake.drop()
+            futures = self._intake.drop()
         exc = WriterClosedError(f"writer of log {self.log_id} closed before this write was queued")
-        resolve([(it[2], exc) for it in items])
+        resolve([(f, exc) for f in futures])
 
     def write_many(
         self,
@@ -430,8 +447,7 @@ class IdempotentLogWriter(LogWriter):
 
     def _fence_locked(self, exc: WriterFencedError):
         resolved = super()._fence_locked(exc)
-        items = self._intake.drop()
-        resolved.extend((it[2], WriterFencedError(str(exc))) for it in items)
+        resolved.extend((f, WriterFencedError(str(exc))) for f in self._intake.drop())
         if self._snapshotter is not None:
             self._snapshotter._stop.set()
         return resolved
