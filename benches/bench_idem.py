@@ -25,7 +25,7 @@ import pytest
 
 import woodpecker_idem as wp
 
-ROUNDS = 15
+ROUNDS = 31
 N_WRITES = 10_000
 PAYLOAD = 1024
 SNAPSHOT_KEYS = 100_000

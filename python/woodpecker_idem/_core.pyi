@@ -383,6 +383,7 @@ class KeyPipe:
 
     `push` copies the payload (a memcpy) and returns; every 64 payloads or 256 KiB the chunk goes
     to the pipe's own Rust thread, which hashes it without the GIL while the producer carries on.
+    `push_id` computes an id's key at once (an id is short: waking the thread would cost more).
     Not meant to be shared: the idempotent writer calls it under its own lock.
     """
 

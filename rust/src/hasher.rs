@@ -24,8 +24,6 @@ pub const CHUNK_BYTES: usize = 256 * 1024;
 enum Kind {
     /// A payload: its content key.
     Payload,
-    /// An explicit id: its explicit key.
-    Id,
     /// A key computed already: passed through as it is.
     Key,
 }
@@ -36,6 +34,8 @@ struct Chunk {
     data: Vec<u8>,
     ends: Vec<usize>,
     kinds: Vec<Kind>,
+    /// Whether any input needs hashing (else the chunk is finished without the worker).
+    payloads: bool,
 }
 
 impl Chunk {
@@ -50,7 +50,6 @@ impl Chunk {
             let bytes = self.data.get(start..end).unwrap_or_default();
             match kind {
                 Kind::Payload => out.extend_from_slice(&keys::content_key(bytes)),
-                Kind::Id => out.extend_from_slice(&keys::explicit_key(bytes)),
                 Kind::Key => out.extend_from_slice(bytes),
             }
             start = end;
@@ -149,9 +148,10 @@ impl KeyPipe {
         self.push_item(payload, Kind::Payload);
     }
 
-    /// Queue a copy of an explicit id (already validated) for its explicit key.
+    /// Queue the key of an explicit id (already validated). An id is short, so its key is
+    /// computed here: waking the worker for it would cost more than the MD5 itself.
     pub fn push_id(&mut self, id: &[u8]) {
-        self.push_item(id, Kind::Id);
+        self.push_item(&keys::explicit_key(id), Kind::Key);
     }
 
     /// Queue a key computed already (16 bytes), returned as it is in its turn.
@@ -163,6 +163,7 @@ impl KeyPipe {
         self.open.data.extend_from_slice(bytes);
         self.open.ends.push(self.open.data.len());
         self.open.kinds.push(kind);
+        self.open.payloads |= matches!(kind, Kind::Payload);
         self.pushed += 1;
         if self.open.len() >= CHUNK_ITEMS || self.open.data.len() >= CHUNK_BYTES {
             self.dispatch();
@@ -173,6 +174,11 @@ impl KeyPipe {
         let chunk = std::mem::take(&mut self.open);
         let count = chunk.len();
         let slot = Arc::new(Slot::default());
+        if !chunk.payloads {
+            slot.fill(chunk.keys()); // keys only: nothing to hash
+            self.in_flight.push_back((count, slot));
+            return;
+        }
         if self.to_worker.is_none() {
             let (tx, rx) = channel();
             // Without a worker (thread creation refused), chunks are hashed by `take`.
