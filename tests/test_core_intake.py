@@ -144,3 +144,28 @@ def test_reserve_many_bad_arguments():
     with pytest.raises(InvalidArgumentError, match="multiple of 16"):
         w.reserve_many(b"short", array("q", [1]), 0, 0)
     assert w.pending_count == 0  # a refused call reserves nothing
+
+
+# --- encode_new_entries ----------------------------------------------------------------------
+
+
+def test_encode_new_entries_equals_encode_entry_for_the_new_rows():
+    from woodpecker_idem._core import encode_entry, encode_new_entries
+
+    status = bytes([0, 2, 0, 1, 0])
+    stamps = array("q", [10, 11, 12, 13, 14])
+    payloads = [b"a", b"dup", b"c" * 3000, b"joins", b""]
+    props = [None, None, {"k": "v", "x": "y"}, None, None]
+    keys = b"".join(K(i) for i in range(5))
+    records = encode_new_entries(status, 7, 40, stamps, payloads, props, keys)
+    assert records == [
+        encode_entry(7, 40, 10, b"a", None, K(0)),
+        encode_entry(7, 41, 12, b"c" * 3000, {"k": "v", "x": "y"}, K(2)),
+        encode_entry(7, 42, 14, b"", None, K(4)),
+    ]
+    with pytest.raises(InvalidArgumentError, match="status has 5 rows"):
+        encode_new_entries(status, 7, 40, stamps, payloads[:4], props, keys)
+    with pytest.raises(InvalidTypeError, match=r"payloads\[0\] must be bytes"):
+        encode_new_entries(status, 7, 40, stamps, ["a", *payloads[1:]], props, keys)
+    with pytest.raises(InvalidTypeError, match="properties must"):
+        encode_new_entries(status, 7, 40, stamps, payloads, [{"k": 1}, *props[1:]], keys)

@@ -26,6 +26,7 @@ __all__ = [
     "content_keys_arrow",
     "crc32c",
     "decode_snapshot",
+    "encode_new_entries",
     "encode_snapshot",
     "explicit_key",
     "explicit_keys",
@@ -140,6 +141,23 @@ def encode_entry(
     Raises:
         InvalidTypeError: `payload`/`idempotency_key` not bytes-like, or `properties` not a
             dict of str to str.
+    """
+
+def encode_new_entries(
+    status: Buffer,
+    segment_id: int,
+    first_entry_id: int,
+    timestamps_ms: Buffer,
+    payloads: list[bytes],
+    properties: list[dict[str, str] | None],
+    keys: Buffer,
+) -> list[bytes]:
+    """The records (as `encode_entry`) of the rows `DedupWindow.reserve_many` made new (status
+    0), in row order, entry ids counting up from `first_entry_id`: one call per admitted batch.
+
+    Raises:
+        InvalidArgumentError: the columns do not all hold N rows.
+        InvalidTypeError: a payload is not bytes, or properties are not `dict[str, str]`.
     """
 
 def count_records(frame: Buffer) -> int:
