@@ -173,6 +173,10 @@ impl KeyPipe {
     fn dispatch(&mut self) {
         let chunk = std::mem::take(&mut self.open);
         let count = chunk.len();
+        // The next chunk is likely as big: size it now rather than grow it copy by copy.
+        self.open.data.reserve(chunk.data.len().min(CHUNK_BYTES));
+        self.open.ends.reserve(CHUNK_ITEMS);
+        self.open.kinds.reserve(CHUNK_ITEMS);
         let slot = Arc::new(Slot::default());
         if !chunk.payloads {
             slot.fill(chunk.keys()); // keys only: nothing to hash
