@@ -301,44 +301,67 @@ def test_local_sweep_temp_files(tmp_path: Path) -> None:
     assert store.get("d/k") == b"x"
 
 
-def test_local_put_is_fsynced_before_publish(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The file's data is synced before its name is published, the directory after."""
-    store = LocalObjectStore(tmp_path / "o")
-    store.put("warm/0", b"x")  # directories exist
-    events: list[str] = []
-    real_datasync, real_fsync = local_mod._datasync, os.fsync
-    real_link, real_replace = os.link, os.replace
+_STRACE_SCRIPT = """
+import os, sys
+from woodpecker_idem.objectstore import LocalObjectStore
+store = LocalObjectStore(sys.argv[1])
+store.put("warm/0", b"x")  # directories exist
+os.access("/wp-mark-create", os.F_OK)
+store.put("warm/1", b"y", if_none_match=True)
+os.access("/wp-mark-replace", os.F_OK)
+store.put("warm/1", b"z")
+os.access("/wp-mark-newdir", os.F_OK)
+store.put("new/dir/0", b"z")
+os.access("/wp-mark-end", os.F_OK)
+"""
 
-    def datasync(fd: int) -> None:
-        events.append("datasync")
-        real_datasync(fd)
 
-    def fsync(fd: int) -> None:
-        events.append("fsync-dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "fsync")
-        real_fsync(fd)
+def _syscalls(trace: str, start: str, end: str) -> list[str]:
+    """The traced calls between two markers, as 'datasync', 'link', 'replace', 'fsync-dir'."""
+    lines = trace[trace.index(f"/wp-mark-{start}") : trace.index(f"/wp-mark-{end}")].splitlines()
+    fds: dict[str, str] = {}  # fd -> "file" | "dir"
+    out: list[str] = []
+    for line in lines[1:]:
+        call = line.split(None, 1)[1]
+        if call.startswith("openat(") and "= " in call:
+            fds[call.rsplit("= ", 1)[1].strip()] = "file" if "O_CREAT" in call else "dir"
+        elif call.startswith("fdatasync("):
+            out.append("datasync" if fds.get(call[10:].split(")")[0]) == "file" else "?")
+        elif call.startswith("fsync("):
+            out.append("fsync-dir" if fds.get(call[6:].split(")")[0]) == "dir" else "fsync")
+        elif call.startswith(("link(", "linkat(")):
+            out.append("link")
+        elif call.startswith(("rename(", "renameat(", "renameat2(")):
+            out.append("replace")
+    return out
 
-    def link(src: str, dst: str, **kw: Any) -> None:
-        events.append("link")
-        real_link(src, dst, **kw)
 
-    def replace(src: str, dst: str, **kw: Any) -> None:
-        events.append("replace")
-        real_replace(src, dst, **kw)
+def test_local_put_is_fsynced_before_publish(tmp_path: Path) -> None:
+    """The file's data is synced before its name is published, the directory after: the real
+    system calls, traced with strace (the put runs natively, out of reach of monkeypatching)."""
+    import shutil
+    import subprocess
+    import sys
 
-    monkeypatch.setattr(local_mod, "_datasync", datasync)
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "link", link)
-    monkeypatch.setattr(os, "replace", replace)
-    store.put("warm/1", b"y", if_none_match=True)
-    assert events == ["datasync", "link", "fsync-dir"]
-    events.clear()
-    store.put("warm/1", b"z")
-    assert events == ["datasync", "replace", "fsync-dir"]
-    events.clear()
-    store.put("new/dir/0", b"z")  # new directories: their parents are synced too
-    assert events.count("fsync-dir") == 3 and events[-2:] == ["replace", "fsync-dir"]
+    strace = shutil.which("strace")
+    assert strace, "strace is needed for this test (Debian: apt-get install strace)"
+    out = tmp_path / "trace"
+    subprocess.run(
+        [
+            strace, "-f", "-o", str(out),
+            "-e", "trace=openat,fdatasync,fsync,link,linkat,rename,renameat,renameat2,"
+            "access,faccessat",
+            sys.executable, "-c", _STRACE_SCRIPT, str(tmp_path / "o"),
+        ],
+        check=True,
+        timeout=60,
+    )  # fmt: skip
+    trace = out.read_text()
+    assert _syscalls(trace, "create", "replace") == ["datasync", "link", "fsync-dir"]
+    assert _syscalls(trace, "replace", "newdir") == ["datasync", "replace", "fsync-dir"]
+    new_dir = _syscalls(trace, "newdir", "end")  # new directories: their parents are synced too
+    assert new_dir.count("fsync-dir") == 3 and new_dir[-3:] == ["datasync", "replace", "fsync-dir"]
+    assert LocalObjectStore(tmp_path / "o").get("new/dir/0") == b"z"
 
 
 def test_local_reader_never_sees_partial_content(tmp_path: Path) -> None:

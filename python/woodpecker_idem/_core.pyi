@@ -9,6 +9,7 @@ bytes are used). `bytes` is read in place; other buffers are copied once while t
 because a writable exporter could change under a batch that runs without the GIL.
 """
 
+import os
 from collections.abc import Sequence
 from typing import final
 
@@ -30,6 +31,7 @@ __all__ = [
     "encode_snapshot",
     "explicit_key",
     "explicit_keys",
+    "put_file",
 ]
 
 KEY_SIZE: int
@@ -165,6 +167,29 @@ def count_records(frame: Buffer) -> int:
 
     Raises:
         InvalidArgumentError: naming `frame`, when a record is truncated or runs past the end.
+    """
+
+def put_file(
+    temp: str | os.PathLike[str],
+    final_path: str | os.PathLike[str],
+    data: Buffer,
+    *,
+    exclusive: bool,
+    sync: bool,
+) -> int:
+    """The local object store's durable put, run without the GIL: write `data` to the fresh file
+    `temp` (created exclusively, in `final_path`'s directory), sync its data when `sync`, publish
+    it as `final_path` (hard link when `exclusive`, so an existing name is kept; else rename over
+    it), then sync the directory when `sync`.
+
+    Returns 0 published, 1 `final_path` exists (exclusive; nothing changed), 2 `temp` is taken
+    (pick another name), 3 the directory is missing (create it and retry). The temp file is gone
+    after every outcome but 2.
+
+    Raises:
+        OSError: the subclass for its errno (e.g. `NotADirectoryError` when a path component is a
+            file, `IsADirectoryError` when renaming over a directory), with `filename` set.
+        InvalidTypeError: naming `data`, when it is not bytes-like.
     """
 
 class WindowEntry:

@@ -1,18 +1,20 @@
 //! `woodpecker_idem._core`: the Rust core of woodpecker_idem — idempotency keys, the dedup window,
-//! the dedup snapshot codec and LogStore record encoding. The pure-Rust modules (`keys`, `hasher`,
-//! `varint`, `window`, `snapshot`)
-//! have no Python dependency and are unit-tested with `cargo test`; `py`, `args` and `errors` are
-//! the PyO3 layer. The contract is `docs/core-api.md`.
+//! the dedup snapshot codec, LogStore record encoding and the local store's durable put. The
+//! pure-Rust modules (`keys`, `hasher`, `varint`, `window`, `snapshot`, `entry`, `fileput`) have
+//! no Python dependency and are unit-tested with `cargo test`; `py*`, `args` and `errors` are the
+//! PyO3 layer. The contract is `docs/core-api.md`.
 
 #![forbid(unsafe_code)]
 
 pub mod args;
 pub mod entry;
 pub mod errors;
+pub mod fileput;
 pub mod hasher;
 pub mod keys;
 pub mod py;
 pub mod py_entry;
+pub mod py_fileput;
 pub mod py_hasher;
 pub mod snapshot;
 pub mod varint;
@@ -37,6 +39,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_entry::encode_entry, m)?)?;
     m.add_function(wrap_pyfunction!(py_entry::encode_new_entries, m)?)?;
     m.add_function(wrap_pyfunction!(py_entry::count_records, m)?)?;
+    m.add_function(wrap_pyfunction!(py_fileput::put_file, m)?)?;
     m.add("KEY_SIZE", keys::KEY_LEN)?;
     m.add("SNAPSHOT_FORMAT_VERSION", snapshot::FORMAT_VERSION)?;
     Ok(())

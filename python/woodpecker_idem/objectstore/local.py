@@ -5,6 +5,7 @@ the target directory, which is fsynced and then published with `os.link` (create
 kernel refuses an existing name, so exactly one of several concurrent creators wins, across threads
 and processes) or `os.replace` (overwrite); the directory is fsynced afterwards so the new name
 survives a crash. Readers therefore see either the whole old or the whole new file, never a part.
+That sequence is one native call (`_core.put_file`), so a put gives up the GIL once, not per call.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import time
 from collections.abc import Iterator
 
+from woodpecker_idem._core import put_file
 from woodpecker_idem.errors import InvalidArgumentError, InvalidTypeError
 from woodpecker_idem.objectstore.base import ObjectStore
 
@@ -25,14 +27,13 @@ logger = logging.getLogger(__name__)
 #: never makes a valid key invalid).
 TEMP_PREFIX = ".wp-tmp-"
 
-_O_BINARY = getattr(os, "O_BINARY", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_BINARY | _O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC
-_datasync = getattr(os, "fdatasync", os.fsync)  # data + size is all a fresh file needs
 # Temp names: pid + a process-wide counter (next() on a count is atomic under the GIL); cheaper
 # than a random name per put. O_EXCL still guards against a crashed process's leftovers.
 _temp_seq = itertools.count()
+# put_file outcomes
+_PUBLISHED, _EXISTS, _TEMP_TAKEN, _NO_DIRECTORY = 0, 1, 2, 3
 
 
 def validate_key(key: object, *, name: str = "key") -> str:
@@ -125,75 +126,45 @@ class LocalObjectStore(ObjectStore):
         finally:
             os.close(fd)
 
-    def _write_temp(self, final: str, data: bytes | bytearray | memoryview) -> str:
-        """Write `data` to a fresh fsynced temp file beside `final`; returns its path."""
+    # --- contract ------------------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes, *, if_none_match: bool = False) -> bool:
+        """Atomic, durable put; with `if_none_match` exactly one concurrent creator gets True.
+
+        The write, sync and publish run in one native call (`_core.put_file`) that releases the
+        GIL once: from Python, each of its ~9 system calls would wait to win the GIL back from
+        any busy Python thread, up to 5 ms each.
+        """
+        validate_key(key)
+        payload = as_bytes(data)
+        final = self._path(key)
         head, tail = os.path.split(final)
         for _attempt in range(5):
             tmp = os.path.join(head, f"{TEMP_PREFIX}{tail}.{os.getpid()}.{next(_temp_seq)}")
             try:
-                fd = os.open(tmp, _TEMP_FLAGS, 0o666)
-            except FileExistsError:
-                continue  # a leftover of a crashed process that had our pid: pick another name
-            except FileNotFoundError:
-                # First object in this directory, or a delete_prefix removed it meanwhile.
-                self._make_dirs(head)
-                continue
+                outcome = put_file(tmp, final, payload, exclusive=if_none_match, sync=self._fsync)
             except NotADirectoryError:
                 raise InvalidArgumentError(
-                    f"key {os.path.relpath(final, self.root)!r} lies below an existing object"
+                    f"key {key!r} lies below an existing object"
                 ) from None
-            try:
-                view = memoryview(data)
-                while view:
-                    n = os.write(fd, view)
-                    view = view[n:]
-                if self._fsync:
-                    _datasync(fd)
-            except BaseException:
-                os.close(fd)
-                _unlink_quietly(tmp)
-                raise
-            os.close(fd)
-            return tmp
-        raise OSError(errno.ENOENT, f"directory keeps vanishing (attempts={_attempt + 1})", head)
-
-    # --- contract ------------------------------------------------------------------------------
-
-    def put(self, key: str, data: bytes, *, if_none_match: bool = False) -> bool:
-        """Atomic, durable put; with `if_none_match` exactly one concurrent creator gets True."""
-        validate_key(key)
-        payload = as_bytes(data)
-        final = self._path(key)
-        tmp = self._write_temp(final, payload)
-        try:
-            if if_none_match:
-                try:
-                    os.link(tmp, final)
-                except FileExistsError:
-                    if os.path.isdir(final):
-                        raise InvalidArgumentError(
-                            f"key {key!r} names a directory of other objects"
-                        ) from None
-                    return False
-            else:
-                try:
-                    os.replace(tmp, final)
-                except IsADirectoryError:
+            except OSError as exc:
+                if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST) and os.path.isdir(
+                    final
+                ):
                     raise InvalidArgumentError(
                         f"key {key!r} names a directory of other objects"
                     ) from None
-                except OSError as exc:
-                    if exc.errno in (errno.ENOTEMPTY, errno.EEXIST) and os.path.isdir(final):
-                        raise InvalidArgumentError(
-                            f"key {key!r} names a directory of other objects"
-                        ) from None
-                    raise
-                tmp = ""
-        finally:
-            if tmp:
-                _unlink_quietly(tmp)
-        self._sync_dir(os.path.dirname(final))
-        return True
+                raise
+            if outcome == _PUBLISHED:
+                return True
+            if outcome == _EXISTS:
+                if os.path.isdir(final):
+                    raise InvalidArgumentError(f"key {key!r} names a directory of other objects")
+                return False
+            if outcome == _NO_DIRECTORY:  # first object here, or a delete_prefix removed it
+                self._make_dirs(head)
+            # _TEMP_TAKEN: a leftover of a crashed process that had our pid: pick another name
+        raise OSError(errno.ENOENT, f"directory keeps vanishing (attempts={_attempt + 1})", head)
 
     def get(self, key: str) -> bytes | None:
         """The file's bytes, or None; a directory is not an object."""
@@ -301,10 +272,3 @@ def _walk_entry(entry: os.DirEntry[str], rel_dir: str) -> Iterator[str]:
                 continue  # removed while we walked
         elif e.is_file(follow_symlinks=False):
             yield rel + e.name
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
