@@ -29,6 +29,7 @@ from hypothesis.stateful import (
 from woodpecker_idem import _core
 from woodpecker_idem.errors import (
     InvalidArgumentError,
+    InvalidTypeError,
     WoodpeckerError,
 )
 
@@ -52,6 +53,8 @@ class RefWindow:
         self.max_keys = max_keys
         self.window_ms = window_ms
         self.pending: dict[bytes, Value] = {}
+        self.pending_seq: dict[bytes, int] = {}  # insertion order, for ties in commit_through
+        self.seq = 0
         self.ring: list[list[Any]] = []  # [key, value, live], oldest first
         self.live: dict[bytes, list[Any]] = {}
         self.hits = 0
@@ -112,6 +115,29 @@ class RefWindow:
         if key in self.live:
             self._kill(key)  # its committed record expired: the new write replaces it
         self.pending[key] = value
+        self.seq += 1
+        self.pending_seq[key] = self.seq
+
+    def _in_segment(self, segment_id: int, last: int | None) -> list[bytes]:
+        """Pending keys of a segment up to `last`, in entry order (ties: insertion order)."""
+        rows = [
+            (v[1], self.pending_seq[k], k)
+            for k, v in self.pending.items()
+            if v[0] == segment_id and (last is None or v[1] <= last)
+        ]
+        return [k for _e, _s, k in sorted(rows)]
+
+    def commit_through(self, segment_id: int, last_entry_id: int) -> int:
+        keys = self._in_segment(segment_id, last_entry_id)
+        for k in keys:
+            self.commit(k)
+        return len(keys)
+
+    def drop_segment(self, segment_id: int) -> int:
+        keys = self._in_segment(segment_id, None)
+        for k in keys:
+            self.drop_pending(k)
+        return len(keys)
 
     def commit(self, key: bytes) -> bool:
         value = self.pending.pop(key, None)
@@ -207,6 +233,16 @@ class WindowMachine(RuleBasedStateMachine):
     def drop_pending(self, key: bytes) -> None:
         assert self.model is not None
         assert self.real.drop_pending(key) is self.model.drop_pending(key)
+
+    @rule(seg=ids, last=ids)
+    def commit_through(self, seg: int, last: int) -> None:
+        assert self.model is not None
+        assert self.real.commit_through(seg, last) == self.model.commit_through(seg, last)
+
+    @rule(seg=ids)
+    def drop_segment(self, seg: int) -> None:
+        assert self.model is not None
+        assert self.real.drop_segment(seg) == self.model.drop_segment(seg)
 
     @rule(key=keys, seg=ids, ent=ids, frac=st.floats(0, 1))
     def add_committed(self, key: bytes, seg: int, ent: int, frac: float) -> None:
@@ -620,16 +656,26 @@ def test_huge_window_is_a_memory_error_not_a_crash() -> None:
     assert out.stdout.strip() == "MemoryError"
 
 
-def test_commit_many_equals_commits_in_order() -> None:
-    keys = [bytes([i]) * 16 for i in range(6)]
-    one, many = _core.DedupWindow(4, 1_000), _core.DedupWindow(4, 1_000)
-    for w in (one, many):
+def test_commit_through_equals_commits_in_entry_order() -> None:
+    keys = [bytes([i]) * 16 for i in range(8)]
+    one, pos = _core.DedupWindow(4, 1_000), _core.DedupWindow(4, 1_000)
+    for w in (one, pos):
         for i, k in enumerate(keys[:5]):
             w.add_pending(k, 1, i, 100 + i)
-    for k in (keys[3], keys[0], keys[5], keys[1], keys[3]):
+        w.add_pending(keys[5], 2, 0, 200)  # another segment: untouched
+    for k in keys[:3]:
         one.commit(k)
-    assert many.commit_many(keys[3] + keys[0] + keys[5] + keys[1] + keys[3]) == 3
-    assert many.committed_entries() == one.committed_entries()
-    assert many.pending_count == one.pending_count == 2
-    with pytest.raises(InvalidArgumentError, match="keys"):
-        many.commit_many(b"x" * 17)
+    assert pos.commit_through(1, 2) == 3
+    assert pos.committed_entries() == one.committed_entries()
+    assert pos.pending_count == one.pending_count == 3
+    # capacity 4: committing the rest evicts the oldest, exactly as commit() does
+    for k in keys[3:5]:
+        one.commit(k)
+    assert pos.commit_through(1, 99) == 2 and pos.commit_through(1, 99) == 0
+    assert pos.committed_entries() == one.committed_entries()
+    assert pos.early_evictions == one.early_evictions == 1
+    assert pos.drop_segment(2) == 1 and pos.get(keys[5]) is None and pos.pending_count == 0
+    with pytest.raises(InvalidArgumentError, match="last_entry_id"):
+        pos.commit_through(1, -1)
+    with pytest.raises(InvalidTypeError, match="segment_id"):
+        pos.drop_segment("1")

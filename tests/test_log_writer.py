@@ -24,6 +24,7 @@ from woodpecker_idem.errors import (
     WoodpeckerError,
     WriterClosedError,
 )
+from woodpecker_idem.logstore.transport import FaultInjectingTransport
 from woodpecker_idem.types import LogMessageId, SegmentState, WriteMessage, WriteResult
 
 
@@ -118,6 +119,32 @@ def test_flush_commits_and_resolves_everything_queued(tmp_path, wp_connect):
         assert all(f.exception() is None for f in futures)
     writer.close()
     assert len(read_all(client.open_log("f"))) == 250
+
+
+def test_lingered_batch_waits_for_the_batch_in_flight(tmp_path, wp_connect):
+    """Under load a batch fills while the previous one is in flight: one durable put for all of
+    it, not one per linger (each would only queue behind the first). Order and acks unchanged."""
+    client = wp_connect(tmp_path, {"append.linger_ms": 1})
+    faults = FaultInjectingTransport(client.transport)
+    client.transport = faults
+    handle = client.create_log("hold")
+    writer = handle.open_writer()
+    faults.delay("node-0", 300)
+    first = writer.write_async(b"first")
+    deadline = time.monotonic() + 5
+    while faults.calls.get("add_entries", 0) < 1:  # its batch is in flight (sleeping 300 ms)
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    faults.delay("node-0", 0)
+    rest = []
+    for i in range(20):  # spread over ~100 ms: many lingers of 1 ms
+        rest.append(writer.write_async(b"r%d" % i))
+        time.sleep(0.005)
+    results = [f.result(5) for f in [first, *rest]]
+    assert faults.calls["add_entries"] == 2, faults.calls
+    assert [r.message_id for r in results] == [LogMessageId(0, i) for i in range(21)]
+    writer.close()
+    assert [m.payload for m in read_all(handle)] == [b"first"] + [b"r%d" % i for i in range(20)]
 
 
 def test_close_seals_then_reopen_continues(tmp_path, wp_connect):

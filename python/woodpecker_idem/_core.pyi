@@ -278,14 +278,24 @@ class DedupWindow:
 
         May evict the oldest committed key when the window is full.
         """
-    def commit_many(self, keys: Buffer) -> int:
-        """`commit` for N keys in one N*16-byte buffer, in order (one call per acked batch).
+    def commit_through(self, segment_id: int, last_entry_id: int) -> int:
+        """Commit the pending keys of `segment_id` with entry ids up to `last_entry_id`, in entry
+        order: a quorum ack commits a prefix of a segment, so the writer names the position
+        instead of handing each key back (one call per acked batch, no key copies).
 
         Returns:
-            How many of the keys were pending (and are now committed).
+            How many keys were committed (0 when none of that segment is pending up to there).
 
         Raises:
-            InvalidArgumentError: naming `keys`, when its length is not a multiple of 16.
+            InvalidArgumentError: an id is out of range 0..=4294967295.
+            InvalidTypeError: an id is not an int.
+        """
+    def drop_segment(self, segment_id: int) -> int:
+        """Forget every pending key of `segment_id`: the segment was completed without them (the
+        second failure outcome), so their retries write them anew.
+
+        Returns:
+            How many keys were pending there.
         """
 
     def drop_pending(self, key: Buffer) -> bool:

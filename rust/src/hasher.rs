@@ -66,6 +66,15 @@ pub struct Slot {
 }
 
 impl Slot {
+    /// A slot finished from the start: no condition variable is signalled (a signal is a system
+    /// call even with nobody waiting, and key-only chunks never have a waiter).
+    fn filled(keys: Vec<u8>) -> Self {
+        Self {
+            keys: Mutex::new(Some(keys)),
+            done: Condvar::new(),
+        }
+    }
+
     fn fill(&self, keys: Vec<u8>) {
         *self.keys.lock().unwrap_or_else(PoisonError::into_inner) = Some(keys);
         self.done.notify_all();
@@ -177,12 +186,12 @@ impl KeyPipe {
         self.open.data.reserve(chunk.data.len().min(CHUNK_BYTES));
         self.open.ends.reserve(CHUNK_ITEMS);
         self.open.kinds.reserve(CHUNK_ITEMS);
-        let slot = Arc::new(Slot::default());
         if !chunk.payloads {
-            slot.fill(chunk.keys()); // keys only: nothing to hash
+            let slot = Arc::new(Slot::filled(chunk.keys())); // keys only: nothing to hash
             self.in_flight.push_back((count, slot));
             return;
         }
+        let slot = Arc::new(Slot::default());
         if self.to_worker.is_none() {
             let (tx, rx) = channel();
             // Without a worker (thread creation refused), chunks are hashed by `take`.

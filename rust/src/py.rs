@@ -228,19 +228,23 @@ impl PyDedupWindow {
         Ok(self.lock(py).commit(&key))
     }
 
-    /// Commit many pending keys (one N*16-byte buffer) in order; returns how many were pending.
-    fn commit_many(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let keys = args::key_buffer(keys, "keys")?;
-        let mut w = self.lock(py);
-        Ok(keys
-            .as_slice()
-            .chunks_exact(crate::keys::KEY_LEN)
-            .filter(|k| {
-                let mut key = [0u8; crate::keys::KEY_LEN];
-                key.copy_from_slice(k);
-                w.commit(&key)
-            })
-            .count())
+    /// Commit the pending keys of `segment_id` up to `last_entry_id`, in entry order (a quorum
+    /// ack commits a prefix of a segment); returns how many were committed.
+    fn commit_through(
+        &self,
+        py: Python<'_>,
+        segment_id: &Bound<'_, PyAny>,
+        last_entry_id: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let segment_id = args::int_u32(segment_id, "segment_id")?;
+        let last = args::int_u32(last_entry_id, "last_entry_id")?;
+        Ok(self.lock(py).commit_through(segment_id, last))
+    }
+
+    /// Forget every pending key of `segment_id` (completed without them); returns how many.
+    fn drop_segment(&self, py: Python<'_>, segment_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let segment_id = args::int_u32(segment_id, "segment_id")?;
+        Ok(self.lock(py).drop_segment(segment_id))
     }
 
     fn drop_pending(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {

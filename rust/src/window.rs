@@ -9,7 +9,7 @@
 //! until it reaches the oldest end, where it is dropped without counting as an eviction. A slot
 //! is live exactly when the index points at it.
 
-use std::collections::TryReserveError;
+use std::collections::{HashMap, TryReserveError, VecDeque};
 use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
@@ -76,6 +76,9 @@ pub struct Window {
     /// Slots in `[head, head + len)` that the index no longer points at.
     dead: usize,
     pending: HashTable<Record>,
+    /// The pending keys of each segment, in entry order (ties in insertion order), so a quorum
+    /// ack commits a prefix of a segment by position ([`Window::commit_through`]).
+    pending_order: HashMap<u32, VecDeque<(u32, Key)>>,
     counters: Counters,
 }
 
@@ -135,6 +138,7 @@ impl Window {
             index,
             dead: 0,
             pending: HashTable::new(),
+            pending_order: HashMap::new(),
             counters: Counters::default(),
         })
     }
@@ -155,11 +159,16 @@ impl Window {
         self.counters
     }
 
-    /// Heap bytes owned: ring capacity, index and pending table allocations.
+    /// Heap bytes owned: ring capacity, index, pending table and pending order allocations.
     pub fn memory_bytes(&self) -> usize {
         self.ring.capacity() * std::mem::size_of::<Record>()
             + self.index.allocation_size()
             + self.pending.allocation_size()
+            + self
+                .pending_order
+                .values()
+                .map(|q| q.capacity() * std::mem::size_of::<(u32, Key)>())
+                .sum::<usize>()
     }
 
     #[inline]
@@ -232,14 +241,79 @@ impl Window {
         let seed = self.seed;
         self.pending
             .insert_unique(h, rec, |r| key_hash(seed, &r.key));
+        let order = self.pending_order.entry(rec.segment_id).or_default();
+        match order.back() {
+            Some(&(last, _)) if last >= rec.entry_id => {
+                // Out of order (never from the writer): keep the queue sorted by entry id.
+                let at = order.partition_point(|&(e, _)| e <= rec.entry_id);
+                order.insert(at, (rec.entry_id, rec.key));
+            }
+            _ => order.push_back((rec.entry_id, rec.key)),
+        }
         Ok(())
     }
 
+    /// Commit the pending keys of `segment_id` whose entry ids are at most `last_entry_id`, in
+    /// entry order: a quorum ack commits a prefix of a segment, so the writer names the position
+    /// instead of handing every key back. Returns how many were committed.
+    pub fn commit_through(&mut self, segment_id: u32, last_entry_id: u32) -> usize {
+        self.take_through(segment_id, Some(last_entry_id), true)
+    }
+
+    /// Forget every pending key of `segment_id` (the segment was completed without them).
+    /// Returns how many there were.
+    pub fn drop_segment(&mut self, segment_id: u32) -> usize {
+        self.take_through(segment_id, None, false)
+    }
+
+    fn take_through(&mut self, segment_id: u32, last: Option<u32>, commit: bool) -> usize {
+        let Some(mut order) = self.pending_order.remove(&segment_id) else {
+            return 0;
+        };
+        let mut n = 0;
+        while let Some(&(entry_id, key)) = order.front() {
+            if last.is_some_and(|last| entry_id > last) {
+                break;
+            }
+            order.pop_front();
+            let h = key_hash(self.seed, &key);
+            // The queue holds exactly the segment's pending keys (take_pending keeps it so).
+            if let Ok(found) = self.pending.find_entry(h, |r| r.key == key) {
+                let rec = found.remove().0;
+                debug_assert!(rec.segment_id == segment_id && rec.entry_id == entry_id);
+                if commit {
+                    self.push_committed(rec, h);
+                }
+                n += 1;
+            }
+        }
+        if !order.is_empty() {
+            self.pending_order.insert(segment_id, order);
+        }
+        n
+    }
+
     fn take_pending(&mut self, key: &Key, h: u64) -> Option<Record> {
-        self.pending
+        let rec = self
+            .pending
             .find_entry(h, |r| r.key == *key)
             .ok()
-            .map(|e| e.remove().0)
+            .map(|e| e.remove().0)?;
+        // Usually at the front (keys go in entry order); anywhere else costs a shift, which only
+        // API callers taking keys one by one pay, never the writer.
+        if let Some(order) = self.pending_order.get_mut(&rec.segment_id) {
+            let from = order.partition_point(|&(e, _)| e < rec.entry_id);
+            let at = (from..order.len())
+                .take_while(|&i| order[i].0 == rec.entry_id)
+                .find(|&i| order[i].1 == rec.key);
+            if let Some(at) = at {
+                order.remove(at);
+            }
+            if order.is_empty() {
+                self.pending_order.remove(&rec.segment_id);
+            }
+        }
+        Some(rec)
     }
 
     /// Move a pending key to the newest end of the commit order; false if it is not pending.
@@ -412,6 +486,7 @@ impl Window {
             index: self.index.clone(),
             dead: self.dead,
             pending: HashTable::new(),
+            pending_order: HashMap::new(),
             counters: Counters::default(),
         })
     }
@@ -756,6 +831,75 @@ mod tests {
         c.add_committed(rec(9, 0));
         assert_eq!(order(&c), vec![3, 4, 5, 9]);
         assert_eq!(order(&w), vec![2, 3, 4, 5]);
+    }
+
+    fn pending_rec(i: u64, segment_id: u32, entry_id: u32) -> Record {
+        Record {
+            key: k(i),
+            segment_id,
+            entry_id,
+            timestamp_ms: 5,
+        }
+    }
+
+    #[test]
+    fn commit_through_commits_a_prefix_of_one_segment() {
+        let mut w = Window::new(100, 1000).unwrap();
+        for e in 0..5 {
+            w.add_pending(pending_rec(u64::from(e), 1, e)).unwrap();
+            w.add_pending(pending_rec(100 + u64::from(e), 2, e))
+                .unwrap();
+        }
+        assert_eq!(w.commit_through(1, 2), 3);
+        let committed: Vec<u32> = w.committed_iter().map(|r| r.entry_id).collect();
+        assert_eq!(committed, vec![0, 1, 2]);
+        assert!(matches!(w.peek(&k(3), None), Lookup::Pending(_)));
+        assert!(matches!(w.peek(&k(100), None), Lookup::Pending(_)));
+        assert_eq!(w.commit_through(1, 2), 0); // nothing left at or below 2
+        assert_eq!(w.commit_through(9, 100), 0); // unknown segment
+        assert!(w.commit(&k(3))); // one by one: leaves the queue
+        assert_eq!(w.pending_order[&1].len(), 1);
+        assert_eq!(w.commit_through(1, 10), 1);
+        assert_eq!(w.committed_count(), 5);
+        assert_eq!(w.drop_segment(2), 5);
+        assert_eq!(w.pending_count(), 0);
+        assert!(w.pending_order.is_empty());
+    }
+
+    #[test]
+    fn commit_through_keeps_entry_order_and_follows_replaced_keys() {
+        let mut w = Window::new(100, 1000).unwrap();
+        // out of order (an API caller, not the writer): committed in entry order anyway
+        for e in [3, 1, 2, 0] {
+            w.add_pending(pending_rec(e, 7, e as u32)).unwrap();
+        }
+        // dropped, then pending again at a later entry: only the new position counts
+        assert!(w.drop_pending(&k(1)));
+        w.add_pending(pending_rec(1, 7, 9)).unwrap();
+        assert_eq!(w.commit_through(7, 3), 3);
+        let order: Vec<u32> = w.committed_iter().map(|r| r.entry_id).collect();
+        assert_eq!(order, vec![0, 2, 3]);
+        assert!(matches!(w.peek(&k(1), None), Lookup::Pending(r) if r.entry_id == 9));
+        assert_eq!(w.commit_through(7, 9), 1);
+        assert!(w.pending_order.is_empty());
+        assert_eq!(w.pending_count(), 0);
+    }
+
+    #[test]
+    fn keys_taken_one_by_one_leave_the_order_queue() {
+        let mut w = Window::new(100, 1000).unwrap();
+        for e in 0..50u32 {
+            w.add_pending(pending_rec(u64::from(e), 3, e / 2)).unwrap(); // ties too
+        }
+        for e in (0..50u64).rev().step_by(3) {
+            assert!(w.drop_pending(&k(e)));
+        }
+        let left: Vec<u64> = (0..50u64).filter(|e| (49 - e) % 3 != 0).collect();
+        assert_eq!(w.pending_order[&3].len(), left.len());
+        for e in left {
+            assert!(w.commit(&k(e)));
+        }
+        assert!(w.pending_order.is_empty());
     }
 
     #[test]

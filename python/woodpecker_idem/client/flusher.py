@@ -81,13 +81,22 @@ class Flusher:
                     future.set_exception(exc)
 
     def _cut_batches_locked(self, seg: SegmentHandle, now: float, sends: list) -> float:
-        """Move full or lingered entries into batches; returns how long until the next is due."""
+        """Move full or lingered entries into batches; returns how long until the next is due.
+
+        A lingered (not full) batch also waits while an earlier batch of the segment is in
+        flight: commits go in entry order and each node stores batches one at a time, so sending
+        it early gains nothing, while waiting lets it fill (fewer, larger durable puts under load).
+        The ack of the batch in flight wakes the flusher.
+        """
         w = self.writer
         while seg.unsent:
             full = len(seg.unsent) >= w._max_batch_entries or seg.unsent_bytes >= w._max_batch_bytes
-            due = seg.unsent_since + w._linger_s - now
-            if not full and due > 0 and seg.status is SegmentStatus.OPEN:
-                return due
+            if not full and seg.status is SegmentStatus.OPEN:
+                due = seg.unsent_since + w._linger_s - now
+                if due > 0:
+                    return due
+                if seg.batches:
+                    return 0.05  # held until the ack (which notifies)
             sends.append((seg, seg.take_batch(w._max_batch_entries, w._max_batch_bytes)))
             if seg.lac > seg.lac_sent:
                 seg.lac_sent = seg.lac

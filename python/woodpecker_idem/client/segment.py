@@ -30,7 +30,6 @@ class PendingEntry:
         "segment_id",
         "entry_id",
         "record",
-        "key",
         "future",
         "joiners",
         "deadline",
@@ -43,7 +42,6 @@ class PendingEntry:
         segment_id: int,
         entry_id: int,
         record: bytes,
-        key: bytes | None,
         future: Future | None,
         deadline: float,
     ):
@@ -51,7 +49,6 @@ class PendingEntry:
         self.segment_id = segment_id
         self.entry_id = entry_id
         self.record = record
-        self.key = key
         self.future = future
         self.joiners: list[Future] | None = None
         self.deadline = deadline

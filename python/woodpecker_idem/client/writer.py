@@ -224,14 +224,13 @@ class LogWriter:
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
         future: Future[WriteResult] = WriteFuture()
         with self._lock:
-            self._append_locked(payload, props, None, future, self._clock.now_ms())
+            self._append_locked(payload, props, future, self._clock.now_ms())
         return future
 
     def _append_locked(
         self,
         payload: bytes,
         props: dict | None,
-        key: bytes | None,
         future: Future | None,
         now_ms: int,
     ) -> PendingEntry | None:
@@ -261,11 +260,10 @@ class LogWriter:
                 return None
         entry_id = seg.next_entry_id
         seg.next_entry_id = entry_id + 1
-        record = encode_entry(seg.segment_id, entry_id, now_ms, payload, props, key)
+        record = encode_entry(seg.segment_id, entry_id, now_ms, payload, props)
         self._seq += 1
-        entry = PendingEntry(
-            self._seq, seg.segment_id, entry_id, record, key, future, now + self._timeout_s
-        )
+        deadline = now + self._timeout_s
+        entry = PendingEntry(self._seq, seg.segment_id, entry_id, record, future, deadline)
         size = len(record)
         seg.pending.append(entry)
         unsent = seg.unsent
@@ -438,6 +436,8 @@ class LogWriter:
             if not committed:
                 return
             resolved = self._commit_locked(seg, committed)
+            if not seg.batches and (seg.unsent or self._intake):
+                self._wake.notify()  # a batch was held while this one was in flight
             if seg.status is SegmentStatus.ROLLED and seg.drained():
                 seg.status = SegmentStatus.DONE
                 self._maint.submit(self._complete_drained, seg)

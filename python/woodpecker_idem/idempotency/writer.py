@@ -271,16 +271,14 @@ class IdempotentLogWriter(LogWriter):
         by_entry = seg.by_entry
         added = 0
         seq = self._seq
-        split = [keys[k : k + 16] for k in range(0, len(keys), 16)]
         duplicates = len(records) != len(futures)
-        if not duplicates:  # the common case
-            rows = zip(records, futures, split, strict=True)
-        else:
-            new = [i for i, code in enumerate(status) if not code]
-            rows = zip(records, [futures[i] for i in new], [split[i] for i in new], strict=True)
-        for record, future, key in rows:
+        if duplicates:
+            new_futures = [futures[i] for i, code in enumerate(status) if not code]
+        else:  # the common case
+            new_futures = futures
+        for record, future in zip(records, new_futures, strict=True):
             seq += 1
-            entry = PendingEntry(seq, segment_id, entry_id, record, key, future, deadline)
+            entry = PendingEntry(seq, segment_id, entry_id, record, future, deadline)
             pending.append(entry)
             unsent.append(entry)
             by_entry[entry_id] = entry
@@ -390,9 +388,9 @@ class IdempotentLogWriter(LogWriter):
     def _on_committed(self, segment_id: int, entries: list[PendingEntry]) -> None:
         window = self._window
         before = window.early_evictions
-        window.commit_many(b"".join([entry.key for entry in entries]))
-        self._new_keys += len(entries)
-        self._watermarks[segment_id] = entries[-1].entry_id
+        last = entries[-1].entry_id
+        self._new_keys += window.commit_through(segment_id, last)  # a prefix of the segment
+        self._watermarks[segment_id] = last
         early = window.early_evictions - before
         if early:
             log.warning(
@@ -406,8 +404,7 @@ class IdempotentLogWriter(LogWriter):
             self._snapshotter.kick()
 
     def _on_dropped(self, segment_id: int, entries: list[PendingEntry]) -> None:
-        for entry in entries:
-            self._window.drop_pending(entry.key)
+        self._window.drop_segment(segment_id)  # completed without them: all that is left
 
     def _on_segment_completed(self, segment_id: int, last_entry_id: int) -> None:
         with self._lock:
