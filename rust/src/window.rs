@@ -238,6 +238,12 @@ impl Window {
             }
             self.kill(&rec.key, h);
         }
+        self.insert_pending(rec, h);
+        Ok(())
+    }
+
+    /// Insert a key known to be neither pending nor committed (live) under hash `h`.
+    fn insert_pending(&mut self, rec: Record, h: u64) {
         let seed = self.seed;
         self.pending
             .insert_unique(h, rec, |r| key_hash(seed, &r.key));
@@ -250,7 +256,6 @@ impl Window {
             }
             _ => order.push_back((rec.entry_id, rec.key)),
         }
-        Ok(())
     }
 
     /// Commit the pending keys of `segment_id` whose entry ids are at most `last_entry_id`, in
@@ -584,25 +589,35 @@ impl Window {
             .zip(segs.chunks_exact_mut(8).zip(ents.chunks_exact_mut(8)));
         for (((k, &ts), st), (sg, en)) in rows {
             let key = <Key>::try_from(k).unwrap_or_default();
-            let held = match self.get(&key, Some(ts)) {
-                Lookup::Pending(r) => Some((PENDING, r)),
-                Lookup::Committed(r) => Some((COMMITTED, r)),
-                Lookup::Absent => None,
+            // `get` then `add_pending`, with one probe of each table instead of two.
+            let h = key_hash(self.seed, &key);
+            let mut expired = false;
+            let held = match self.find_committed(&key, h) {
+                Some(r) if age(ts, r.timestamp_ms) < i128::from(self.window_ms) => {
+                    Some((COMMITTED, *r))
+                }
+                found => {
+                    expired = found.is_some();
+                    self.find_pending(&key, h).map(|r| (PENDING, *r))
+                }
             };
             let (code, rec) = match held {
-                Some(found) => found,
+                Some(found) => {
+                    self.counters.hits += 1;
+                    found
+                }
                 None => {
+                    self.counters.misses += 1;
                     let rec = Record {
                         key,
                         segment_id,
                         entry_id: next,
                         timestamp_ms: ts,
                     };
-                    // Absent as of `ts` means neither pending nor committed within the window
-                    // seen from `ts`, which is exactly what `add_pending` accepts.
-                    if self.add_pending(rec).is_err() {
-                        debug_assert!(false, "absent key refused by add_pending");
+                    if expired {
+                        self.kill(&key, h); // the new write replaces its expired record
                     }
+                    self.insert_pending(rec, h);
                     next = next.wrapping_add(1);
                     (ABSENT, rec)
                 }

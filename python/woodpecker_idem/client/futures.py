@@ -7,6 +7,8 @@ Until then completion and callbacks are decided under one module-level lock, whi
 creating the condition, so the two paths never miss each other:
 - set first: the state is FINISHED before any condition exists; later waiters see it at once.
 - condition first: completion takes the standard (condition-based) path and wakes them.
+The two lists a Future owns (`_waiters`, `_done_callbacks`) are made on first use too, so a
+future nobody waits on is one object for the garbage collector, not four.
 It relies on Future's private fields (`_state`, `_result`, `_exception`, `_waiters`,
 `_done_callbacks`, `_invoke_callbacks`), unchanged since Python 3.2; tests/test_write_future.py
 pins the behaviour.
@@ -17,7 +19,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING
+from concurrent.futures._base import (
+    CANCELLED,
+    CANCELLED_AND_NOTIFIED,
+    FINISHED,
+    LOGGER,
+    PENDING,
+)
 from typing import Any
 
 _LAZY = threading.Lock()
@@ -25,26 +33,60 @@ _DONE = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
 
 
 class WriteFuture(Future):
-    def __init__(self) -> None:  # noqa: D107 - deliberately skips Future.__init__'s Condition
+    """A Future whose condition and lists exist only once somebody needs them.
+
+    One is kept per write in flight, so each object it owns is one more for the garbage
+    collector to walk: a plain Future owns a condition, two lists and (once its attributes are
+    looked up by name) a dict. This one owns nothing until a caller blocks, waits or adds a
+    callback; `__dict__` is never touched, so Python keeps the attributes inline.
+    """
+
+    def __init__(self) -> None:  # noqa: D107 - deliberately skips Future.__init__
         self._state = PENDING
         self._result = None
         self._exception = None
-        self._waiters = []
-        self._done_callbacks = []
+        self._cond: threading.Condition | None = None
+        self._callbacks: list | None = None
+        self._waiter_list: list | None = None
 
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
-        cond = self.__dict__.get("_cond")
+        cond = self._cond
         if cond is None:
             with _LAZY:
-                cond = self.__dict__.get("_cond")
+                cond = self._cond
                 if cond is None:
-                    cond = self.__dict__["_cond"] = threading.Condition()
+                    cond = self._cond = threading.Condition()
         return cond
+
+    @property
+    def _waiters(self) -> list:  # type: ignore[override]
+        """For `concurrent.futures.wait` / `as_completed` (they append under `_condition`)."""
+        waiters = self._waiter_list
+        if waiters is None:
+            with _LAZY:
+                waiters = self._waiter_list
+                if waiters is None:
+                    waiters = self._waiter_list = []
+        return waiters
+
+    @property
+    def _done_callbacks(self) -> list:  # type: ignore[override]
+        callbacks = self._callbacks
+        if callbacks is None:
+            with _LAZY:
+                callbacks = self._callbacks
+                if callbacks is None:
+                    callbacks = self._callbacks = []
+        return callbacks
+
+    def _invoke_callbacks(self) -> None:
+        if self._callbacks:
+            super()._invoke_callbacks()
 
     def _complete(self, result: Any, exception: BaseException | None) -> None:
         with _LAZY:  # nothing in here may touch `_condition` (it takes _LAZY too)
-            fast = "_cond" not in self.__dict__
+            fast = self._cond is None
             already = fast and self._state in _DONE
             if fast and not already:
                 self._result = result
@@ -67,10 +109,24 @@ class WriteFuture(Future):
 
     def add_done_callback(self, fn: Callable[[Future], object]) -> None:
         with _LAZY:
-            if "_cond" not in self.__dict__ and self._state not in _DONE:
-                self._done_callbacks.append(fn)
+            if self._cond is not None:
+                done = None  # the standard path
+            elif self._state in _DONE:
+                done = True
+            else:
+                callbacks = self._callbacks
+                if callbacks is None:
+                    self._callbacks = [fn]
+                else:
+                    callbacks.append(fn)
                 return
-        Future.add_done_callback(self, fn)
+        if done is None:
+            Future.add_done_callback(self, fn)
+            return
+        try:  # already settled: called at once, as Future does
+            fn(self)
+        except Exception:
+            LOGGER.exception("exception calling callback for %r", self)
 
     def result(self, timeout: float | None = None) -> Any:
         if self._state == FINISHED:  # set before the state, so both are visible now

@@ -150,10 +150,13 @@ class IdempotentLogWriter(LogWriter):
         if self._fenced is not None or self._closed:
             self._check_open_locked()
         size = len(payload) + OVERHEAD
+        early = None
         if (
             self._inflight_entries >= self._max_inflight_entries
             or self._inflight_bytes + size > self._max_inflight_bytes
         ):
+            if self._intake.futures:  # room comes from commits: queued writes must be entries
+                early = self._admit_locked(self._intake.take())
             self._wait_for_room_locked(size)
         intake = self._intake
         stamps = intake.timestamps
@@ -183,8 +186,9 @@ class IdempotentLogWriter(LogWriter):
         if len(futures) >= ADMIT_AT and len(futures) % 16 == 0:
             ready = intake.pipe.ready_count()
             if ready >= ADMIT_MIN:
-                return self._admit_locked(intake.take(ready))
-        return None
+                resolved = self._admit_locked(intake.take(ready))
+                return early + resolved if early else resolved
+        return early
 
     def _process_intake(self) -> float | None:
         """Flusher: admit the queued writes once the oldest has waited linger_ms; returns the
