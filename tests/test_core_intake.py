@@ -84,6 +84,29 @@ def test_keypipe_accepts_bytes_likes_and_refuses_the_rest():
         pipe.take(1)
 
 
+def test_keypipe_holds_bytes_without_copying_and_releases_them_when_taken():
+    """A bytes payload is held by reference until its key is taken (no 1 KiB copy per write);
+    a mutable buffer is copied, so changing it afterwards cannot change its key."""
+    import sys
+
+    payload = b"held" * 256
+    before = sys.getrefcount(payload)
+    pipe = KeyPipe()
+    for _ in range(200):  # three chunks go to the worker, 8 stay open
+        pipe.push(payload)
+    assert sys.getrefcount(payload) == before + 200
+    assert pipe.take(200) == content_key(payload) * 200
+    assert sys.getrefcount(payload) == before
+    for _ in range(10):
+        pipe.push(payload)
+    pipe.clear()  # the open chunk: released at once
+    assert sys.getrefcount(payload) == before
+    buf = bytearray(b"mutable")
+    pipe.push(buf)
+    buf[0:1] = b"M"
+    assert pipe.take(1) == content_key(b"mutable")
+
+
 def test_keypipe_clear_forgets_queued_payloads():
     pipe = KeyPipe()
     for i in range(200):

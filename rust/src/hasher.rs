@@ -1,136 +1,158 @@
 //! Idempotency keys computed on a background thread, in the order their inputs were pushed.
 //!
-//! A producer thread pushes a copy of each payload or explicit id (cheap: a memcpy) and carries
-//! on; every
-//! [`CHUNK_ITEMS`] payloads or [`CHUNK_BYTES`] bytes the chunk goes to a worker thread that hashes
-//! it, in parallel with the producer and without any Python lock. [`KeyPipe::take`] returns the
-//! keys of the oldest payloads, in push order: finished chunks are read as they are, a chunk not
-//! yet handed over is hashed by the caller, and an unfinished one is waited for.
+//! A producer thread pushes each payload (held, not copied: `P` is whatever owns its bytes, for
+//! Python a reference to the immutable `bytes` object) or the key of an explicit id, and carries
+//! on; every [`CHUNK_ITEMS`] payloads or [`CHUNK_BYTES`] bytes the chunk goes to a worker thread
+//! that hashes it, in parallel with the producer and without any Python lock. The hashed chunk
+//! comes back with its keys, so its payload references are released by the taker (for Python,
+//! with the GIL held). [`KeyPipe::take`] returns the keys of the oldest inputs, in push order:
+//! finished chunks are read as they are, a chunk not yet handed over is hashed by the caller, and
+//! an unfinished one is waited for.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread;
 
-use crate::keys::{self, KEY_LEN};
+use crate::keys::{self, Key, KEY_LEN};
 
 /// A chunk goes to the worker at this many payloads ...
 pub const CHUNK_ITEMS: usize = 64;
 /// ... or at this many payload bytes, whichever comes first.
 pub const CHUNK_BYTES: usize = 256 * 1024;
 
-/// What a pushed input is, so which key it gets.
-#[derive(Clone, Copy)]
-enum Kind {
-    /// A payload: its content key.
-    Payload,
-    /// A key computed already: passed through as it is.
-    Key,
+/// One queued input: a payload for its content key, or a key computed already.
+pub enum Input<P> {
+    Payload(P),
+    Key(Key),
 }
 
-/// Input copies laid end to end, with each one's end offset and kind.
-#[derive(Default)]
-struct Chunk {
-    data: Vec<u8>,
-    ends: Vec<usize>,
-    kinds: Vec<Kind>,
+/// Inputs in push order, with the payload bytes they hold.
+struct Chunk<P> {
+    items: Vec<Input<P>>,
+    payload_bytes: usize,
     /// Whether any input needs hashing (else the chunk is finished without the worker).
     payloads: bool,
 }
 
-impl Chunk {
+impl<P> Default for Chunk<P> {
+    fn default() -> Self {
+        Self {
+            items: Vec::new(),
+            payload_bytes: 0,
+            payloads: false,
+        }
+    }
+}
+
+impl<P: AsRef<[u8]>> Chunk<P> {
     fn len(&self) -> usize {
-        self.ends.len()
+        self.items.len()
     }
 
     fn keys(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.len() * KEY_LEN);
-        let mut start = 0;
-        for (&end, &kind) in self.ends.iter().zip(&self.kinds) {
-            let bytes = self.data.get(start..end).unwrap_or_default();
-            match kind {
-                Kind::Payload => out.extend_from_slice(&keys::content_key(bytes)),
-                Kind::Key => out.extend_from_slice(bytes),
+        for item in &self.items {
+            match item {
+                Input::Payload(p) => out.extend_from_slice(&keys::content_key(p.as_ref())),
+                Input::Key(k) => out.extend_from_slice(k),
             }
-            start = end;
         }
         out
     }
 }
 
-/// Where the worker leaves a chunk's keys.
-#[derive(Default)]
-pub struct Slot {
-    keys: Mutex<Option<Vec<u8>>>,
-    done: Condvar,
+/// A finished chunk: its keys, and its inputs for the taker to release.
+pub type Finished<P> = (Vec<u8>, Vec<Input<P>>);
+
+/// Where the worker leaves a finished chunk.
+pub struct Slot<P> {
+    done: Mutex<Option<Finished<P>>>,
+    filled: Condvar,
 }
 
-impl Slot {
-    /// A slot finished from the start: no condition variable is signalled (a signal is a system
-    /// call even with nobody waiting, and key-only chunks never have a waiter).
-    fn filled(keys: Vec<u8>) -> Self {
+impl<P> Slot<P> {
+    fn empty() -> Self {
         Self {
-            keys: Mutex::new(Some(keys)),
-            done: Condvar::new(),
+            done: Mutex::new(None),
+            filled: Condvar::new(),
         }
     }
 
-    fn fill(&self, keys: Vec<u8>) {
-        *self.keys.lock().unwrap_or_else(PoisonError::into_inner) = Some(keys);
-        self.done.notify_all();
+    /// A slot finished from the start: no condition variable is signalled (a signal is a system
+    /// call even with nobody waiting, and key-only chunks never have a waiter).
+    fn finished(keys: Vec<u8>) -> Self {
+        Self {
+            done: Mutex::new(Some((keys, Vec::new()))),
+            filled: Condvar::new(),
+        }
     }
 
-    fn try_take(&self) -> Option<Vec<u8>> {
-        self.keys
+    fn fill(&self, finished: Finished<P>) {
+        *self.done.lock().unwrap_or_else(PoisonError::into_inner) = Some(finished);
+        self.filled.notify_all();
+    }
+
+    fn is_filled(&self) -> bool {
+        self.done
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    fn try_take(&self) -> Option<Finished<P>> {
+        self.done
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()
     }
 
     /// Block until the worker has filled the slot.
-    pub fn wait(&self) -> Vec<u8> {
-        let mut guard = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+    pub fn wait(&self) -> Finished<P> {
+        let mut guard = self.done.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
-            if let Some(keys) = guard.take() {
-                return keys;
+            if let Some(finished) = guard.take() {
+                return finished;
             }
             guard = self
-                .done
+                .filled
                 .wait(guard)
                 .unwrap_or_else(PoisonError::into_inner);
         }
     }
 }
 
-/// Chunks handed to the worker, oldest first, with the number of payloads in each.
-type InFlight = VecDeque<(usize, Arc<Slot>)>;
+/// Chunks handed to the worker, oldest first, with the number of inputs in each.
+type InFlight<P> = VecDeque<(usize, Arc<Slot<P>>)>;
+type ToWorker<P> = Sender<(Chunk<P>, Arc<Slot<P>>)>;
 
 /// The pipe: the open chunk, the chunks in flight, and keys already taken from a finished chunk
 /// but not yet returned.
-pub struct KeyPipe {
-    open: Chunk,
-    in_flight: InFlight,
+pub struct KeyPipe<P> {
+    open: Chunk<P>,
+    in_flight: InFlight<P>,
     ready: Vec<u8>,
     ready_at: usize,
-    to_worker: Option<Sender<(Chunk, Arc<Slot>)>>,
+    to_worker: Option<ToWorker<P>>,
     pushed: u64,
     taken: u64,
 }
 
-impl Default for KeyPipe {
+impl<P: AsRef<[u8]> + Send + 'static> Default for KeyPipe<P> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-fn work(chunks: Receiver<(Chunk, Arc<Slot>)>) {
+fn work<P: AsRef<[u8]>>(chunks: Receiver<(Chunk<P>, Arc<Slot<P>>)>) {
     for (chunk, slot) in chunks {
-        slot.fill(chunk.keys());
+        let keys = chunk.keys();
+        slot.fill((keys, chunk.items));
     }
 }
 
-impl KeyPipe {
-    /// A pipe; its worker thread starts with the first full chunk and ends with the pipe.
+impl<P: AsRef<[u8]> + Send + 'static> KeyPipe<P> {
+    /// A pipe; its worker thread starts with the first chunk of payloads and ends with the pipe.
     pub fn new() -> Self {
         Self {
             open: Chunk::default(),
@@ -143,7 +165,7 @@ impl KeyPipe {
         }
     }
 
-    /// Payloads pushed and not yet taken.
+    /// Inputs pushed and not yet taken.
     pub fn len(&self) -> u64 {
         self.pushed - self.taken
     }
@@ -152,29 +174,31 @@ impl KeyPipe {
         self.len() == 0
     }
 
-    /// Queue a copy of `payload` for its content key.
-    pub fn push(&mut self, payload: &[u8]) {
-        self.push_item(payload, Kind::Payload);
+    /// Queue a payload for its content key (held until its chunk is taken).
+    pub fn push(&mut self, payload: P) {
+        self.open.payload_bytes += payload.as_ref().len();
+        self.open.payloads = true;
+        self.push_item(Input::Payload(payload));
     }
 
     /// Queue the key of an explicit id (already validated). An id is short, so its key is
     /// computed here: waking the worker for it would cost more than the MD5 itself.
     pub fn push_id(&mut self, id: &[u8]) {
-        self.push_item(&keys::explicit_key(id), Kind::Key);
+        self.push_item(Input::Key(keys::explicit_key(id)));
     }
 
     /// Queue a key computed already (16 bytes), returned as it is in its turn.
-    pub fn push_key(&mut self, key: &crate::keys::Key) {
-        self.push_item(key, Kind::Key);
+    pub fn push_key(&mut self, key: &Key) {
+        self.push_item(Input::Key(*key));
     }
 
-    fn push_item(&mut self, bytes: &[u8], kind: Kind) {
-        self.open.data.extend_from_slice(bytes);
-        self.open.ends.push(self.open.data.len());
-        self.open.kinds.push(kind);
-        self.open.payloads |= matches!(kind, Kind::Payload);
+    fn push_item(&mut self, item: Input<P>) {
+        if self.open.items.capacity() == 0 {
+            self.open.items.reserve(CHUNK_ITEMS);
+        }
+        self.open.items.push(item);
         self.pushed += 1;
-        if self.open.len() >= CHUNK_ITEMS || self.open.data.len() >= CHUNK_BYTES {
+        if self.open.len() >= CHUNK_ITEMS || self.open.payload_bytes >= CHUNK_BYTES {
             self.dispatch();
         }
     }
@@ -182,16 +206,12 @@ impl KeyPipe {
     fn dispatch(&mut self) {
         let chunk = std::mem::take(&mut self.open);
         let count = chunk.len();
-        // The next chunk is likely as big: size it now rather than grow it copy by copy.
-        self.open.data.reserve(chunk.data.len().min(CHUNK_BYTES));
-        self.open.ends.reserve(CHUNK_ITEMS);
-        self.open.kinds.reserve(CHUNK_ITEMS);
         if !chunk.payloads {
-            let slot = Arc::new(Slot::filled(chunk.keys())); // keys only: nothing to hash
+            // keys only: nothing to hash, nothing to wait for
+            let slot = Arc::new(Slot::finished(chunk.keys()));
             self.in_flight.push_back((count, slot));
             return;
         }
-        let slot = Arc::new(Slot::default());
         if self.to_worker.is_none() {
             let (tx, rx) = channel();
             // Without a worker (thread creation refused), chunks are hashed by `take`.
@@ -203,28 +223,25 @@ impl KeyPipe {
                 self.to_worker = Some(tx);
             }
         }
+        let slot = Arc::new(Slot::empty());
         let sent = match &self.to_worker {
             Some(tx) => tx.send((chunk, Arc::clone(&slot))),
             None => Err(std::sync::mpsc::SendError((chunk, Arc::clone(&slot)))),
         };
         if let Err(std::sync::mpsc::SendError((chunk, slot))) = sent {
             self.to_worker = None;
-            slot.fill(chunk.keys());
+            let keys = chunk.keys();
+            slot.fill((keys, chunk.items));
         }
         self.in_flight.push_back((count, slot));
     }
 
-    /// How many of the oldest payloads have their keys computed (so `take` of them neither
+    /// How many of the oldest inputs have their keys computed (so `take` of them neither
     /// waits nor hashes): those of finished chunks, up to the first unfinished one.
     pub fn ready_count(&self) -> usize {
         let mut have = (self.ready.len() - self.ready_at) / KEY_LEN;
         for (count, slot) in &self.in_flight {
-            if slot
-                .keys
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .is_none()
-            {
+            if !slot.is_filled() {
                 break;
             }
             have += count;
@@ -232,21 +249,18 @@ impl KeyPipe {
         have
     }
 
-    /// The keys of the `n` oldest payloads not yet taken (N*16 bytes), in push order; `wait` is
+    /// The keys of the `n` oldest inputs not yet taken (N*16 bytes), in push order; `wait` is
     /// called to block for an unfinished chunk (so the caller can release locks around it).
-    /// Panics if fewer than `n` payloads are queued (the caller checks `len`).
-    pub fn take(&mut self, n: usize, wait: impl Fn(&Slot) -> Vec<u8>) -> Vec<u8> {
+    /// The taken chunks' payloads are released here, on the caller's thread.
+    /// Panics if fewer than `n` inputs are queued (the caller checks `len`).
+    pub fn take(&mut self, n: usize, wait: impl Fn(&Slot<P>) -> Finished<P>) -> Vec<u8> {
         assert!(n as u64 <= self.len(), "take({n}) of {} keys", self.len());
         let mut out = Vec::with_capacity(n * KEY_LEN);
         while out.len() < n * KEY_LEN {
             if self.ready_at == self.ready.len() {
                 self.ready = match self.in_flight.pop_front() {
-                    Some((_, slot)) => slot.try_take().unwrap_or_else(|| wait(&slot)),
-                    None => {
-                        let keys = self.open.keys();
-                        self.open = Chunk::default();
-                        keys
-                    }
+                    Some((_, slot)) => slot.try_take().unwrap_or_else(|| wait(&slot)).0,
+                    None => std::mem::take(&mut self.open).keys(),
                 };
                 self.ready_at = 0;
             }
@@ -259,7 +273,8 @@ impl KeyPipe {
         out
     }
 
-    /// Forget everything queued (the writes behind it failed).
+    /// Forget everything queued (the writes behind it failed). A chunk the worker is still
+    /// hashing releases its payloads on the worker thread when it finishes.
     pub fn clear(&mut self) {
         self.open = Chunk::default();
         self.in_flight.clear();
@@ -273,7 +288,9 @@ impl KeyPipe {
 mod tests {
     use super::*;
 
-    fn wait_slot(slot: &Slot) -> Vec<u8> {
+    type Pipe = KeyPipe<Vec<u8>>;
+
+    fn wait_slot(slot: &Slot<Vec<u8>>) -> Finished<Vec<u8>> {
         slot.wait()
     }
 
@@ -283,7 +300,7 @@ mod tests {
 
     #[test]
     fn keys_come_back_in_push_order_whatever_the_kinds_and_take_sizes() {
-        let mut pipe = KeyPipe::new();
+        let mut pipe = Pipe::new();
         let all: Vec<Vec<u8>> = (0..1000).map(payload).collect();
         let mut expected = Vec::new();
         for p in &all {
@@ -305,7 +322,7 @@ mod tests {
                 match p.len() % 5 {
                     0 => pipe.push_id(p),
                     1 => pipe.push_key(&keys::content_key(p)),
-                    _ => pipe.push(p),
+                    _ => pipe.push(p.clone()),
                 }
             }
             pushed = upto;
@@ -325,14 +342,14 @@ mod tests {
 
     #[test]
     fn clear_drops_queued_payloads() {
-        let mut pipe = KeyPipe::new();
+        let mut pipe = Pipe::new();
         for i in 0..150 {
-            pipe.push(&payload(i));
+            pipe.push(payload(i));
         }
         pipe.take(10, wait_slot);
         pipe.clear();
         assert!(pipe.is_empty());
-        pipe.push(b"after");
+        pipe.push(b"after".to_vec());
         assert_eq!(
             pipe.take(1, wait_slot),
             keys::content_key(b"after").to_vec()
@@ -341,9 +358,9 @@ mod tests {
 
     #[test]
     fn ready_count_reaches_every_dispatched_payload() {
-        let mut pipe = KeyPipe::new();
+        let mut pipe = Pipe::new();
         for i in 0..CHUNK_ITEMS * 3 + 5 {
-            pipe.push(&payload(i));
+            pipe.push(payload(i));
         }
         // five payloads stay in the open chunk; give the worker time to finish the rest
         for _ in 0..400 {

@@ -39,6 +39,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_entry::encode_entry, m)?)?;
     m.add_function(wrap_pyfunction!(py_entry::encode_new_entries, m)?)?;
     m.add_function(wrap_pyfunction!(py_entry::count_records, m)?)?;
+    m.add_function(wrap_pyfunction!(py_entry::concat, m)?)?;
     m.add_function(wrap_pyfunction!(py_fileput::put_file, m)?)?;
     m.add("KEY_SIZE", keys::KEY_LEN)?;
     m.add("SNAPSHOT_FORMAT_VERSION", snapshot::FORMAT_VERSION)?;

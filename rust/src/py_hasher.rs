@@ -2,20 +2,37 @@
 
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
 
-use crate::args;
+use crate::args::{self, ByteArg};
 use crate::errors::invalid_argument;
 use crate::hasher::KeyPipe;
+
+/// A queued payload: a `bytes` object held by reference (immutable, so the worker thread may
+/// read it without the GIL), or a copy of any other buffer (which could change under it).
+pub enum Payload {
+    Held(PyBackedBytes),
+    Copied(Vec<u8>),
+}
+
+impl AsRef<[u8]> for Payload {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Payload::Held(b) => b,
+            Payload::Copied(v) => v,
+        }
+    }
+}
 
 /// Keys of pushed payloads and ids, hashed on a background thread, returned in push order.
 #[pyclass(module = "woodpecker_idem._core", name = "KeyPipe")]
 pub struct PyKeyPipe {
-    inner: Mutex<KeyPipe>,
+    inner: Mutex<KeyPipe<Payload>>,
 }
 
 impl PyKeyPipe {
-    fn lock(&self, py: Python<'_>) -> MutexGuard<'_, KeyPipe> {
+    fn lock(&self, py: Python<'_>) -> MutexGuard<'_, KeyPipe<Payload>> {
         match self.inner.try_lock() {
             Some(g) => g,
             None => py.detach(|| self.inner.lock()),
@@ -32,10 +49,14 @@ impl PyKeyPipe {
         }
     }
 
-    /// Queue a copy of `payload` for hashing.
+    /// Queue `payload` for hashing: a `bytes` object is held (a reference, no copy) until its
+    /// key is taken; other buffers are copied.
     fn push(&self, py: Python<'_>, payload: &Bound<'_, PyAny>) -> PyResult<()> {
-        let payload = args::bytes_like(payload, "payload")?;
-        self.lock(py).push(payload.as_slice());
+        let payload = match args::bytes_like(payload, "payload")? {
+            ByteArg::Borrowed(b) => Payload::Held(PyBackedBytes::from(b)),
+            ByteArg::Owned(v) => Payload::Copied(v),
+        };
+        self.lock(py).push(payload);
         Ok(())
     }
 

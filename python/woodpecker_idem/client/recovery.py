@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from .._core import concat
 from ..errors import NodeUnavailableError, QuorumUnavailableError, SegmentFencedError
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
@@ -100,7 +101,7 @@ def _copy(
     for entry_id, data in items + [(-1, b"")]:
         if entry_id != prev + 1 and run:
             transport.add_entries(
-                node, seg.log_id, seg.segment_id, first, b"".join(run), recovery=True
+                node, seg.log_id, seg.segment_id, first, concat(run), recovery=True
             )
             run = []
             first = entry_id

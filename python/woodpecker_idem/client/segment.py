@@ -12,6 +12,7 @@ from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from .._core import concat
 from ..meta.base import SegmentMeta
 
 
@@ -121,7 +122,7 @@ class SegmentHandle:
         entries = self.unsent[:count]
         del self.unsent[:count]
         self.unsent_bytes -= size
-        batch = Batch(entries[0].entry_id, entries, b"".join([e.record for e in entries]))
+        batch = Batch(entries[0].entry_id, entries, concat([e.record for e in entries]))
         self.batches.append(batch)
         return batch
 

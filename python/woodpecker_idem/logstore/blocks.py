@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from .._core import crc32c
+from .._core import concat, crc32c
 from .._proto.logstore_pb2 import BlockIndex, LogEntry, SegmentFooter
 from ..errors import CorruptEntryError
 
@@ -79,7 +79,7 @@ class BlockHeader:
 
 def encode_block(kind: int, first_entry_id: int, count: int, lac: int, frame: bytes) -> bytes:
     header = BLOCK_HEADER.pack(BLOCK_MAGIC, BLOCK_VERSION, kind, first_entry_id, count, lac)
-    return b"".join((header, struct.pack("<I", crc32c(header)), frame))
+    return concat((header, struct.pack("<I", crc32c(header)), frame))
 
 
 def decode_block_header(data: bytes, where: str) -> BlockHeader:

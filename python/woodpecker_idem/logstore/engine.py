@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from .._core import count_records
+from .._core import concat, count_records
 from ..errors import CorruptEntryError, EntryConflictError, SegmentFencedError
 from ..objectstore.base import ObjectStore
 from .blocks import (
@@ -199,7 +199,7 @@ class LogStoreEngine:
                 runs = self._missing_runs(log_id, segment_id, seg, first_entry_id, records, where)
             kind = KIND_RECOVERY if recovery else KIND_DATA
             for lo, hi in runs:
-                body = frame if (lo, hi) == (0, count) else b"".join(records[lo:hi])
+                body = frame if (lo, hi) == (0, count) else concat(records[lo:hi])
                 self._put_block(
                     log_id, segment_id, seg, kind, first_entry_id + lo, hi - lo, lac, body
                 )
