@@ -49,36 +49,29 @@ class WriteFuture(Future):
         self._callbacks: list | None = None
         self._waiter_list: list | None = None
 
+    def _made(self, attr: str, make: Callable[[], Any]) -> Any:
+        """The attribute, made on first use (under _LAZY, so racing callers share one)."""
+        value = getattr(self, attr)
+        if value is None:
+            with _LAZY:
+                value = getattr(self, attr)
+                if value is None:
+                    value = make()
+                    setattr(self, attr, value)
+        return value
+
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
-        cond = self._cond
-        if cond is None:
-            with _LAZY:
-                cond = self._cond
-                if cond is None:
-                    cond = self._cond = threading.Condition()
-        return cond
+        return self._made("_cond", threading.Condition)
 
     @property
     def _waiters(self) -> list:  # type: ignore[override]
         """For `concurrent.futures.wait` / `as_completed` (they append under `_condition`)."""
-        waiters = self._waiter_list
-        if waiters is None:
-            with _LAZY:
-                waiters = self._waiter_list
-                if waiters is None:
-                    waiters = self._waiter_list = []
-        return waiters
+        return self._made("_waiter_list", list)
 
     @property
     def _done_callbacks(self) -> list:  # type: ignore[override]
-        callbacks = self._callbacks
-        if callbacks is None:
-            with _LAZY:
-                callbacks = self._callbacks
-                if callbacks is None:
-                    callbacks = self._callbacks = []
-        return callbacks
+        return self._made("_callbacks", list)
 
     def _invoke_callbacks(self) -> None:
         if self._callbacks:
