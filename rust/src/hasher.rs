@@ -15,6 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread;
 
 use crate::keys::{self, Key, KEY_LEN};
+use crate::md5x;
 
 /// A chunk goes to the worker at this many payloads ...
 pub const CHUNK_ITEMS: usize = 64;
@@ -50,11 +51,24 @@ impl<P: AsRef<[u8]>> Chunk<P> {
         self.items.len()
     }
 
+    /// The payloads are hashed together (several per vector pass, see `md5x`), then their keys
+    /// are merged with the given ones in push order.
     fn keys(&self) -> Vec<u8> {
+        let payloads: Vec<&[u8]> = self
+            .items
+            .iter()
+            .filter_map(|item| match item {
+                Input::Payload(p) => Some(p.as_ref()),
+                Input::Key(_) => None,
+            })
+            .collect();
+        let mut hashed = vec![[0u8; KEY_LEN]; payloads.len()];
+        md5x::digest_many(&payloads, &mut hashed);
+        let mut hashed = hashed.iter();
         let mut out = Vec::with_capacity(self.len() * KEY_LEN);
         for item in &self.items {
             match item {
-                Input::Payload(p) => out.extend_from_slice(&keys::content_key(p.as_ref())),
+                Input::Payload(_) => out.extend_from_slice(hashed.next().unwrap_or(&[0; KEY_LEN])),
                 Input::Key(k) => out.extend_from_slice(k),
             }
         }

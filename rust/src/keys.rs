@@ -1,5 +1,6 @@
 //! Idempotency keys: MD5 content keys, domain-separated explicit keys, CRC32C, and the batch
-//! hashing driver that spreads large batches over the available cores.
+//! hashing driver that spreads large batches over the available cores (content keys of a batch
+//! go through [`crate::md5x`], several payloads per pass).
 
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -28,6 +29,20 @@ pub const PARALLEL_MIN_BYTES: usize = 1 << 20;
 /// Key of a payload without an explicit id: MD5 of the payload bytes.
 pub fn content_key(payload: &[u8]) -> Key {
     Md5::digest(payload).into()
+}
+
+/// Content keys of `payloads` into `out`, 16 bytes each (`out.len()` must be 16 per payload).
+pub fn content_keys_into(payloads: &[&[u8]], out: &mut [u8]) {
+    let (keys, rest) = out.as_chunks_mut::<KEY_LEN>();
+    assert!(rest.is_empty(), "content_keys_into: 16 bytes per key");
+    crate::md5x::digest_many(payloads, keys);
+}
+
+/// `f` of every item into `out`, 16 bytes each: for keys that gain nothing from batching.
+pub fn each_key_into<T>(items: &[T], out: &mut [u8], f: impl Fn(&T) -> Key) {
+    for (item, dst) in items.iter().zip(out.chunks_exact_mut(KEY_LEN)) {
+        dst.copy_from_slice(&f(item));
+    }
 }
 
 /// Key of an explicit idempotency id: MD5 over [`EXPLICIT_DOMAIN`] followed by the id bytes.
@@ -65,41 +80,35 @@ pub fn parallelism() -> usize {
     })
 }
 
-/// Apply `f` to every item, writing 16 bytes per item into one buffer (N*16 bytes), using several
-/// threads when the batch is large enough for that to pay off: at least [`PARALLEL_MIN_ITEMS`]
-/// items, or at least two items totalling [`PARALLEL_MIN_BYTES`] (`total_bytes` of input).
+/// Keys of every item in one buffer (N*16 bytes): `fill` writes the keys of a run of items. Large
+/// batches are split over several threads: at least [`PARALLEL_MIN_ITEMS`] items, or at least two
+/// items totalling [`PARALLEL_MIN_BYTES`] (`total_bytes` of input).
 pub fn hash_batch<T: Sync>(
     items: &[T],
     total_bytes: usize,
-    f: impl Fn(&T) -> Key + Sync,
+    fill: impl Fn(&[T], &mut [u8]) + Sync,
 ) -> Vec<u8> {
     let mut out = vec![0u8; items.len() * KEY_LEN];
     let threads = parallelism().min(items.len());
     let big = items.len() >= PARALLEL_MIN_ITEMS || total_bytes >= PARALLEL_MIN_BYTES;
     if threads < 2 || !big {
-        fill(items, &mut out, &f);
+        fill(items, &mut out);
         return out;
     }
     let per = items.len().div_ceil(threads);
-    let f = &f;
+    let fill = &fill;
     std::thread::scope(|s| {
         let mut chunks = items.chunks(per).zip(out.chunks_mut(per * KEY_LEN));
         // The calling thread takes the first chunk itself rather than idling.
         let first = chunks.next();
         for (part, dst) in chunks {
-            s.spawn(move || fill(part, dst, f));
+            s.spawn(move || fill(part, dst));
         }
         if let Some((part, dst)) = first {
-            fill(part, dst, f);
+            fill(part, dst);
         }
     });
     out
-}
-
-fn fill<T>(items: &[T], out: &mut [u8], f: &impl Fn(&T) -> Key) {
-    for (item, dst) in items.iter().zip(out.chunks_exact_mut(KEY_LEN)) {
-        dst.copy_from_slice(&f(item));
-    }
 }
 
 /// Parse and validate an Arrow offsets buffer (N+1 little-endian int32, or int64 when `large`)
@@ -196,16 +205,23 @@ mod tests {
         let payloads: Vec<Vec<u8>> = (0..10_000u32)
             .map(|i| i.to_le_bytes().repeat((i % 7) as usize))
             .collect();
-        let out = hash_batch(&payloads, 0, |p| content_key(p));
+        let slices: Vec<&[u8]> = payloads.iter().map(Vec::as_slice).collect();
+        let out = hash_batch(&slices, 0, content_keys_into);
         assert_eq!(out.len(), payloads.len() * KEY_LEN);
         for (p, k) in payloads.iter().zip(out.chunks_exact(KEY_LEN)) {
             assert_eq!(k, content_key(p));
         }
-        let small = hash_batch(&payloads[..3], 1 << 30, |p| content_key(p));
+        let small = hash_batch(&slices[..3], 1 << 30, content_keys_into);
         assert_eq!(small, out[..3 * KEY_LEN]);
-        assert!(hash_batch::<Vec<u8>>(&[], 1 << 30, |p| content_key(p)).is_empty());
-        let one = hash_batch(&payloads[..1], 1 << 30, |p| content_key(p));
+        assert!(hash_batch::<&[u8]>(&[], 1 << 30, content_keys_into).is_empty());
+        let one = hash_batch(&slices[..1], 1 << 30, content_keys_into);
         assert_eq!(one, out[..KEY_LEN]);
+        let ids = hash_batch(&slices, 0, |part, dst| {
+            each_key_into(part, dst, |p| explicit_key(p))
+        });
+        for (p, k) in slices.iter().zip(ids.chunks_exact(KEY_LEN)) {
+            assert_eq!(k, explicit_key(p));
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod errors;
 pub mod fileput;
 pub mod hasher;
 pub mod keys;
+pub mod md5x;
 pub mod py;
 pub mod py_entry;
 pub mod py_fileput;

@@ -651,14 +651,14 @@ impl PySnapshot {
 // ---------------------------------------------------------------------------------------------
 // Functions
 
-/// Hash `f` over slices, releasing the GIL.
+/// Keys of slices (`fill` writes a run of them), releasing the GIL.
 fn keys_bytes<'py>(
     py: Python<'py>,
     slices: &[&[u8]],
-    f: fn(&[u8]) -> keys::Key,
+    fill: fn(&[&[u8]], &mut [u8]),
 ) -> Bound<'py, PyBytes> {
     let total = slices.iter().map(|s| s.len()).sum();
-    let out = py.detach(|| keys::hash_batch(slices, total, |s| f(s)));
+    let out = py.detach(|| keys::hash_batch(slices, total, fill));
     PyBytes::new(py, &out)
 }
 
@@ -776,7 +776,7 @@ pub fn content_keys<'py>(
             Err(_) => copied.next().map(ByteArg::as_slice).unwrap_or_default(),
         })
         .collect();
-    Ok(keys_bytes(py, &slices, keys::content_key))
+    Ok(keys_bytes(py, &slices, keys::content_keys_into))
 }
 
 /// Content keys of an Arrow binary column, N*16 bytes.
@@ -794,9 +794,15 @@ pub fn content_keys_arrow<'py>(
     let out = py
         .detach(|| {
             let ranges = keys::arrow_ranges(offs, data.len(), large)?;
-            Ok::<_, String>(keys::hash_batch(&ranges, data.len(), |r| {
-                keys::content_key(data.get(r.clone()).unwrap_or_default())
-            }))
+            let slices: Vec<&[u8]> = ranges
+                .into_iter()
+                .map(|r| data.get(r).unwrap_or_default())
+                .collect();
+            Ok::<_, String>(keys::hash_batch(
+                &slices,
+                data.len(),
+                keys::content_keys_into,
+            ))
         })
         .map_err(|msg| invalid_argument(py, msg))?;
     Ok(PyBytes::new(py, &out))
@@ -814,7 +820,9 @@ pub fn explicit_keys<'py>(
         .enumerate()
         .map(|(i, o)| id_bytes(o, || format!("ids[{i}]")))
         .collect::<PyResult<Vec<&[u8]>>>()?;
-    Ok(keys_bytes(py, &slices, keys::explicit_key))
+    Ok(keys_bytes(py, &slices, |part, out| {
+        keys::each_key_into(part, out, |id| keys::explicit_key(id))
+    }))
 }
 
 /// CRC32C of `data`, continuing from `value`.
