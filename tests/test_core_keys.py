@@ -230,7 +230,7 @@ def _gil_probe(fn: Any) -> tuple[float, float]:
 
 def test_content_keys_releases_gil() -> None:
     big = b"\xab" * (1 << 20)
-    payloads = [big] * 192  # 192 MiB through MD5: a few hundred ms
+    payloads = [big] * 1024  # 1 GiB through MD5 (one object, many references): ~100-300 ms
     expected_first = hashlib.md5(big).digest()
     out: list[bytes] = []
 
