@@ -85,18 +85,27 @@ def test_keypipe_accepts_bytes_likes_and_refuses_the_rest():
 
 
 def test_keypipe_holds_bytes_without_copying_and_releases_them_when_taken():
-    """A bytes payload is held by reference until its key is taken (no 1 KiB copy per write);
-    a mutable buffer is copied, so changing it afterwards cannot change its key."""
+    """A bytes payload is held by reference until it is hashed (no 1 KiB copy per write): small
+    chunks are hashed, and let go of, as they fill; a large chunk's payloads go to the worker and
+    are let go of when their keys are taken. A mutable buffer is copied, so changing it afterwards
+    cannot change its key."""
     import sys
 
     payload = b"held" * 256
     before = sys.getrefcount(payload)
     pipe = KeyPipe()
-    for _ in range(200):  # three chunks go to the worker, 8 stay open
+    for _ in range(200):  # three chunks of 64 hashed at once, 8 stay open
         pipe.push(payload)
-    assert sys.getrefcount(payload) == before + 200
+    assert sys.getrefcount(payload) == before + 8
     assert pipe.take(200) == content_key(payload) * 200
     assert sys.getrefcount(payload) == before
+    big = b"B" * (100 * 1024)
+    big_before = sys.getrefcount(big)
+    for _ in range(7):  # two chunks of 300 KiB go to the worker, one payload stays open
+        pipe.push(big)
+    assert sys.getrefcount(big) == big_before + 7
+    assert pipe.take(7) == content_key(big) * 7
+    assert sys.getrefcount(big) == big_before
     for _ in range(10):
         pipe.push(payload)
     pipe.clear()  # the open chunk: released at once

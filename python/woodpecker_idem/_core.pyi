@@ -442,12 +442,13 @@ class DedupWindow:
 @final
 @final
 class KeyPipe:
-    """Content keys computed on a background thread, returned in push order.
+    """Content keys computed a chunk at a time, returned in push order.
 
     `push` holds a `bytes` payload by reference (no copy: bytes are immutable, so the pipe's thread
-    may read them without the GIL) and returns; every 64 payloads or 256 KiB the chunk goes to the
-    pipe's own Rust thread, which hashes it while the producer carries on. The references are
-    released when the keys are taken.
+    may read them without the GIL) and returns; every 64 payloads or 256 KiB the chunk is hashed,
+    all its payloads together: at once by the pusher under 128 KiB (cheaper than waking a thread),
+    else by the pipe's own Rust thread while the producer carries on. The references are released
+    when the keys are taken.
     `push_id` computes an id's key at once (an id is short: waking the thread would cost more).
     Not meant to be shared: the idempotent writer calls it under its own lock.
     """

@@ -1,11 +1,12 @@
 """The idempotent writer's intake: writes accepted but not yet given ids.
 
 A producer thread queues a write (payload, properties, future) with its queueing time, and pushes
-it into a `KeyPipe`: a payload's content key is computed by the pipe's Rust thread, in parallel and
-without the GIL; an explicit id's (short) key at once. Queued writes are admitted (given ids, in
-one window pass and one encoding call per batch) by the producer itself once a batch's keys are
-ready, or by the flusher when the oldest has waited `append.linger_ms`. That keeps the per-write
-MD5 off the producer thread and turns per-write window and encoding calls into one per batch.
+it into a `KeyPipe`: payloads' content keys are computed 64 at a time (by the pipe's Rust thread,
+without the GIL, when a chunk is large); an explicit id's (short) key at once. Queued writes are
+admitted (given ids, in one window pass and one encoding call per batch) by the producer itself
+once a batch's keys are ready, or by the flusher when the oldest has waited `append.linger_ms`.
+That hashes payloads many at a time and turns per-write window and encoding calls into one per
+batch.
 Every method is called with the writer's lock held.
 """
 
