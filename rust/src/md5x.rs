@@ -1,11 +1,11 @@
-//! Multi-buffer MD5: content keys of a chunk are hashed 8 messages at a time, one message per
-//! vector lane, because one MD5 is a serial chain of dependent steps that leaves most of a core
+//! Multi-buffer MD5: content keys of a chunk are hashed 8 or 32 messages at a time, one message
+//! per vector lane, because one MD5 is a serial chain of dependent steps that leaves most of a core
 //! idle, while independent messages run side by side at little extra cost.
 //!
 //! The kernel is plain Rust shaped for LLVM's loop vectorizer, no intrinsics: compiled for
 //! x86_64's baseline SSE2 it takes ~365 ns per 1 KiB message against ~1740 for the scalar `md-5`
 //! asm; the same code compiled for AVX-512 (32 lanes, chosen at run time when the CPU has it) takes
-//! ~170 ns. Other targets keep the scalar path. Nothing but speed depends on the vectorizer:
+//! ~210 ns. Other targets keep the scalar path. Nothing but speed depends on the vectorizer:
 //! `benches/bench_core.py` (1 KiB content keys against hashlib) fails if it stops vectorizing.
 
 use crate::keys::{Key, KEY_LEN};
@@ -32,7 +32,7 @@ pub fn digest_many(msgs: &[&[u8]], out: &mut [Key]) {
     }
 }
 
-/// 32 lanes as 2 chains of 16 (one 512-bit register each), compiled for AVX-512: ~170 ns per 1 KiB
+/// 32 lanes as 2 chains of 16 (one 512-bit register each), compiled for AVX-512: ~210 ns per 1 KiB
 /// message in batches of 64 (~280 ns at 24; from 16 down the 8-lane kernel is faster).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
@@ -259,8 +259,8 @@ fn transpose<const L: usize>(blocks: &[&[u8; 64]; L], w: &mut [[u32; L]; 16]) {
 /// `L` lanes, each refilled with the next message as soon as its own finishes, so messages of
 /// any mix of lengths keep the lanes busy. A message with more than 4/L of all blocks would
 /// mostly run alone in its lane, so it goes to the `md-5` asm instead. Once nothing is queued and
-/// fewer than a fifth of the lanes are busy (an 8-lane block costs ~1.7 scalar ones), those
-/// messages finish on the scalar path.
+/// fewer than a fifth of the lanes are busy (an 8-lane block costs ~1.7 scalar ones, a 32-lane
+/// one ~4), those messages finish on the scalar path.
 fn multi<const L: usize, K>(msgs: &[&[u8]], out: &mut [Key], kernel: K)
 where
     K: Fn(&mut [[u32; L]; 4], &Words<L>),
