@@ -440,7 +440,6 @@ class DedupWindow:
 # --- snapshots -------------------------------------------------------------------------------
 
 @final
-@final
 class KeyPipe:
     """Content keys computed a chunk at a time, returned in push order.
 

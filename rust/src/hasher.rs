@@ -18,7 +18,6 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread;
 
 use crate::keys::{self, Key, KEY_LEN};
-use crate::md5x;
 
 /// A chunk goes to the worker at this many payloads ...
 pub const CHUNK_ITEMS: usize = 64;
@@ -68,13 +67,16 @@ impl<P: AsRef<[u8]>> Chunk<P> {
                 Input::Key(_) => None,
             })
             .collect();
-        let mut hashed = vec![[0u8; KEY_LEN]; payloads.len()];
-        md5x::digest_many(&payloads, &mut hashed);
-        let mut hashed = hashed.iter();
+        let mut hashed = vec![0u8; payloads.len() * KEY_LEN];
+        keys::content_keys_into(&payloads, &mut hashed);
+        if payloads.len() == self.len() {
+            return hashed; // payloads only, the usual chunk: nothing to merge
+        }
+        let mut hashed = hashed.chunks_exact(KEY_LEN);
         let mut out = Vec::with_capacity(self.len() * KEY_LEN);
         for item in &self.items {
             match item {
-                Input::Payload(_) => out.extend_from_slice(hashed.next().unwrap_or(&[0; KEY_LEN])),
+                Input::Payload(_) => out.extend_from_slice(hashed.next().unwrap_or_default()),
                 Input::Key(k) => out.extend_from_slice(k),
             }
         }
