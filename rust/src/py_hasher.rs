@@ -1,4 +1,4 @@
-//! Python face of `hasher`: `KeyPipe`, idempotency keys hashed off the producer thread.
+//! Python face of `hasher`: `KeyPipe`, idempotency keys hashed a chunk at a time, many per pass.
 
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
@@ -25,7 +25,8 @@ impl AsRef<[u8]> for Payload {
     }
 }
 
-/// Keys of pushed payloads and ids, hashed on a background thread, returned in push order.
+/// Keys of pushed payloads and ids, hashed a chunk at a time (large chunks on a background
+/// thread), returned in push order.
 #[pyclass(module = "woodpecker_idem._core", name = "KeyPipe")]
 pub struct PyKeyPipe {
     inner: Mutex<KeyPipe<Payload>>,
