@@ -389,6 +389,40 @@ def test_case7_failed_snapshots_crash_recovers_from_older_snapshot(env_factory):
     env.check(WINDOW_MS, MAX_KEYS)
 
 
+def test_case7_metadata_outage_does_not_stop_snapshots(env_factory):
+    """The snapshot task asks the metadata store whether it still owns the log; while that store
+    is unreachable its attempts fail (logged, counted, retried) and the task keeps running."""
+    env = env_factory(**{"idempotency.snapshot_interval_s": 0.1,
+                         "idempotency.snapshot_threshold": 1})
+    w = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
+    meta = env.client.meta
+    real_check = meta.check_epoch
+    outage = threading.Event()
+    outage.set()
+
+    def check_epoch(*args):
+        if outage.is_set():
+            raise StorageUnavailableError("metadata store down (injected)")
+        return real_check(*args)
+
+    meta.check_epoch = check_epoch
+    try:
+        acked = {f"k{i}": env.write(w, b"p%d" % i, f"k{i}") for i in range(5)}
+        wait_for(lambda: w.metrics_snapshot()["snapshot_failures"] >= 2, what="failed attempts")
+        assert list_snapshots(env.client.objects, env.log.log_id) == []
+        assert w._snapshotter._thread.is_alive()
+        outage.clear()
+        wait_for(lambda: list_snapshots(env.client.objects, env.log.log_id) != [],
+                 what="a snapshot once the metadata store is back")
+    finally:
+        meta.check_epoch = real_check
+    w2 = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)  # crash
+    assert w2.recovery.snapshot_key_count == 5
+    for k, first in acked.items():
+        assert env.write(w2, b"x", k) == wp.WriteResult(first.message_id, True)
+    env.check(WINDOW_MS, MAX_KEYS)
+
+
 def test_case8_retry_after_window_expired(env_factory):
     env = env_factory()
     w = env.writer(window_duration_s=5, window_max_keys=100)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import Config, load_config, parse_fsync
@@ -16,6 +18,9 @@ from ..logstore.transport import InProcessTransport, LogStoreTransport
 from ..meta import MetadataStore, NodeInfo, open_metadata_store
 from ..objectstore import ObjectStore, open_object_store
 from .log import LogHandle
+
+if TYPE_CHECKING:
+    from .writer import LogWriter
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +57,13 @@ class WoodpeckerClient:
         self.meta = meta
         self.objects = objects
         self.transport = transport
+        self._writers: weakref.WeakSet[LogWriter] = weakref.WeakSet()
+        self._writers_lock = threading.Lock()
+
+    def _track(self, writer: LogWriter) -> LogWriter:
+        with self._writers_lock:
+            self._writers.add(writer)
+        return writer
 
     def create_log(self, name: str) -> LogHandle:
         _check_name(name)
@@ -79,7 +91,13 @@ class WoodpeckerClient:
         self.objects.delete_prefix(f"dedup_snapshot/{meta.log_id}/")
         self.meta.delete_log(name)
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Close every writer opened through this client (each flushes for up to `timeout`
+        first, like `LogWriter.close`), then the stores: no writer thread outlives them."""
+        with self._writers_lock:
+            writers = list(self._writers)
+        for writer in writers:
+            writer.close(timeout)
         self.transport.close()
         self.meta.close()
         self.objects.close()

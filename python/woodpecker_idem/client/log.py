@@ -35,10 +35,10 @@ class LogHandle:
         if idempotent:
             from ..idempotency.writer import IdempotentLogWriter
 
-            return IdempotentLogWriter(self, **options)
+            return self.client._track(IdempotentLogWriter(self, **options))
         if options:
             raise TypeError(f"unexpected options for a plain writer: {sorted(options)}")
-        return LogWriter(self)
+        return self.client._track(LogWriter(self))
 
     def open_reader(self, start: str | LogMessageId = "earliest") -> LogReader:
         return LogReader(self, start)

@@ -373,9 +373,7 @@ class LogWriter:
                 )
                 unresolved.extend((f, exc) for f, _ in entry.waiters())
         resolve(unresolved)
-        if self._fenced is not None:
-            return
-        for seg in segments:
+        for seg in segments if self._fenced is None else ():
             if seg.status in (SegmentStatus.OPEN, SegmentStatus.ROLLED) and seg.drained():
                 try:
                     self._complete_drained(seg)
@@ -407,7 +405,7 @@ class LogWriter:
         """A segment of this log is completed at `last_entry_id` (called without the lock)."""
 
     def _on_close(self) -> None:
-        """The writer closed (not fenced)."""
+        """The writer closed (fenced or not): stop what the subclass runs."""
 
     def _process_intake(self) -> float | None:
         """Flusher thread, without the lock: admit queued `_intake` writes that are due; returns

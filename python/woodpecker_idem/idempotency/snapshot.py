@@ -107,9 +107,13 @@ class Snapshotter:
         """Ask for a snapshot soon (threshold reached)."""
         self._kick.set()
 
-    def stop(self) -> None:
+    def cancel(self) -> None:
+        """Stop soon, without waiting (callable from the task's own thread, or under a lock)."""
         self._stop.set()
         self._kick.set()
+
+    def stop(self) -> None:
+        self.cancel()
         self._thread.join(30)
 
     def _run(self) -> None:
@@ -122,25 +126,28 @@ class Snapshotter:
             due = time.monotonic() - self._last >= self.interval_s
             if not due and self._new_keys() < self.threshold and not backoff:
                 continue
-            if self.write_now():
-                backoff = 0.0
-            else:
-                backoff = min(max(backoff * 2, 0.5), 10.0)
+            try:
+                ok = self.write_now()
+            except Exception:  # a bug, not an outage: keep the log's snapshots coming anyway
+                self.failures += 1
+                log.exception("log %s: snapshot write failed; retrying", self.log_id)
+                ok = False
+            backoff = 0.0 if ok else min(max(backoff * 2, 0.5), 10.0)
 
     def write_now(self) -> bool:
         """Capture, encode and put one snapshot, then trim old ones. False if it failed."""
-        if not self._still_owner():
-            self._stop.set()
-            return False
-        source = self._capture()
-        if source is None:
-            return False
-        now = self._clock_ms()
-        key = snapshot_key(self.log_id, self.epoch, now)
         try:
+            if not self._still_owner():
+                self._stop.set()
+                return False
+            source = self._capture()
+            if source is None:
+                return False
+            now = self._clock_ms()
+            key = snapshot_key(self.log_id, self.epoch, now)
             data = encode_snapshot(source.window, self.log_id, self.epoch, now, source.watermarks)
             self.store.put(key, data)
-        except WoodpeckerError as exc:
+        except WoodpeckerError as exc:  # metadata or object store unreachable
             self.failures += 1
             log.warning(
                 "log %s: snapshot write failed (%s); retrying, writes continue", self.log_id, exc
@@ -155,9 +162,13 @@ class Snapshotter:
 
     def _trim(self, newest: str) -> None:
         """Keep the newest `kept` snapshots; delete only older ones, and never once fenced."""
-        if not self._still_owner():
+        try:
+            if not self._still_owner():
+                return
+            keys = list_snapshots(self.store, self.log_id)
+        except WoodpeckerError as exc:  # the next snapshot trims them
+            log.warning("log %s: old snapshots not trimmed: %s", self.log_id, exc)
             return
-        keys = list_snapshots(self.store, self.log_id)
         older = [k for k in keys if k < newest]
         for key in older[: max(0, len(older) - (self.kept - 1))]:
             try:

@@ -417,8 +417,8 @@ class IdempotentLogWriter(LogWriter):
     def _on_close(self) -> None:
         if self._snapshotter is not None:
             self._snapshotter.stop()
-            if self._still_owner():
-                self._snapshotter.write_now()  # a clean close leaves a fresh snapshot
+            if self._fenced is None:
+                self._snapshotter.write_now()  # a clean close leaves a fresh snapshot (if owner)
 
     # --- snapshots -------------------------------------------------------------------------------
 
@@ -450,7 +450,7 @@ class IdempotentLogWriter(LogWriter):
         resolved = super()._fence_locked(exc)
         resolved.extend((f, WriterFencedError(str(exc))) for f in self._intake.drop())
         if self._snapshotter is not None:
-            self._snapshotter._stop.set()
+            self._snapshotter.cancel()
         return resolved
 
     # --- metrics -------------------------------------------------------------------------------
