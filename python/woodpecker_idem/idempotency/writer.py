@@ -417,8 +417,7 @@ class IdempotentLogWriter(LogWriter):
     def _on_close(self) -> None:
         if self._snapshotter is not None:
             self._snapshotter.stop()
-            if self._fenced is None:
-                self._snapshotter.write_now()  # a clean close leaves a fresh snapshot (if owner)
+            self._snapshotter.write_now()  # a clean close leaves a fresh snapshot (if still owner)
 
     # --- snapshots -------------------------------------------------------------------------------
 
