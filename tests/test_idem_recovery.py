@@ -7,6 +7,7 @@ Same conventions as test_idem_edge_cases.py (its `Env` is reused): in-process, a
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -298,3 +299,67 @@ def test_recovery_gap_read_from_a_lagging_first_replica(env_factory):
         assert env.write(b, b"retry", k) == wp.WriteResult(first.message_id, True), k
     assert len(list(env.log.open_reader(LogMessageId(0, 0)))) >= 30
     env.check(60_000, 10_000)
+
+
+# --- a snapshot taken while entries were pending, then a crash -------------------------------
+
+
+def test_snapshot_with_pending_entries_then_crash(env_factory):
+    """Pending entries are not in the snapshot; after the crash, those some node holds are
+    recovered (BookKeeper's rule: duplicates at their ids), those no node holds are new writes."""
+    # batches of 5 are full, so each is sent while the one before is still in flight
+    cfg = {"append.max_retries": 100, "append.timeout_ms": 60_000, "append.max_batch_entries": 5}
+    env = env_factory(es=3, **cfg)
+    faults_a = FaultInjectingTransport(env.inner)
+    env.client.transport = faults_a
+    a = env.writer()
+    env.client.transport = env.faults
+    acked = write_keys(env, a, range(10))  # 0:0..0:9
+    on_every_node(env, 0, 9)
+    time.sleep(0.05)  # the last acks land before acks start getting lost
+    log_id = env.log.log_id
+
+    def send(prefix: str) -> list:
+        return [
+            a.write_async(b"%s%d" % (prefix.encode(), i), idempotency_id=f"{prefix}{i}")
+            for i in range(5)
+        ]
+
+    def on(nodes, entry_id):
+        wait_for(
+            lambda: all(env.inner.read(n, log_id, 0, entry_id, 1) for n in nodes),
+            what=f"0:{entry_id} on {nodes}",
+        )
+
+    faults_a.fail_node("node-2")
+    faults_a.drop_acks("node-1", 10**6)  # node-1 applies and retries q* (in order) for ever
+    quorum = send("q")  # 0:10..0:14 reach node-0 (acked: 1 of aq=2) and node-1 (ack lost)
+    on(("node-0", "node-1"), 14)
+    single = send("s")  # 0:15..0:19 reach node-0 only: node-1 is still retrying q*
+    on(("node-0",), 19)
+    faults_a.fail_node("node-0")
+    nowhere = send("r")  # 0:20..0:24 reach no node
+    wait_for(lambda: a.metrics_snapshot()["pending"] == 15, what="15 pending entries")
+    assert a._snapshotter.write_now()
+    snap = wp.decode_snapshot(env.client.objects.get(a._snapshotter.last_key))
+    assert len(snap) == 10 and snap.watermarks[0] == 9, "pending entries are not in a snapshot"
+    assert not any(f.done() for f in quorum + single + nowhere)
+    for prefix in "qsr":  # the writer crashes before it learns anything
+        for i in range(5):
+            env.history.failed(explicit_key(f"{prefix}{i}"), RuntimeError("writer crashed"))
+    b = env.writer()
+    assert env.client.meta.get_segment(log_id, 0).last_entry_id == 19
+    rep = b.recovery
+    assert rep.snapshot_key_count == 10 and rep.entries_replayed == 10 and rep.window_size == 20
+    for i in range(5):
+        assert env.write(b, b"x", f"q{i}") == wp.WriteResult(LogMessageId(0, 10 + i), True)
+        assert env.write(b, b"x", f"s{i}") == wp.WriteResult(LogMessageId(0, 15 + i), True)
+        r = env.write(b, b"r%d" % i, f"r{i}")
+        assert r.duplicate is False and r.message_id.segment_id >= 1
+    for k, first in acked.items():
+        assert env.write(b, b"x", k) == wp.WriteResult(first.message_id, True)
+    faults_a.heal_all()  # the old writer comes back: fenced, it writes nothing more
+    wait_for(lambda: a.fenced, what="old writer fenced")
+    b.close()
+    v = env.check(60_000, 10_000)
+    assert v.keyed_entries == 25
