@@ -15,7 +15,7 @@ from test_idem_edge_cases import Env, wait_for
 
 import woodpecker_idem as wp
 from woodpecker_idem import CorruptEntryError, LogMessageId, explicit_key
-from woodpecker_idem.errors import NodeUnavailableError
+from woodpecker_idem.errors import EntryTruncatedError, NodeUnavailableError
 from woodpecker_idem.logstore.blocks import BLOCK_HEADER_SIZE, RECORD_HEADER, decode_block_header
 from woodpecker_idem.logstore.transport import FaultInjectingTransport
 
@@ -363,3 +363,49 @@ def test_snapshot_with_pending_entries_then_crash(env_factory):
     b.close()
     v = env.check(60_000, 10_000)
     assert v.keyed_entries == 25
+
+
+# --- truncating entries still in the window (docs/semantics.md) -------------------------------
+
+
+@pytest.mark.parametrize("snapshot", [False, True], ids=["no-snapshot", "snapshot-mid-segment"])
+def test_truncate_inside_window_keys_stay_duplicates(env_factory, snapshot):
+    """Truncation deletes entries, not the window's promise: a retry of a truncated key still in
+    the window returns its original id, from the live writer and from a recovered one alike."""
+    env = env_factory(**{"segment.max_entries": 10})
+    w = env.writer()
+    acked = write_keys(env, w, range(13))  # 0:0..0:9, 1:0..1:2
+    if snapshot:
+        assert w._snapshotter.write_now()  # knows segment 1 up to 1:2 only
+    acked.update(write_keys(env, w, range(13, 25)))  # .. 1:9, 2:0..2:4
+    log_id = env.log.log_id
+    wait_for(
+        lambda: env.client.meta.get_segment(log_id, 1).state is wp.SegmentState.SEALED,
+        what="segment 1 sealed",
+    )
+    env.clock.advance(1000)
+    env.log.truncate(LogMessageId(2, 2))
+    assert {env.client.meta.get_segment(log_id, s).state for s in (0, 1)} == {
+        wp.SegmentState.TRUNCATED
+    }
+    with pytest.raises(EntryTruncatedError):
+        env.log.open_reader(acked["k3"].message_id)
+    live = w.window.committed_entries()
+    for k, first in acked.items():  # the live writer
+        assert env.write(w, b"retry", k) == wp.WriteResult(first.message_id, True), k
+    w2 = env.writer()  # crash + takeover: the entries of segments 0 and 1 are gone
+    assert w2.window.committed_entries() == live
+    for k, first in acked.items():
+        assert env.write(w2, b"retry", k) == wp.WriteResult(first.message_id, True), k
+    fresh = env.write(w2, b"new", "new")
+    assert fresh.duplicate is False
+    # out of the window, the kept keys go: the next truncation deletes them, recovery forgets
+    env.clock.advance(600_000)
+    env.log.truncate(fresh.message_id)
+    assert env.client.objects.list(f"dedup_snapshot/{log_id}/truncated_") == []
+    w3 = env.writer()
+    assert env.write(w3, b"k0", "k0").duplicate is False
+    # the truncated entries are gone by request: judge the rest
+    floor = fresh.message_id
+    env.history.attempts = [a for a in env.history.attempts if not a.ok or a.message_id >= floor]
+    env.check(60_000, 10_000)

@@ -13,9 +13,12 @@ from __future__ import annotations
 import logging
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .._core import DedupWindow, Snapshot
+from .._proto.logstore_pb2 import LogEntry
+from ..client.keyarchive import load_archive
 from ..client.replicas import ReplicaFault, read_entries
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
@@ -59,12 +62,8 @@ def rebuild_window(
     started = time.perf_counter()
     snap, corrupt = load_newest(objects, log_id)
     horizon = now_ms - window.window_ms
-    # TRUNCATED segments are skipped: their data is gone (seed case 5, docs/semantics.md)
-    segments = [
-        s
-        for s in meta.list_segments(log_id)
-        if s.state in (SegmentState.COMPLETED, SegmentState.SEALED)
-    ]
+    # the keys of a TRUNCATED segment come from what truncation kept (docs/semantics.md)
+    segments = [s for s in meta.list_segments(log_id) if s.state is not SegmentState.ACTIVE]
     # a segment completed at or before the horizon holds only entries older than the window
     young = {s.segment_id for s in segments if not 0 < s.completed_ms <= horizon}
     if snap is None:
@@ -77,9 +76,11 @@ def rebuild_window(
     def on_corrupt(fault: ReplicaFault) -> None:
         faults.setdefault((fault.node, fault.segment_id, fault.error), fault)
 
-    backfilled = sum(_replay(window, transport, span, on_corrupt) for span in before)
+    backfilled = sum(_replay(window, transport, objects, span, on_corrupt) for span in before)
     loaded = snap.load_into(window) if snap is not None else 0
-    replayed = backfilled + sum(_replay(window, transport, span, on_corrupt) for span in after)
+    replayed = backfilled + sum(
+        _replay(window, transport, objects, span, on_corrupt) for span in after
+    )
     window.evict(now_ms)
     report = RecoveryReport(
         seconds=time.perf_counter() - started,
@@ -149,20 +150,34 @@ def _plan(
     return before, after
 
 
-def _replay(window: DedupWindow, transport: LogStoreTransport, span: Span, on_corrupt) -> int:
+def _replay(
+    window: DedupWindow,
+    transport: LogStoreTransport,
+    objects: ObjectStore,
+    span: Span,
+    on_corrupt: Callable[[ReplicaFault], None],
+) -> int:
     """Add the keyed entries of a span as committed, in log order; returns entries read."""
     seg, entry, last = span
+    if seg.state is SegmentState.TRUNCATED:  # its entries are gone: only keys were kept
+        kept = [e for e in load_archive(objects, seg) if entry <= e.entry_id <= last]
+        _add(window, kept)
+        return len(kept)
     while entry <= last:
         entries = read_entries(transport, seg, entry, min(READ_CHUNK, last - entry + 1), on_corrupt)
-        keys = bytearray()
-        segs, ids, stamps = array("q"), array("q"), array("q")
-        for i, e in enumerate(entries):
-            if len(e.idempotency_key) == 16:
-                keys += e.idempotency_key
-                segs.append(seg.segment_id)
-                ids.append(entry + i)
-                stamps.append(e.timestamp_ms)
-        if keys:
-            window.add_committed_many(bytes(keys), segs, ids, stamps)
+        _add(window, entries)
         entry += len(entries)
     return last - span[1] + 1
+
+
+def _add(window: DedupWindow, entries: list[LogEntry]) -> None:
+    keys = bytearray()
+    segs, ids, stamps = array("q"), array("q"), array("q")
+    for e in entries:
+        if len(e.idempotency_key) == 16:
+            keys += e.idempotency_key
+            segs.append(e.segment_id)
+            ids.append(e.entry_id)
+            stamps.append(e.timestamp_ms)
+    if keys:
+        window.add_committed_many(bytes(keys), segs, ids, stamps)
