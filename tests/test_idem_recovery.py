@@ -409,3 +409,31 @@ def test_truncate_inside_window_keys_stay_duplicates(env_factory, snapshot):
     floor = fresh.message_id
     env.history.attempts = [a for a in env.history.attempts if not a.ok or a.message_id >= floor]
     env.check(60_000, 10_000)
+
+
+def test_takeover_completes_a_segment_past_a_corrupt_replica(env_factory):
+    """Completing a crashed writer's segment reads the entries past the lagging replica's end;
+    one corrupt replica among them must not stop the takeover (nor lose an entry)."""
+    env = env_factory(es=3, **{"append.max_retries": 0})
+    faults_a = FaultInjectingTransport(env.inner)
+    env.client.transport = faults_a
+    a = env.writer()
+    acked = write_keys(env, a, range(10))
+    on_every_node(env, 0, 9)
+    faults_a.fail_node("node-0")  # node-0 lags from 0:10 on
+    acked.update(write_keys(env, a, range(10, 30)))
+    wait_for(
+        lambda: all(env.inner.read(n, env.log.log_id, 0, 29, 1) for n in ("node-1", "node-2")),
+        what="0:29 on node-1 and node-2",
+    )
+    for n in NODES:  # crash, with segment 0 ACTIVE
+        faults_a.fail_node(n)
+    corrupt_entry(env, "node-1", 0, 15)
+    env2 = successor(env_factory, env)
+    b = env2.writer()
+    assert env2.client.meta.get_segment(env.log.log_id, 0).last_entry_id == 29
+    assert b.recovery.window_size == 30
+    for k, first in acked.items():
+        assert env2.write(b, b"retry", k) == wp.WriteResult(first.message_id, True), k
+    b.close()
+    env2.check(60_000, 10_000)

@@ -10,7 +10,12 @@ import dataclasses
 import logging
 
 from .._core import concat
-from ..errors import NodeUnavailableError, QuorumUnavailableError, SegmentFencedError
+from ..errors import (
+    CorruptEntryError,
+    NodeUnavailableError,
+    QuorumUnavailableError,
+    SegmentFencedError,
+)
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
 from ..types import SegmentState
@@ -55,7 +60,15 @@ def recover_segment(
         for node in list(replies):
             try:
                 chunks[node] = transport.read(node, seg.log_id, seg.segment_id, entry, READ_CHUNK)
-            except NodeUnavailableError as exc:
+            except (NodeUnavailableError, CorruptEntryError) as exc:  # the others may serve it
+                if isinstance(exc, CorruptEntryError):
+                    log.warning(
+                        "segment %s/%s: replica on %s is corrupt: %s; completing from the others",
+                        seg.log_id,
+                        seg.segment_id,
+                        node,
+                        exc,
+                    )
                 errors[node] = str(exc)
                 del replies[node]
         if len(replies) < needed:
