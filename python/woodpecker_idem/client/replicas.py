@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from .._proto.logstore_pb2 import LogEntry
 from ..errors import CorruptEntryError, NodeUnavailableError
-from ..logstore.blocks import decode_entry
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import SegmentMeta
 
@@ -50,6 +49,7 @@ def read_entries(
     serve the entries before its damage. Raises `CorruptEntryError` when no replica is down and
     none holds `entry_id` intact, else `NodeUnavailableError` (a node that is back may serve it).
     """
+    seen: set[tuple[str, str]] = set()  # each corruption is reported once, however often hit
     while True:
         problems: dict[str, str] = {}
         corrupt = unavailable = False
@@ -64,21 +64,9 @@ def read_entries(
             except CorruptEntryError as exc:
                 problems[node] = f"corrupt: {exc}"
                 corrupt = True
-                fault = ReplicaFault(
-                    node, seg.log_id, seg.segment_id, entry_id, entry_id + want - 1, str(exc)
-                )
-                log.warning(
-                    "log %s segment %s: replica on %s is corrupt within entries %s..%s (%s); "
-                    "trying another replica",
-                    seg.log_id,
-                    seg.segment_id,
-                    node,
-                    fault.first_entry_id,
-                    fault.last_entry_id,
-                    exc,
-                )
-                if on_corrupt is not None:
-                    on_corrupt(fault)
+                if (node, str(exc)) not in seen:
+                    seen.add((node, str(exc)))
+                    _report(node, seg, entry_id, want, exc, on_corrupt)
                 continue
             if entries:
                 return entries
@@ -93,16 +81,44 @@ def read_entries(
         raise NodeUnavailableError(f"{where}: no replica could serve it ({detail})")
 
 
+def _report(
+    node: str,
+    seg: SegmentMeta,
+    entry_id: int,
+    want: int,
+    exc: CorruptEntryError,
+    on_corrupt: Callable[[ReplicaFault], None] | None,
+) -> None:
+    fault = ReplicaFault(node, seg.log_id, seg.segment_id, entry_id, entry_id + want - 1, str(exc))
+    log.warning(
+        "log %s segment %s: replica on %s is corrupt within entries %s..%s (%s); "
+        "trying another replica",
+        seg.log_id,
+        seg.segment_id,
+        node,
+        fault.first_entry_id,
+        fault.last_entry_id,
+        exc,
+    )
+    if on_corrupt is not None:
+        on_corrupt(fault)
+
+
 def _decode(node: str, seg: SegmentMeta, first: int, raw: list[bytes]) -> list[LogEntry]:
     """Parse a replica's answer; an entry that does not parse or sits at the wrong position
     makes the whole answer corrupt."""
     entries = []
+    parse = LogEntry.FromString
     for i, data in enumerate(raw):
-        where = f"{node}: log {seg.log_id} entry {seg.segment_id}:{first + i}"
-        entry = decode_entry(data, where)
-        if (entry.segment_id, entry.entry_id) != (seg.segment_id, first + i):
+        try:
+            entry = parse(data)
+        except Exception as exc:  # protobuf raises DecodeError; be strict about anything
+            where = f"{node}: log {seg.log_id} entry {seg.segment_id}:{first + i}"
+            raise CorruptEntryError(f"{where}: unparseable entry ({exc})") from exc
+        if entry.entry_id != first + i or entry.segment_id != seg.segment_id:
             raise CorruptEntryError(
-                f"{where}: stored entry says {entry.segment_id}:{entry.entry_id}"
+                f"{node}: log {seg.log_id} entry {seg.segment_id}:{first + i}: stored entry says "
+                f"{entry.segment_id}:{entry.entry_id}"
             )
         entries.append(entry)
     return entries
