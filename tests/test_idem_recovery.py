@@ -437,3 +437,20 @@ def test_takeover_completes_a_segment_past_a_corrupt_replica(env_factory):
         assert env2.write(b, b"retry", k) == wp.WriteResult(first.message_id, True), k
     b.close()
     env2.check(60_000, 10_000)
+
+
+def test_truncating_a_plain_log_keeps_nothing_and_reads_one_entry_per_segment(env_factory):
+    env = env_factory(**{"segment.max_entries": 10})
+    w = env.log.open_writer()
+    env.writers.append(w)
+    ids = [w.write(b"m%d" % i).message_id for i in range(25)]
+    w.close()
+    recorder = RecordingTransport(env.inner)
+    env.client.transport = recorder
+    env.log.truncate(LogMessageId(2, 0))
+    assert [(n, first, got) for n, first, got in recorder.reads] == [
+        ("node-0", 0, 1),
+        ("node-0", 0, 1),
+    ], "one entry of each truncated segment: no key, so nothing to keep"
+    assert env.client.objects.list(f"dedup_snapshot/{env.log.log_id}/") == []
+    assert [m.message_id for m in env.log.open_reader()] == ids[20:]

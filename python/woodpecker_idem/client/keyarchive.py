@@ -41,8 +41,11 @@ def archive_keys(
 ) -> int:
     """Store the keyed entries of completed `seg` (keys only); returns how many it holds.
 
-    A segment without keyed entries (a plain writer's) stores nothing.
+    A plain writer's segment stores nothing, and only its first entry is read: a writer keys
+    all its entries or none, and each segment has one writer.
     """
+    if seg.last_entry_id < 0 or not read_entries(transport, seg, 0, 1)[0].idempotency_key:
+        return 0
     records = []
     entry_id = 0
     while entry_id <= seg.last_entry_id:
