@@ -124,8 +124,11 @@ def test_reopen_with_smaller_window_evicts_to_the_writers_bounds(env_factory, sm
 # --- corrupt and lagging replicas (DESIGN.md 8.6) --------------------------------------------
 
 
-def corrupt_entry(env: Env, node: str, segment_id: int, entry_id: int) -> Path:
-    """Flip one payload byte of an entry in `node`'s block file on disk; returns the file."""
+def corrupt_entry(
+    env: Env, node: str, segment_id: int, entry_id: int, in_header: bool = False
+) -> Path:
+    """Flip one payload byte of an entry in `node`'s block file on disk (with `in_header`, a byte
+    of the header of the block holding it); returns the file."""
     seg_dir = env.client.data_dir / "objects" / "nodes" / node / str(env.log.log_id)
     blocks = sorted((seg_dir / str(segment_id)).glob("*.blk"))
     assert blocks, f"no blocks under {seg_dir}"
@@ -138,7 +141,7 @@ def corrupt_entry(env: Env, node: str, segment_id: int, entry_id: int) -> Path:
         for _ in range(header.first_entry_id, entry_id):
             pos += RECORD_HEADER.size + RECORD_HEADER.unpack_from(data, pos)[0]
         length, _ = RECORD_HEADER.unpack_from(data, pos)
-        data[pos + RECORD_HEADER.size + length - 2] ^= 0x40  # inside the payload field
+        data[8 if in_header else pos + RECORD_HEADER.size + length - 2] ^= 0x40
         blk.write_bytes(bytes(data))
         return blk
     raise AssertionError(f"entry {entry_id} not on {node}")
@@ -411,9 +414,11 @@ def test_truncate_inside_window_keys_stay_duplicates(env_factory, snapshot):
     env.check(60_000, 10_000)
 
 
-def test_takeover_completes_a_segment_past_a_corrupt_replica(env_factory):
-    """Completing a crashed writer's segment reads the entries past the lagging replica's end;
-    one corrupt replica among them must not stop the takeover (nor lose an entry)."""
+@pytest.mark.parametrize("header", [False, True], ids=["entry", "block-header"])
+def test_takeover_completes_a_segment_past_a_corrupt_replica(env_factory, header):
+    """Completing a crashed writer's segment fences every replica and reads the entries past the
+    lagging one's end; one corrupt replica must not stop the takeover (nor lose an entry). A
+    corrupt block header breaks the replica's fence, a corrupt entry its read."""
     env = env_factory(es=3, **{"append.max_retries": 0})
     faults_a = FaultInjectingTransport(env.inner)
     env.client.transport = faults_a
@@ -428,7 +433,7 @@ def test_takeover_completes_a_segment_past_a_corrupt_replica(env_factory):
     )
     for n in NODES:  # crash, with segment 0 ACTIVE
         faults_a.fail_node(n)
-    corrupt_entry(env, "node-1", 0, 15)
+    corrupt_entry(env, "node-1", 0, 15, header)
     env2 = successor(env_factory, env)
     b = env2.writer()
     assert env2.client.meta.get_segment(env.log.log_id, 0).last_entry_id == 29
