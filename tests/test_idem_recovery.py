@@ -20,6 +20,8 @@ from woodpecker_idem.logstore.blocks import BLOCK_HEADER_SIZE, RECORD_HEADER, de
 from woodpecker_idem.logstore.transport import FaultInjectingTransport
 
 NODES = ("node-0", "node-1", "node-2")
+_IDEM = wp.load_config().idempotency
+DEFAULT_WINDOW = (int(_IDEM.window_duration_s * 1000), _IDEM.window_max_keys)  # env.writer()
 
 
 @pytest.fixture
@@ -194,7 +196,7 @@ def test_reader_skips_a_corrupt_replica_and_reports_it(env_factory, caplog):
     assert "entry 7" in rep.corrupt_replicas[0].error
     for k, first in acked.items():
         assert env2.write(w2, b"retry", k) == wp.WriteResult(first.message_id, True)
-    env2.check(60_000, 10_000)
+    env2.check(*DEFAULT_WINDOW)
 
 
 @pytest.mark.parametrize("snapshot", [False, True], ids=["no-snapshot", "in-gap"])
@@ -227,7 +229,7 @@ def test_corrupt_entry_in_recovery_gap(env_factory, snapshot, bad):
     assert {f.node for f in rep.corrupt_replicas} == {"node-0"}
     for k, first in acked.items():
         assert env2.write(w2, b"retry", k) == wp.WriteResult(first.message_id, True), k
-    env2.check(60_000, 10_000)
+    env2.check(*DEFAULT_WINDOW)
 
 
 def test_replicas_corrupt_at_different_entries_still_serve_every_entry(env_factory):
@@ -259,7 +261,7 @@ def test_replicas_corrupt_at_different_entries_still_serve_every_entry(env_facto
     assert len(list(env3.log.open_reader())) == 30
     for k, first in acked.items():
         assert env2.write(w2, b"retry", k) == wp.WriteResult(first.message_id, True)
-    env2.check(60_000, 10_000)
+    env2.check(*DEFAULT_WINDOW)
 
 
 class RecordingTransport(FaultInjectingTransport):
@@ -301,7 +303,7 @@ def test_recovery_gap_read_from_a_lagging_first_replica(env_factory):
     for k, first in acked.items():
         assert env.write(b, b"retry", k) == wp.WriteResult(first.message_id, True), k
     assert len(list(env.log.open_reader(LogMessageId(0, 0)))) >= 30
-    env.check(60_000, 10_000)
+    env.check(*DEFAULT_WINDOW)
 
 
 # --- a snapshot taken while entries were pending, then a crash -------------------------------
@@ -364,7 +366,7 @@ def test_snapshot_with_pending_entries_then_crash(env_factory):
     faults_a.heal_all()  # the old writer comes back: fenced, it writes nothing more
     wait_for(lambda: a.fenced, what="old writer fenced")
     b.close()
-    v = env.check(60_000, 10_000)
+    v = env.check(*DEFAULT_WINDOW)
     assert v.keyed_entries == 25
 
 
@@ -411,7 +413,7 @@ def test_truncate_inside_window_keys_stay_duplicates(env_factory, snapshot):
     # the truncated entries are gone by request: judge the rest
     floor = fresh.message_id
     env.history.attempts = [a for a in env.history.attempts if not a.ok or a.message_id >= floor]
-    env.check(60_000, 10_000)
+    env.check(*DEFAULT_WINDOW)
 
 
 @pytest.mark.parametrize("header", [False, True], ids=["entry", "block-header"])
@@ -441,7 +443,7 @@ def test_takeover_completes_a_segment_past_a_corrupt_replica(env_factory, header
     for k, first in acked.items():
         assert env2.write(b, b"retry", k) == wp.WriteResult(first.message_id, True), k
     b.close()
-    env2.check(60_000, 10_000)
+    env2.check(*DEFAULT_WINDOW)
 
 
 def test_truncating_a_plain_log_keeps_nothing_and_reads_one_entry_per_segment(env_factory):
