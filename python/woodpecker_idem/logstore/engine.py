@@ -1,9 +1,11 @@
-"""A LogStore node in object mode: per (log, segment) CRC-checked blocks on object storage.
+"""A LogStore node: per (log, segment) CRC-checked batches, on a `SegmentStorage`.
 
-Every block put is create-if-absent, and fencing creates the first free block key as a marker, so a
-writer in another process that still holds the segment collides with the marker on its next put and
-stops (DESIGN.md section 3). A block that landed before the marker is part of the segment; nothing
-after it is, except recovery copies written while completing the segment.
+The node rules live here, once for every storage layout (`storage.py`): a fenced or completed
+segment refuses new data, an entry already held is acknowledged again only with identical bytes,
+recovery copies are accepted after the fence, the LAC piggybacked on adds is kept for readers, and
+a completed segment is read only up to its lastEntryId. How batches are laid out and how fencing
+is made to hold across processes is the storage's part (block keys on object storage, a fence
+file on a local directory).
 """
 
 from __future__ import annotations
@@ -11,82 +13,76 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
-from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .._core import concat, count_records
-from ..errors import CorruptEntryError, EntryConflictError, SegmentFencedError
+from ..errors import EntryConflictError, SegmentFencedError
 from ..objectstore.base import ObjectStore
-from .blocks import (
-    KIND_DATA,
-    KIND_FENCE,
-    KIND_RECOVERY,
-    block_records,
-    decode_block_header,
-    decode_footer,
-    encode_block,
-    encode_footer,
-    record_entry,
-    split_frame,
-)
+from .blocks import split_frame
+from .storage import ObjectSegmentStorage, Scan, SegmentHandle, SegmentStorage, Span
 
 log = logging.getLogger(__name__)
 
 
-def segment_prefix(log_id: int, segment_id: int) -> str:
-    return f"{log_id}/{segment_id}/"
-
-
 @dataclass
 class _Segment:
-    """What a node knows of one segment; rebuilt from the store when another process moved it."""
+    """What a node knows of one segment; brought up to date from the storage when another
+    process may have moved it."""
 
+    handle: SegmentHandle
     lock: threading.Lock = field(default_factory=threading.Lock)
     loaded: bool = False
-    scanned: int = 0  # blocks 0..scanned-1 are in the index
-    next_block: int = 0
-    index: list[tuple[int, int, int]] = field(default_factory=list)  # (first, last, block), sorted
+    index: list[tuple[int, int, int]] = field(default_factory=list)  # (first, last, loc), sorted
     fenced: bool = False
     completed_last: int | None = None
     lac: int = -1
-
     contig: int = -1  # the last entry id held with no gap from entry 0
 
-    def contiguous_last(self) -> int:
-        return self.contig
-
     def holds(self, entry_id: int) -> int | None:
-        """The block holding `entry_id`, if any (blocks never overlap: only missing runs land)."""
+        """Index position of the batch holding `entry_id`, if any (batches never overlap)."""
         pos = bisect.bisect_right(self.index, (entry_id, 1 << 62, 0)) - 1
-        if pos >= 0:
-            first, end, block = self.index[pos]
-            if first <= entry_id <= end:
-                return block
+        if pos >= 0 and self.index[pos][0] <= entry_id <= self.index[pos][1]:
+            return pos
         return None
 
-    def add_block(self, first: int, last: int, block: int) -> None:
-        item = (first, last, block)
-        bisect.insort(self.index, item)
+    def add_batch(self, first: int, last: int, loc: int) -> None:
+        item = (first, last, loc)
+        if not self.index or first > self.index[-1][0]:
+            self.index.append(item)  # the common case: in order
+        else:
+            bisect.insort(self.index, item)
         if first <= self.contig + 1:
             pos = bisect.bisect_left(self.index, item)
             while pos < len(self.index) and self.index[pos][0] <= self.contig + 1:
                 self.contig = max(self.contig, self.index[pos][1])
                 pos += 1
 
+    def apply(self, scan: Scan) -> None:
+        for first, last, loc in scan.batches:
+            if self.holds(first) is None:
+                self.add_batch(first, last, loc)
+        self.lac = max(self.lac, scan.lac)
+        self.fenced = self.fenced or scan.fenced
+        if scan.completed_last is not None and self.completed_last is None:
+            self.completed_last = scan.completed_last
+        self.loaded = True
+
 
 class LogStoreEngine:
-    """One node's storage for every segment it is given; thread-safe."""
+    """One node's storage for every segment it is given; thread-safe.
 
-    def __init__(self, store: ObjectStore, node_id: str = "node-0", cache_bytes: int = 32 << 20):
-        self.store = store
+    `storage` is a `SegmentStorage`, or an `ObjectStore` (blocks on it, the `objects` layout).
+    """
+
+    def __init__(self, storage: SegmentStorage | ObjectStore, node_id: str = "node-0"):
+        self.store = storage
+        self.storage: SegmentStorage = (
+            storage if isinstance(storage, SegmentStorage) else ObjectSegmentStorage(storage)
+        )
         self.node_id = node_id
         self._segments: dict[tuple[int, int], _Segment] = {}
         self._segments_lock = threading.Lock()
-        # block cache: key -> [data, header, records (split on first read)]
-        self._cache: OrderedDict[tuple[int, int, int], list] = OrderedDict()
-        self._cache_bytes = 0
-        self._cache_limit = cache_bytes
-        self._cache_lock = threading.Lock()
 
     # --- state -----------------------------------------------------------------------------
 
@@ -95,74 +91,14 @@ class LogStoreEngine:
         with self._segments_lock:
             seg = self._segments.get(key)
             if seg is None:
-                seg = self._segments[key] = _Segment()
+                handle = self.storage.open(log_id, segment_id, self.node_id)
+                seg = self._segments[key] = _Segment(handle)
             return seg
 
-    def _load(self, log_id: int, segment_id: int, seg: _Segment) -> None:
-        """Bring `seg` up to date with the store (caller holds seg.lock).
-
-        Blocks are immutable and numbered without gaps, so only blocks not seen yet are read.
-        """
-        prefix = segment_prefix(log_id, segment_id)
-        blocks: list[int] = []
-        footer = None
-        for key in self.store.list(prefix):
-            name = key[len(prefix) :]
-            if name == "footer":
-                footer = key
-            elif name.endswith(".blk") and name[:-4].isdigit():
-                n = int(name[:-4])
-                if n >= seg.scanned:
-                    blocks.append(n)
-        blocks.sort()
-        for n in blocks:
-            header, _ = self._block(log_id, segment_id, n, records=False)
-            if header.kind == KIND_FENCE:
-                seg.fenced = True
-            elif header.kind == KIND_RECOVERY or not seg.fenced:
-                if header.count and seg.holds(header.first_entry_id) is None:
-                    seg.add_block(header.first_entry_id, header.last_entry_id, n)
-                seg.lac = max(seg.lac, header.lac)  # count 0: a LAC-only update
-            elif header.count:
-                log.warning("%s: ignoring data block %d written after the fence", prefix, n)
-            seg.scanned = n + 1
-        seg.next_block = max(seg.next_block, seg.scanned)
-        if footer is not None and seg.completed_last is None:
-            data = self.store.get(footer)
-            if data is not None:
-                seg.completed_last = decode_footer(data, f"{self.node_id}:{footer}").last_entry_id
-        seg.loaded = True
-
-    def _ensure(self, log_id: int, segment_id: int, seg: _Segment, refresh: bool = False) -> None:
+    @staticmethod
+    def _ensure(seg: _Segment, refresh: bool = False) -> None:
         if refresh or not seg.loaded:
-            self._load(log_id, segment_id, seg)
-
-    def _block(self, log_id: int, segment_id: int, n: int, records: bool = True):
-        """(header, records) of block n, cached; records are split only when asked for."""
-        key = (log_id, segment_id, n)
-        where = f"{self.node_id}:{log_id}/{segment_id}/{n}.blk"
-        with self._cache_lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-        if hit is None:
-            data = self.store.get(f"{log_id}/{segment_id}/{n}.blk")
-            if data is None:
-                raise CorruptEntryError(f"{where}: block listed but missing")
-            hit = [data, decode_block_header(data, where), None]
-            with self._cache_lock:
-                self._cache[key] = hit
-                self._cache_bytes += len(data)
-                while self._cache_bytes > self._cache_limit and len(self._cache) > 1:
-                    _, old = self._cache.popitem(last=False)
-                    self._cache_bytes -= len(old[0])
-        if records and hit[2] is None:
-            hit[2] = block_records(hit[0], hit[1], where)
-        return hit[1], hit[2]
-
-    def _stored_record(self, log_id: int, segment_id: int, block: int, entry_id: int) -> bytes:
-        header, records = self._block(log_id, segment_id, block)
-        return bytes(records[entry_id - header.first_entry_id])
+            seg.apply(seg.handle.load())
 
     # --- the node API ------------------------------------------------------------------------
 
@@ -180,11 +116,11 @@ class LogStoreEngine:
         An entry already held is acknowledged again if its bytes are identical and refused with
         `EntryConflictError` if they differ; only the missing runs are written.
         """
-        where = f"{self.node_id}:{log_id}/{segment_id}"
         count = count_records(frame)
         seg = self._segment(log_id, segment_id)
         with seg.lock:
-            self._ensure(log_id, segment_id, seg)
+            where = seg.handle.where
+            self._ensure(seg)
             if seg.completed_last is not None:
                 raise SegmentFencedError(f"{where} is completed; add of {first_entry_id} refused")
             if seg.fenced and not recovery:
@@ -196,40 +132,50 @@ class LogStoreEngine:
                 runs = [(0, count)]  # the common case: appending past everything held
             else:
                 records = split_frame(frame, where)
-                runs = self._missing_runs(log_id, segment_id, seg, first_entry_id, records, where)
-            kind = KIND_RECOVERY if recovery else KIND_DATA
-            for lo, hi in runs:
-                body = frame if (lo, hi) == (0, count) else concat(records[lo:hi])
-                self._put_block(
-                    log_id, segment_id, seg, kind, first_entry_id + lo, hi - lo, lac, body
-                )
+                runs = self._missing_runs(seg, first_entry_id, records, where)
+            placed: list[tuple[int, int, int]] = []
+            try:
+                for lo, hi in runs:
+                    body = frame if (lo, hi) == (0, count) else concat(records[lo:hi])
+                    first = first_entry_id + lo
+                    loc = seg.handle.append(first, hi - lo, lac, body, recovery)
+                    placed.append((first, first + hi - lo - 1, loc))
+            except SegmentFencedError:
+                seg.apply(seg.handle.load())
+                raise
+        if placed:
+            # group commit: outside the lock, so adds queued meanwhile share the next sync
+            try:
+                seg.handle.commit(placed[-1][2], recovery)
+            except SegmentFencedError:
+                with seg.lock:
+                    seg.apply(seg.handle.load())
+                raise
+        with seg.lock:
+            for first, last, loc in placed:
+                if last >= first and seg.holds(first) is None:
+                    seg.add_batch(first, last, loc)
             if lac > seg.lac:
                 seg.lac = lac
-            return seg.contiguous_last()
+            return seg.contig
 
     def _missing_runs(
-        self,
-        log_id: int,
-        segment_id: int,
-        seg: _Segment,
-        first_entry_id: int,
-        records: list[memoryview],
-        where: str,
+        self, seg: _Segment, first_entry_id: int, records: list[memoryview], where: str
     ) -> list[tuple[int, int]]:
         """[start, stop) index runs of records not held yet; held ones must match byte for byte."""
         runs: list[tuple[int, int]] = []
         start = None
         for i, record in enumerate(records):
-            block = seg.holds(first_entry_id + i)
-            if block is None:
+            pos = seg.holds(first_entry_id + i)
+            if pos is None:
                 if start is None:
                     start = i
                 continue
             if start is not None:
                 runs.append((start, i))
                 start = None
-            stored = self._stored_record(log_id, segment_id, block, first_entry_id + i)
-            if stored != record:
+            first, _, loc = seg.index[pos]
+            if seg.handle.record(loc, first, first_entry_id + i) != record:
                 raise EntryConflictError(
                     f"{where}: entry {first_entry_id + i} already stored with other bytes"
                 )
@@ -237,42 +183,13 @@ class LogStoreEngine:
             runs.append((start, len(records)))
         return runs
 
-    def _put_block(self, log_id, segment_id, seg: _Segment, kind, first, count, lac, body) -> None:
-        data = encode_block(kind, first, count, lac, body)
-        n = seg.next_block
-        key = f"{log_id}/{segment_id}/{n}.blk"
-        if not self.store.put(key, data, if_none_match=True):
-            existing = self.store.get(key)
-            if existing != data:
-                # Someone else took block n: a fence marker or another writer's block.
-                self._load(log_id, segment_id, seg)
-                raise SegmentFencedError(
-                    f"{self.node_id}:{log_id}/{segment_id}: block {n} was taken (fenced); "
-                    f"add of {first} refused"
-                )
-        seg.next_block = n + 1
-        if seg.scanned == n:
-            seg.scanned = n + 1
-        if count:
-            seg.add_block(first, first + count - 1, n)
-
     def fence(self, log_id: int, segment_id: int) -> tuple[int, int]:
         """Fence the segment; returns (last contiguous entry id held, highest LAC seen)."""
         seg = self._segment(log_id, segment_id)
         with seg.lock:
-            self._load(log_id, segment_id, seg)
-            if seg.completed_last is None and not seg.fenced:
-                marker = encode_block(KIND_FENCE, 0, 0, -1, b"")
-                while not self.store.put(
-                    f"{log_id}/{segment_id}/{seg.next_block}.blk", marker, if_none_match=True
-                ):
-                    self._load(log_id, segment_id, seg)  # a block landed just before: keep it
-                    if seg.fenced:
-                        break
-                else:
-                    seg.next_block += 1
-                seg.fenced = True
-            last = seg.contiguous_last()
+            seg.apply(seg.handle.fence())
+            seg.fenced = True
+            last = seg.contig
             if seg.completed_last is not None:
                 last = min(last, seg.completed_last)
             return last, seg.lac
@@ -281,23 +198,18 @@ class LogStoreEngine:
         """Seal the segment at `last_entry_id` with a footer; later adds are refused."""
         seg = self._segment(log_id, segment_id)
         with seg.lock:
-            self._ensure(log_id, segment_id, seg, refresh=True)
-            if seg.completed_last is not None:
-                if seg.completed_last != last_entry_id:
-                    raise EntryConflictError(
-                        f"{self.node_id}:{log_id}/{segment_id} already completed at "
-                        f"{seg.completed_last}, not {last_entry_id}"
-                    )
-                return
-            blocks = [(b, f, min(e, last_entry_id)) for f, e, b in seg.index if f <= last_entry_id]
-            footer = encode_footer(last_entry_id, sorted(blocks))
-            key = f"{log_id}/{segment_id}/footer"
-            if not self.store.put(key, footer, if_none_match=True):
-                self._load(log_id, segment_id, seg)
-                if seg.completed_last != last_entry_id:
-                    raise EntryConflictError(f"{self.node_id}:{key} exists with another end")
-            seg.completed_last = last_entry_id
+            self._ensure(seg, refresh=True)
+            if seg.completed_last is None:
+                held = [(f, e, loc) for f, e, loc in seg.index if f <= last_entry_id]
+                seg.completed_last = seg.handle.complete(last_entry_id, held)
+                if seg.completed_last is None:
+                    seg.completed_last = last_entry_id
             seg.fenced = True
+            if seg.completed_last != last_entry_id:
+                raise EntryConflictError(
+                    f"{seg.handle.where} already completed at {seg.completed_last}, "
+                    f"not {last_entry_id}"
+                )
 
     def read(
         self, log_id: int, segment_id: int, from_entry_id: int, max_entries: int
@@ -305,48 +217,72 @@ class LogStoreEngine:
         """Up to `max_entries` consecutive entries (LogEntry bytes) from `from_entry_id`."""
         seg = self._segment(log_id, segment_id)
         with seg.lock:
-            self._ensure(log_id, segment_id, seg)
+            self._ensure(seg)
             if seg.completed_last is None and seg.holds(from_entry_id) is None:
-                self._load(log_id, segment_id, seg)  # another process may have added blocks
-            end = seg.completed_last
-        out: list[bytes] = []
-        entry_id = from_entry_id
-        while len(out) < max_entries and (end is None or entry_id <= end):
-            with seg.lock:
-                block = seg.holds(entry_id)
-            if block is None:
-                break
-            header, records = self._block(log_id, segment_id, block)
-            stop = header.last_entry_id if end is None else min(header.last_entry_id, end)
-            stop = min(stop, entry_id + max_entries - len(out) - 1)
-            for eid in range(entry_id, stop + 1):
-                where = f"{self.node_id}:{log_id}/{segment_id}/{block}.blk entry {eid}"
-                out.append(record_entry(records[eid - header.first_entry_id], where))
+                self._ensure(seg, refresh=True)  # another process may have added batches
+            spans = self._spans(seg, from_entry_id, max_entries)
+            handle = seg.handle
+        return handle.read(spans) if spans else []
+
+    @staticmethod
+    def _spans(seg: _Segment, entry_id: int, max_entries: int) -> list[Span]:
+        """The batches holding up to `max_entries` consecutive entries from `entry_id`."""
+        end = seg.completed_last
+        pos = seg.holds(entry_id)
+        spans: list[Span] = []
+        left = max_entries
+        index = seg.index
+        while pos is not None and left > 0 and (end is None or entry_id <= end):
+            first, last, loc = index[pos]
+            stop = last if end is None else min(last, end)
+            stop = min(stop, entry_id + left - 1)
+            spans.append((loc, first, entry_id, stop))
+            left -= stop - entry_id + 1
             entry_id = stop + 1
-        return out
+            pos += 1
+            if pos == len(index) or index[pos][0] != entry_id:
+                pos = seg.holds(entry_id)
+        return spans
+
+    def read_completed(
+        self, log_id: int, segment_id: int, chunk: int = 1000
+    ) -> Iterator[list[bytes]]:
+        """A completed segment's entries in order, in lists of up to `chunk` (one sequential
+        pass: what uploading a local segment to object storage as blocks reads)."""
+        seg = self._segment(log_id, segment_id)
+        with seg.lock:
+            self._ensure(seg, refresh=seg.completed_last is None)
+            if seg.completed_last is None:
+                raise SegmentFencedError(f"{seg.handle.where} is not completed")
+        entry = 0
+        while True:
+            got = self.read(log_id, segment_id, entry, chunk)
+            if not got:
+                return
+            yield got
+            entry += len(got)
 
     def last_add_confirmed(self, log_id: int, segment_id: int) -> tuple[int, int]:
         """(last contiguous entry id held, highest LAC piggybacked), refreshed from the store."""
         seg = self._segment(log_id, segment_id)
         with seg.lock:
-            self._load(log_id, segment_id, seg)
-            last = seg.contiguous_last()
+            self._ensure(seg, refresh=True)
             if seg.completed_last is not None:
-                return min(last, seg.completed_last), seg.completed_last
-            return last, seg.lac
+                return min(seg.contig, seg.completed_last), seg.completed_last
+            return seg.contig, seg.lac
 
     def delete_segment(self, log_id: int, segment_id: int) -> None:
         seg = self._segment(log_id, segment_id)
         with seg.lock:
-            self.store.delete_prefix(segment_prefix(log_id, segment_id))
+            seg.handle.close()
+            self.storage.delete_segment(log_id, segment_id)
             with self._segments_lock:
                 self._segments.pop((log_id, segment_id), None)
-        with self._cache_lock:
-            for key in [k for k in self._cache if k[:2] == (log_id, segment_id)]:
-                self._cache_bytes -= len(self._cache.pop(key)[0])
 
     def delete_log(self, log_id: int) -> None:
-        self.store.delete_prefix(f"{log_id}/")
         with self._segments_lock:
-            for key in [k for k in self._segments if k[0] == log_id]:
-                del self._segments[key]
+            gone = [self._segments.pop(k) for k in list(self._segments) if k[0] == log_id]
+        for seg in gone:
+            with seg.lock:
+                seg.handle.close()
+        self.storage.delete_log(log_id)
