@@ -7,13 +7,9 @@ import threading
 import time
 
 import pytest
+from segfile_util import flip_entry_byte
 
 from woodpecker_idem.errors import CorruptEntryError
-from woodpecker_idem.logstore.blocks import (
-    BLOCK_HEADER_SIZE,
-    RECORD_HEADER,
-    decode_block_header,
-)
 from woodpecker_idem.types import LogMessageId
 
 
@@ -159,37 +155,14 @@ def test_reader_in_another_client_sees_active_segment(tmp_path, wp_connect):
 # --- corrupt blocks -------------------------------------------------------------------------------
 
 
-def _flip_entry_byte(blk_path, entry_id):
-    """Flip one payload byte of entry `entry_id` in a block file; returns the block header."""
-    data = bytearray(blk_path.read_bytes())
-    header = decode_block_header(bytes(data), str(blk_path))
-    pos = BLOCK_HEADER_SIZE
-    for eid in range(header.first_entry_id, header.last_entry_id + 1):
-        length, _ = RECORD_HEADER.unpack_from(data, pos)
-        if eid == entry_id:
-            data[pos + RECORD_HEADER.size + length - 2] ^= 0x40  # inside the payload field
-            blk_path.write_bytes(bytes(data))
-            return header
-        pos += RECORD_HEADER.size + length
-    raise AssertionError(f"entry {entry_id} not in {blk_path}")
-
-
 def test_corrupt_block_raises_corrupt_entry_naming_position(tmp_path, wp_connect):
     client = wp_connect(tmp_path, {"append.linger_ms": 50})
     handle = client.create_log("corrupt")
     writer, ids = fill(handle, 30, prefix=b"payload-")
     writer.close()
-    blocks = sorted((tmp_path / "objects" / str(handle.log_id) / "0").glob("*.blk"))
-    assert blocks
     target = 17
-    victim = None
-    for blk in blocks:
-        h = decode_block_header(blk.read_bytes(), str(blk))
-        if h.count and h.first_entry_id <= target <= h.last_entry_id:
-            victim = blk
-    assert victim is not None
-    _flip_entry_byte(victim, target)
-    block_no = int(victim.stem)
+    seg_dir = tmp_path / "objects" / str(handle.log_id) / "0"
+    _, batch_offset = flip_entry_byte(seg_dir, target)
 
     fresh = wp_connect(tmp_path).open_log("corrupt")  # no cached blocks
     reader = fresh.open_reader()
@@ -198,8 +171,8 @@ def test_corrupt_block_raises_corrupt_entry_naming_position(tmp_path, wp_connect
             pass
     msg = str(exc.value)
     assert exc.value.code == "CORRUPT_ENTRY"
-    # names log / segment / block / entry
-    assert re.search(rf"\b{handle.log_id}/0/{block_no}\.blk\b", msg), msg
+    # names log / segment / file and offset of the batch / entry
+    assert re.search(rf"\b{handle.log_id}/0/data@{batch_offset}\b", msg), msg
     assert re.search(rf"\bentry {target}\b", msg), msg
 
     # entries after the corrupt one are still readable from an explicit position

@@ -14,6 +14,7 @@ from ..clock import SYSTEM_CLOCK, Clock
 from ..config import Config, load_config, parse_fsync
 from ..errors import ConfigError, InvalidTypeError, LogNotFoundError
 from ..logstore.engine import LogStoreEngine
+from ..logstore.segment_files import segment_storage
 from ..logstore.transport import InProcessTransport, LogStoreTransport
 from ..meta import MetadataStore, NodeInfo, open_metadata_store
 from ..objectstore import ObjectStore, open_object_store
@@ -161,12 +162,14 @@ def connect(
     )
     if transport is None:
         es = cfg.quorum.es
+        fsync = parse_fsync(cfg.storage.fsync).mode != "never"
         if es == 1:
-            engines = {"node-0": LogStoreEngine(objects, "node-0")}
+            engines = {"node-0": LogStoreEngine(segment_storage(objects, fsync=fsync), "node-0")}
         else:
             engines = {
                 f"node-{i}": LogStoreEngine(
-                    _object_store(cfg, root, f"nodes/node-{i}"), f"node-{i}"
+                    segment_storage(_object_store(cfg, root, f"nodes/node-{i}"), fsync=fsync),
+                    f"node-{i}",
                 )
                 for i in range(es)
             }
