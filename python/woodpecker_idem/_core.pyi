@@ -202,6 +202,49 @@ def put_file(
         InvalidTypeError: naming `data`, when it is not bytes-like.
     """
 
+def segfile_scan(
+    path: str | os.PathLike[str], start: int, limit: int, *, completed: bool
+) -> tuple[list[tuple[int, int, int]], int, int, int | None]:
+    """Walk the whole batches of a local segment file in `[start, limit)`, without the GIL.
+
+    Returns `(runs, lac, end, corrupt_at)`: runs of consecutive entries in consecutive batches as
+    `(first, last, offset of the run's first batch)`, the highest LAC, where the whole batches
+    end (a torn tail ends the walk), and the offset of a bad batch header that is not the tail.
+    With `completed`, a final batch whose records fail their CRC is kept (the footer vouches for
+    it) instead of ending the walk. A missing file is empty.
+
+    Raises:
+        OSError: reading the file failed.
+    """
+
+def segfile_read(
+    path: str | os.PathLike[str], spans: list[tuple[int, int, int, int]]
+) -> tuple[list[bytes], int, int, tuple[int, int, str] | None]:
+    """Entries of a local segment file, CRC-checked, one buffered sequential pass, without the GIL.
+
+    Each span `(offset, first, lo, hi)` starts at the batch at `offset` (first entry `first`) and
+    asks for entries `lo..=hi`. Returns `(entries, resume_offset, resume_first, bad)`: where entry
+    `hi + 1` of the last span can be read from, and `bad = (batch offset, entry id, why)` when
+    the file is damaged there (then `entries` is empty).
+
+    Raises:
+        OSError: reading the file failed.
+    """
+
+class SegmentAppender:
+    """An append-only local segment file (created if missing, closed when dropped)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None: ...
+    def append(self, header: Buffer, frame: Buffer) -> int:
+        """Append `header` and `frame` in one O_APPEND write; returns the batch's offset. A short
+        write raises `OSError`."""
+    def sync(self, sync: bool, fence: str | os.PathLike[str] | None) -> bool:
+        """`fdatasync` when `sync`, THEN whether `fence` exists (the order fencing relies on)."""
+    def append_sync(
+        self, header: Buffer, frame: Buffer, sync: bool, fence: str | os.PathLike[str] | None
+    ) -> tuple[int, bool]:
+        """`append` then `sync` as one call: `(offset, fenced)`."""
+
 class WindowEntry:
     """What the window knows about a key: where its entry lives and whether it is durable yet.
 

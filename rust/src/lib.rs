@@ -17,6 +17,8 @@ pub mod py;
 pub mod py_entry;
 pub mod py_fileput;
 pub mod py_hasher;
+pub mod py_segfile;
+pub mod segfile;
 pub mod snapshot;
 pub mod varint;
 pub mod window;
@@ -42,6 +44,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_entry::count_records, m)?)?;
     m.add_function(wrap_pyfunction!(py_entry::concat, m)?)?;
     m.add_function(wrap_pyfunction!(py_fileput::put_file, m)?)?;
+    py_segfile::register(m)?;
     m.add("KEY_SIZE", keys::KEY_LEN)?;
     m.add("SNAPSHOT_FORMAT_VERSION", snapshot::FORMAT_VERSION)?;
     Ok(())

@@ -133,28 +133,16 @@ class LogStoreEngine:
             else:
                 records = split_frame(frame, where)
                 runs = self._missing_runs(seg, first_entry_id, records, where)
-            placed: list[tuple[int, int, int]] = []
             try:
                 for lo, hi in runs:
                     body = frame if (lo, hi) == (0, count) else concat(records[lo:hi])
                     first = first_entry_id + lo
                     loc = seg.handle.append(first, hi - lo, lac, body, recovery)
-                    placed.append((first, first + hi - lo - 1, loc))
+                    if hi > lo:
+                        seg.add_batch(first, first + hi - lo - 1, loc)
             except SegmentFencedError:
                 seg.apply(seg.handle.load())
                 raise
-        if placed:
-            # group commit: outside the lock, so adds queued meanwhile share the next sync
-            try:
-                seg.handle.commit(placed[-1][2], recovery)
-            except SegmentFencedError:
-                with seg.lock:
-                    seg.apply(seg.handle.load())
-                raise
-        with seg.lock:
-            for first, last, loc in placed:
-                if last >= first and seg.holds(first) is None:
-                    seg.add_batch(first, last, loc)
             if lac > seg.lac:
                 seg.lac = lac
             return seg.contig

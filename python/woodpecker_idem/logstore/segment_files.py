@@ -31,33 +31,35 @@ Why fencing is as strong as create-if-absent block keys (DESIGN.md section 3):
   with `fence` but no `fence-at` yet, it reads nothing new until L is known.
 
 A torn tail (a killed writer's half batch, or zeros after a power loss) is where the valid
-batches end: a header cut short, a frame running past the end, a zero-filled remainder, or a
-final batch whose records fail their CRC. A bad header or record anywhere else is corruption
-(`CorruptEntryError` naming node, segment, file and offset). A writer whose write failed midway
-refuses every later append to that file, so a partial batch is always the tail.
+batches end: a header cut short, a frame running past the end, a zero-filled rest, or a final
+batch whose records fail their CRC, unless the segment is completed (its footer vouches for every
+entry up to lastEntryId, so a damaged final batch is corruption then). A bad header or record
+anywhere else is corruption (`CorruptEntryError` naming node, segment, file and offset). A writer
+whose write or fdatasync failed refuses every later append to that file, so a partial batch is
+always the tail (and pages a failed fdatasync dropped are never assumed durable).
 
-Appends of one file share their `fdatasync` (group commit): batches appended while a sync runs
-are covered by the next one, and a sync and the fence check after it answer every batch it
-covers. Reads map the file and walk it sequentially.
+One add is one native call (write, fdatasync, fence check) that releases the GIL once. The adds
+of one segment are serial (the engine holds the segment's lock through the call), so a fence in
+the same process always sees every acknowledged batch; group commit happens one level up, where
+a writer collects the entries that arrive while its previous add is syncing into the next batch
+(one sender per node and segment). Reads walk the file sequentially in native code (buffered),
+resuming where the previous read stopped; a process indexes a segment by runs of consecutive
+entries, once, then only the new tail.
 """
 
 from __future__ import annotations
 
-import errno
 import itertools
 import logging
-import mmap
 import os
 import shutil
 import struct
-import threading
-from typing import NoReturn
 
-from .._core import crc32c, put_file
+from .._core import SegmentAppender, crc32c, put_file, segfile_read, segfile_scan
 from ..errors import CorruptEntryError, SegmentFencedError, StorageUnavailableError
 from ..objectstore.base import ObjectStore
 from ..objectstore.local import LocalObjectStore
-from .blocks import RECORD_HEADER, decode_footer, encode_footer
+from .blocks import decode_footer, encode_footer, encode_record
 from .storage import ObjectSegmentStorage, Scan, SegmentHandle, SegmentStorage, Span
 
 log = logging.getLogger(__name__)
@@ -92,20 +94,6 @@ def decode_batch_header(buf, pos: int) -> tuple[int, int, int, int] | None:
     if crc32c(buf[pos : pos + BATCH.size]) != crc:
         return None
     return first, count, frame_len, lac
-
-
-def _frame_ok(buf, start: int, end: int, count: int) -> bool:
-    """Whether the frame [start, end) holds exactly `count` records with valid CRCs."""
-    pos = start
-    for _ in range(count):
-        if end - pos < RECORD_HEADER.size:
-            return False
-        length, crc = RECORD_HEADER.unpack_from(buf, pos)
-        pos += RECORD_HEADER.size
-        if pos + length > end or crc32c(buf[pos : pos + length]) != crc:
-            return False
-        pos += length
-    return pos == end
 
 
 class FileSegmentStorage(SegmentStorage):
@@ -168,112 +156,37 @@ class FileSegmentStorage(SegmentStorage):
 
 
 class _Appender:
-    """One append-only file of this process: O_APPEND writes and group-commit fdatasync."""
+    """One append-only file of this process (a native `SegmentAppender`): each batch is one
+    O_APPEND write, then `fdatasync`, then the fence check, in one call without the GIL."""
 
     def __init__(self, storage: FileSegmentStorage, path: str):
         self._storage = storage
         self.path = path
         directory = os.path.dirname(path)
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC
+        created = not os.path.exists(path)
         try:
-            self._fd = os.open(path, flags | os.O_EXCL, 0o666)
-            created = True
-        except FileExistsError:
-            self._fd = os.open(path, flags, 0o666)
-            created = False
+            self._native: SegmentAppender | None = SegmentAppender(path)
         except FileNotFoundError:
             storage.make_dirs(directory)
-            self._fd = os.open(path, flags, 0o666)
-            created = True
+            self._native = SegmentAppender(path)
         if created:
             storage.sync_dir(directory)  # the new name survives a crash
         self._broken: str | None = None
-        self._cond = threading.Condition()
-        self._written = 0  # end offset of our last append
-        self._synced = 0  # everything below is durable (and was checked against the fence)
-        self._synced_fenced = False
-        self._syncing = False
 
-    def append(self, header: bytes, frame: bytes) -> int:
-        """Append one batch; returns its offset. Not durable until `sync_through` returns."""
-        size = len(header) + len(frame)
-        with self._cond:
-            if self._broken is not None:
-                raise StorageUnavailableError(self._broken)
+    def append(self, header: bytes, frame: bytes, fence_path: str | None) -> tuple[int, bool]:
+        """Append one batch durably; returns (its offset, whether `fence_path` existed after the
+        sync). A failed write or sync leaves the file refusing appends: a partial batch must stay
+        the tail, and a failed fdatasync may have dropped pages the kernel will not write again."""
+        if self._broken is not None or self._native is None:
+            raise StorageUnavailableError(self._broken or f"{self.path}: closed")
         try:
-            n = os.writev(self._fd, [header, frame])
-            why = "short write"
+            return self._native.append_sync(header, frame, self._storage.fsync, fence_path)
         except OSError as exc:
-            n, why = -1, str(exc)
-        if n != size:
-            # a partial batch may be in the file: it must stay the tail, so no more appends here
-            self._fail(f"{self.path}: append failed ({why})")
-        end = os.lseek(self._fd, 0, os.SEEK_CUR)  # O_APPEND: just past our bytes
-        with self._cond:
-            self._written = max(self._written, end)
-        return end - size
+            self._broken = f"{self.path}: append failed ({exc})"
+            raise StorageUnavailableError(self._broken) from exc
 
-    def _fail(self, why: str) -> NoReturn:
-        with self._cond:
-            self._broken = why
-            self._cond.notify_all()
-        raise StorageUnavailableError(why)
-
-    def sync_through(self, end: int, fence_path: str | None) -> bool:
-        """Make every byte below `end` durable; returns whether `fence_path` existed after the
-        sync that covered them (group commit: one sync answers every batch written before it)."""
-        with self._cond:
-            while self._synced < end:
-                if self._broken is not None:
-                    raise StorageUnavailableError(self._broken)
-                if not self._syncing:
-                    self._syncing = True
-                    break
-                self._cond.wait()
-            else:
-                return self._synced_fenced
-            target = self._written
-        return self._sync(target, fence_path)
-
-    def _sync(self, target: int, fence_path: str | None) -> bool:
-        """fdatasync then the fence check, as one step of the group commit (caller is the leader).
-
-        A failed fdatasync may have dropped dirty pages (the kernel does not retry them), so the
-        file takes no more appends: the segment gets completed from what is durable.
-        """
-        try:
-            if self._storage.fsync:
-                os.fdatasync(self._fd)
-            fenced = fence_path is not None and os.path.exists(fence_path)
-        except OSError as exc:
-            with self._cond:
-                self._syncing = False
-            self._fail(f"{self.path}: fdatasync failed ({exc})")
-        with self._cond:
-            self._syncing = False
-            self._synced = max(self._synced, target)
-            self._synced_fenced = fenced
-            self._cond.notify_all()
-        return fenced
-
-    def close(self, fence_path: str | None) -> None:
-        """Settle every append (a last sync and fence check if one is pending), then close."""
-        with self._cond:
-            while self._syncing:
-                self._cond.wait()
-            pending = self._synced < self._written and self._broken is None
-            if pending:
-                self._syncing = True
-        try:
-            if pending:
-                self._sync(self._written, fence_path)
-        except StorageUnavailableError:
-            pass  # the waiting commits see the failure themselves
-        finally:
-            with self._cond:
-                self._broken = self._broken or f"{self.path}: closed"
-                self._cond.notify_all()
-            os.close(self._fd)
+    def close(self) -> None:
+        self._native = None  # the file closes with the native object
 
 
 class _FileHandle(SegmentHandle):
@@ -290,6 +203,7 @@ class _FileHandle(SegmentHandle):
         self._fenced = False
         self._completed = False
         self._appenders: list[_Appender | None] = [None, None]
+        self._cursor: dict[tuple[int, int], tuple[int, int]] = {}  # (file, entry) -> batch
 
     def _at(self, file: int, offset: int) -> str:
         return f"{self.where}/{FILE_NAMES[file]}@{offset}"
@@ -339,32 +253,17 @@ class _FileHandle(SegmentHandle):
 
     def _scan(self, file: int, end: int, scan: Scan) -> None:
         """Report the whole batches in [scanned, end) of `file`; stop at a torn tail."""
-        pos = self._scanned[file]
-        if pos >= end:
+        start = self._scanned[file]
+        if start >= end:
             return
-        with _Mapped(self._paths[file]) as buf:
-            end = min(end, len(buf))
-            while end - pos >= BATCH_HEADER_SIZE:
-                header = decode_batch_header(buf, pos)
-                if header is None:
-                    if buf[pos:end].count(0) == end - pos:
-                        break  # zeros after a power loss: unacknowledged, the tail
-                    raise CorruptEntryError(f"{self._at(file, pos)}: bad batch header")
-                first, count, frame_len, lac = header
-                stop = pos + BATCH_HEADER_SIZE + frame_len
-                if stop > end:
-                    break  # the frame runs past the end: torn (or still being written)
-                if (
-                    stop == end
-                    and not self._completed
-                    and not _frame_ok(buf, pos + BATCH_HEADER_SIZE, stop, count)
-                ):
-                    break  # a final batch with bad records: torn (unless the footer covers it)
-                if count:
-                    scan.batches.append((first, first + count - 1, pos << 1 | file))
-                scan.lac = max(scan.lac, lac)
-                pos = stop
-        self._scanned[file] = pos
+        runs, lac, stop, corrupt_at = segfile_scan(
+            self._paths[file], start, end, completed=self._completed
+        )
+        if corrupt_at is not None:
+            raise CorruptEntryError(f"{self._at(file, corrupt_at)}: bad batch header")
+        scan.batches += [(first, last, offset << 1 | file) for first, last, offset in runs]
+        scan.lac = max(scan.lac, lac)
+        self._scanned[file] = stop
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -377,20 +276,15 @@ class _FileHandle(SegmentHandle):
     def append(self, first: int, count: int, lac: int, frame: bytes, recovery: bool) -> int:
         file = RECOVERY if recovery else DATA
         header = encode_batch_header(first, count, len(frame), lac)
-        offset = self._appender(file).append(header, frame)
-        return offset << 1 | file
-
-    def commit(self, loc: int, recovery: bool) -> None:
-        file = loc & 1
-        appender = self._appenders[file]
-        assert appender is not None, "commit without append"
-        offset = loc >> 1
-        end = offset + 1  # any byte of the batch: the sync covering it covers the whole write
         fence = None if recovery else self._fence
-        if appender.sync_through(end, fence):
+        offset, fenced = self._appender(file).append(header, frame, fence)
+        if fenced:
             raise SegmentFencedError(
                 f"{self.where} is fenced; the add at {FILE_NAMES[file]}@{offset} is not part of it"
             )
+        if offset == self._scanned[file]:  # ours, acked and indexed: no need to scan it again
+            self._scanned[file] = offset + len(header) + len(frame)
+        return offset << 1 | file
 
     def fence(self) -> Scan:
         self._fence_state()
@@ -416,7 +310,7 @@ class _FileHandle(SegmentHandle):
     def _close_appender(self, file: int) -> None:
         appender, self._appenders[file] = self._appenders[file], None
         if appender is not None:
-            appender.close(None if file == RECOVERY else self._fence)
+            appender.close()
 
     def close(self) -> None:
         for file in (DATA, RECOVERY):
@@ -425,48 +319,37 @@ class _FileHandle(SegmentHandle):
     # --- reading -------------------------------------------------------------------------------
 
     def read(self, spans: list[Span]) -> list[bytes]:
+        """One sequential pass per file; a read continuing where the last one stopped starts at
+        the batch it stopped in, not at the start of its run."""
         out: list[bytes] = []
-        maps: dict[int, _Mapped] = {}
-        try:
-            for loc, first, lo, hi in spans:
-                file, offset = loc & 1, loc >> 1
-                mapped = maps.get(file)
-                if mapped is None:
-                    mapped = maps[file] = _Mapped(self._paths[file])
-                    mapped.__enter__()
-                self._read_batch(mapped.buf, file, offset, first, lo, hi, out)
-        finally:
-            for mapped in maps.values():
-                mapped.__exit__()
+        start = 0
+        while start < len(spans):
+            file = spans[start][0] & 1
+            stop = start
+            while stop < len(spans) and spans[stop][0] & 1 == file:
+                stop += 1
+            plain = [(loc >> 1, first, lo, hi) for loc, first, lo, hi in spans[start:stop]]
+            native = [self._resume(file, span) for span in plain]
+            got, at, at_first, bad = segfile_read(self._paths[file], native)
+            if bad is not None and native != plain:  # a stale cursor: read from the runs' starts
+                got, at, at_first, bad = segfile_read(self._paths[file], native := plain)
+            if bad is not None:
+                offset, entry_id, why = bad
+                raise CorruptEntryError(f"{self._at(file, offset)} entry {entry_id}: {why}")
+            self._cursor = {(file, native[-1][3] + 1): (at, at_first)}
+            out += got
+            start = stop
         return out
 
-    def _read_batch(self, buf, file: int, offset: int, first: int, lo: int, hi: int, out) -> None:
-        pos = offset + BATCH_HEADER_SIZE
-        unpack = RECORD_HEADER.unpack_from
-        for eid in range(first, hi + 1):
-            try:
-                length, crc = unpack(buf, pos)
-            except struct.error:
-                where = f"{self._at(file, offset)} entry {eid}"
-                raise CorruptEntryError(f"{where}: truncated") from None
-            pos += 8
-            if eid >= lo:
-                data = buf[pos : pos + length]
-                if len(data) != length or crc32c(data) != crc:
-                    raise CorruptEntryError(
-                        f"{self._at(file, offset)} entry {eid}: checksum mismatch"
-                    )
-                out.append(data)
-            pos += length
+    def _resume(self, file: int, span: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+        offset, _, lo, hi = span
+        cursor = self._cursor.get((file, lo))
+        if cursor is not None and cursor[0] >= offset:
+            return cursor[0], cursor[1], lo, hi
+        return span
 
     def record(self, loc: int, first: int, entry_id: int) -> bytes:
-        file, offset = loc & 1, loc >> 1
-        with _Mapped(self._paths[file]) as buf:
-            pos = offset + BATCH_HEADER_SIZE
-            for _ in range(first, entry_id):
-                pos += RECORD_HEADER.size + RECORD_HEADER.unpack_from(buf, pos)[0]
-            length, _ = RECORD_HEADER.unpack_from(buf, pos)
-            return bytes(buf[pos : pos + RECORD_HEADER.size + length])
+        return encode_record(self.read([(loc, first, entry_id, entry_id)])[0])
 
 
 def _size(path: str) -> int:
@@ -474,35 +357,6 @@ def _size(path: str) -> int:
         return os.stat(path).st_size
     except FileNotFoundError:
         return 0
-
-
-class _Mapped:
-    """A read-only map of a whole file (empty bytes for an empty or missing file)."""
-
-    def __init__(self, path: str):
-        self._path = path
-        self._map: mmap.mmap | None = None
-        self.buf: mmap.mmap | bytes = b""
-
-    def __enter__(self):
-        try:
-            fd = os.open(self._path, os.O_RDONLY | _O_CLOEXEC)
-        except FileNotFoundError:
-            return self.buf
-        try:
-            if os.fstat(fd).st_size:
-                self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-                self.buf = self._map
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-        finally:
-            os.close(fd)
-        return self.buf
-
-    def __exit__(self, *exc: object) -> None:
-        if self._map is not None:
-            self._map.close()
 
 
 def segment_storage(store: ObjectStore, *, fsync: bool = True) -> SegmentStorage:

@@ -6,10 +6,11 @@ recovery copies, completion) once; a `SegmentStorage` only lays batches out and 
 - `objects` (`ObjectSegmentStorage`, this module): one create-if-absent block object per batch on
   an `ObjectStore` (S3, or any store without local files);
 - `files` (`FileSegmentStorage`, `segment_files.py`): on a local directory, a segment is an
-  append-only file with group-commit `fdatasync`.
+  append-only file, one `fdatasync` per add.
 
 A batch's location (`loc`) is an int only its storage interprets (a block number, a file offset).
-Every `SegmentHandle` method is called with the engine's per-segment lock held, except `commit`.
+Every `SegmentHandle` method but `read` is called with the engine's per-segment lock held: the
+adds of one segment are serial, so a fence in the same process sees every acknowledged batch.
 """
 
 from __future__ import annotations
@@ -62,11 +63,8 @@ class SegmentHandle(ABC):
 
     @abstractmethod
     def append(self, first: int, count: int, lac: int, frame: bytes, recovery: bool) -> int:
-        """Store one batch (count 0: a LAC-only update); returns its loc. Durable once `commit`
-        returns. Raises `SegmentFencedError` when the segment is fenced (not for recovery)."""
-
-    def commit(self, loc: int, recovery: bool) -> None:  # noqa: B027 - objects: put is durable
-        """Make the batch at `loc` durable; then refuse (`SegmentFencedError`) if fenced since."""
+        """Store one batch (count 0: a LAC-only update) durably; returns its loc. Raises
+        `SegmentFencedError` when the segment is fenced (never for recovery copies)."""
 
     @abstractmethod
     def fence(self) -> Scan:
