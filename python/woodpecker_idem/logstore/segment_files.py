@@ -50,7 +50,6 @@ entries, once, then only the new tail.
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import shutil
 import struct
@@ -61,8 +60,6 @@ from ..objectstore.base import ObjectStore
 from ..objectstore.local import LocalObjectStore
 from .blocks import decode_footer, encode_footer, encode_record
 from .storage import ObjectSegmentStorage, Scan, SegmentHandle, SegmentStorage, Span
-
-log = logging.getLogger(__name__)
 
 BATCH = struct.Struct("<4sHHqIIq")  # magic, version, flags, first, count, frame_len, lac
 BATCH_HEADER_SIZE = BATCH.size + 4  # + crc32c of the header
