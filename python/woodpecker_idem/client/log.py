@@ -6,7 +6,8 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..errors import NodeUnavailableError
+from ..args import bool_arg, message_id_arg
+from ..errors import InvalidTypeError, NodeUnavailableError
 from ..types import LogMessageId, SegmentState
 from .reader import LogReader
 from .writer import LogWriter
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
     from .client import WoodpeckerClient
 
 log = logging.getLogger(__name__)
+
+WINDOW_OPTIONS = {"window_duration_s", "window_max_keys"}
 
 
 class LogHandle:
@@ -32,22 +35,32 @@ class LogHandle:
         With `idempotent=True` the writer also rebuilds its dedup window before it accepts writes;
         options: `window_duration_s`, `window_max_keys` (defaults from config).
         """
+        self.client.check_open()
+        bool_arg(idempotent, "idempotent")
+        unknown = sorted(set(options) - (WINDOW_OPTIONS if idempotent else set()))
+        if unknown:
+            allowed = f"only {sorted(WINDOW_OPTIONS)}" if idempotent else "none (a plain writer)"
+            raise InvalidTypeError(  # a TypeError, as Python's own unexpected keyword is
+                f"unknown open_writer options {unknown}: allowed are {allowed}"
+            )
         if idempotent:
             from ..idempotency.writer import IdempotentLogWriter
 
             return self.client._track(IdempotentLogWriter(self, **options))
-        if options:
-            raise TypeError(f"unexpected options for a plain writer: {sorted(options)}")
         return self.client._track(LogWriter(self))
 
     def open_reader(self, start: str | LogMessageId = "earliest") -> LogReader:
+        self.client.check_open()
         return LogReader(self, start)
 
     def segments(self):
+        self.client.check_open()
         return self.client.meta.list_segments(self.log_id)
 
     def truncate(self, message_id: LogMessageId) -> None:
         """Drop every entry before `message_id`; whole segments before it are deleted."""
+        self.client.check_open()
+        message_id = message_id_arg(message_id, "message_id")
         meta = self.client.meta
         meta.set_truncation(self.log_id, LogMessageId(*message_id))
         for seg in meta.list_segments(self.log_id):

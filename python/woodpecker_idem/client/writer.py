@@ -22,7 +22,9 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from .._core import encode_entry
+from ..args import timeout_arg, wait_for
 from ..errors import (
+    ClientClosedError,
     EntryConflictError,
     InvalidArgumentError,
     InvalidTypeError,
@@ -203,10 +205,18 @@ class LogWriter:
         idempotency_id: str | bytes | None = None,
         timeout: float | None = None,
     ) -> WriteResult:
-        """Append and wait for the quorum ack."""
-        return self.write_async(
-            message, properties=properties, idempotency_id=idempotency_id
-        ).result(timeout)
+        """Append and wait for the quorum ack (`timeout`: None or seconds > 0, checked before the
+        write is queued). A wait that ends first raises `WriteTimeoutError`: still pending."""
+        wait = timeout_arg(timeout, allow_zero=False)
+        future = self.write_async(message, properties=properties, idempotency_id=idempotency_id)
+        return wait_for(future, wait, self._still_pending_text)
+
+    def _still_pending_text(self) -> str:
+        """What a timed-out wait means for this writer (the idempotent one says a retry joins)."""
+        return (
+            f"the entry to log {self.log_id} is still pending and the writer keeps sending it; "
+            "it may still land, and a retry on this plain writer appends a second copy"
+        )
 
     def write_async(
         self,
@@ -322,12 +332,17 @@ class LogWriter:
         if self._fenced is not None:
             raise WriterFencedError(str(self._fenced))
         if self._closed:
+            if self._handle.client.closed:
+                raise ClientClosedError(f"client is closed: writer of log {self.log_id} is closed")
             raise WriterClosedError(f"writer of log {self.log_id} is closed")
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every entry queued before this call is committed or failed."""
+        timeout = timeout_arg(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
+            if self._closed:
+                self._check_open_locked()
             target = self._seq
             for seg in self._segments.values():
                 seg.unsent_since = 0.0  # send now
@@ -347,6 +362,7 @@ class LogWriter:
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Flush, then complete the open segment so readers see it sealed. Idempotent."""
+        timeout = timeout_arg(timeout)
         if self._closed:
             return
         try:

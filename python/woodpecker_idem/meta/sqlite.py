@@ -26,6 +26,7 @@ from ..errors import (
     LogGroupSizeMismatchError,
     LogNotFoundError,
     MetadataConflictError,
+    StorageReadOnlyError,
     StorageUnavailableError,
     WriterFencedError,
 )
@@ -191,7 +192,25 @@ class SqliteMetadataStore(MetadataStore):
         self._owner_pid = os.getpid()
         self._closed = False
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._init_schema()
+        # A directory we cannot write (a read-only mount, a copy of someone else's data): the
+        # logs can still be read; every mutation fails with StorageReadOnlyError.
+        self._read_only = not os.access(self._path.parent, os.W_OK) or (
+            self._path.exists() and not os.access(self._path, os.W_OK)
+        )
+        if not self._read_only:
+            self._init_schema()
+        elif not self._path.exists():
+            raise StorageReadOnlyError(
+                f"SQLite metadata store {self._path} does not exist and its directory is "
+                "read-only: there is nothing to read and nothing can be written"
+            )
+        else:
+            self._check_schema(self._read("schema", "SELECT version FROM schema_info"))
+
+    @property
+    def read_only(self) -> bool:
+        """True when the file or its directory is not writable: reads only."""
+        return self._read_only
 
     def __reduce__(self) -> tuple[object, ...]:
         """Pickles as (path, timeout): the receiving process opens its own connections."""
@@ -203,7 +222,36 @@ class SqliteMetadataStore(MetadataStore):
 
     # --- connections and transactions ---------------------------------------------------------
 
+    def _connect_read_only(self) -> sqlite3.Connection:
+        """Read-only: no WAL switch, no schema. SQLite cannot make the WAL index (-shm) in a
+        read-only directory; when none is there (the last writer closed cleanly), the file is
+        opened immutable, which is right while nothing can write it through this directory."""
+        uri = self._path.resolve().as_uri()
+        error: sqlite3.OperationalError | None = None
+        for query in ("?mode=ro", "?mode=ro&immutable=1"):
+            try:
+                conn = sqlite3.connect(
+                    uri + query,
+                    uri=True,
+                    timeout=self._busy_timeout_ms / 1000.0,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+            except sqlite3.OperationalError as exc:
+                error = exc
+                continue
+            try:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                return conn
+            except sqlite3.OperationalError as exc:
+                conn.close()
+                error = exc
+        assert error is not None
+        raise self._unavailable("open (read-only)", error)
+
     def _connect(self) -> sqlite3.Connection:
+        if self._read_only:
+            return self._connect_read_only()
         conn: sqlite3.Connection | None = None
         try:
             conn = sqlite3.connect(
@@ -263,6 +311,11 @@ class SqliteMetadataStore(MetadataStore):
     def _write(self, op: str) -> Iterator[sqlite3.Connection]:
         """One mutation: BEGIN IMMEDIATE takes the write lock first, so reads inside see the latest
         committed state and nothing else can commit between our check and our write."""
+        if self._read_only:
+            raise StorageReadOnlyError(
+                f"SQLite metadata store {self._path} is read-only (its file or directory is not "
+                f"writable): {op} cannot write; the logs can only be read"
+            )
         conn = self._conn()
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -291,6 +344,13 @@ class SqliteMetadataStore(MetadataStore):
         except sqlite3.OperationalError as exc:
             raise self._unavailable(op, exc) from exc
 
+    def _check_schema(self, rows: list[tuple[Any, ...]]) -> None:
+        if rows and rows[0][0] != _SCHEMA_VERSION:
+            raise StorageUnavailableError(
+                f"SQLite metadata store {self._path} has schema version {rows[0][0]}; "
+                f"this version of woodpecker_idem reads version {_SCHEMA_VERSION}"
+            )
+
     def _init_schema(self) -> None:
         with self._write("schema") as conn:
             try:
@@ -298,14 +358,10 @@ class SqliteMetadataStore(MetadataStore):
                 for stmt in _SCHEMA.split(";"):
                     if stmt.strip():
                         conn.execute(stmt)
-                row = conn.execute("SELECT version FROM schema_info").fetchone()
-                if row is None:
+                rows = conn.execute("SELECT version FROM schema_info").fetchall()
+                if not rows:
                     conn.execute("INSERT INTO schema_info(version) VALUES (?)", (_SCHEMA_VERSION,))
-                elif row[0] != _SCHEMA_VERSION:
-                    raise StorageUnavailableError(
-                        f"SQLite metadata store {self._path} has schema version {row[0]}; "
-                        f"this version of woodpecker_idem reads version {_SCHEMA_VERSION}"
-                    )
+                self._check_schema(rows)
             except sqlite3.OperationalError as exc:
                 raise self._unavailable("schema", exc) from exc
 
@@ -543,6 +599,11 @@ class SqliteMetadataStore(MetadataStore):
     def register_node(self, node: NodeInfo) -> None:
         _check_name("node_id", node.node_id)
         labels = json.dumps(dict(node.labels), sort_keys=True)
+        row = (node.node_id, node.address, node.registered_ms, labels)
+        if self._read_only and row in self._read(
+            "register_node", "SELECT node_id, address, registered_ms, labels FROM nodes"
+        ):
+            return  # registered already: nothing to write (a client on a read-only directory)
         with self._write("register_node") as conn:
             conn.execute(
                 "INSERT INTO nodes(node_id, address, registered_ms, labels) VALUES (?, ?, ?, ?) "
