@@ -84,6 +84,65 @@ def test_write_many_bad_timeout_writes_nothing(log, timeout) -> None:
     assert payloads(log) == []
 
 
+@pytest.mark.parametrize("rows", [iter([b"a"]), (p for p in [b"a"]), 5, None])
+def test_write_many_needs_sequences(log, rows) -> None:
+    with log.open_writer(idempotent=True) as writer:
+        with pytest.raises(InvalidTypeError, match="payloads"):
+            writer.write_many(rows)
+        with pytest.raises(InvalidTypeError, match="ids"):
+            writer.write_many([b"a"], iter(["a"]))
+    assert payloads(log) == []
+
+
+# --- write / write_async arguments ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+@pytest.mark.parametrize(
+    ("message", "kwargs", "error", "argument"),
+    [
+        ("text", {}, InvalidTypeError, "payload"),
+        (5, {}, InvalidTypeError, "payload"),
+        (None, {}, InvalidTypeError, "payload"),
+        (b"x" * 2000, {}, PayloadTooLargeError, "max_entry_bytes"),
+        (b"p", {"properties": [("a", "b")]}, InvalidTypeError, "properties"),
+        (b"p", {"properties": "a=b"}, InvalidTypeError, "properties"),
+        (b"p", {"properties": {"a": 1}}, InvalidTypeError, "properties"),
+        (b"p", {"properties": {1: "a"}}, InvalidTypeError, "properties"),
+        (wp.WriteMessage(b"p", properties=[1]), {}, InvalidTypeError, "properties"),
+    ],
+)
+def test_bad_write_arguments_write_nothing(log, idempotent, message, kwargs, error, argument):
+    with log.open_writer(idempotent=idempotent) as writer:
+        for call in (writer.write, writer.write_async):
+            with pytest.raises(error) as exc:
+                call(message, **kwargs)
+            refused(exc, argument)
+    assert payloads(log) == []
+
+
+@pytest.mark.parametrize(
+    ("ident", "error"),
+    [
+        (5, InvalidTypeError),
+        (True, InvalidTypeError),
+        ("", InvalidArgumentError),
+        ("x" * 1025, InvalidArgumentError),
+        (b"", InvalidArgumentError),
+    ],
+)
+def test_bad_idempotency_id_writes_nothing(log, ident, error) -> None:
+    with log.open_writer(idempotent=True) as writer:
+        with pytest.raises(error) as exc:
+            writer.write(b"p", idempotency_id=ident)
+        refused(exc, "idempotency_id")
+    with log.open_writer() as plain:  # a plain writer takes no id at all
+        with pytest.raises(InvalidArgumentError) as exc:
+            plain.write(b"p", idempotency_id="k")
+        refused(exc, "idempotency_id")
+    assert payloads(log) == []
+
+
 # --- write(timeout=...) ------------------------------------------------------------------------
 
 

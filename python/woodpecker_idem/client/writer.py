@@ -67,7 +67,15 @@ def coerce_message(
         payload, props = message.payload, message.properties or None
     else:
         payload, props = message, None
+    if properties is not None and not isinstance(properties, dict):
+        raise InvalidTypeError(
+            f"properties must be a dict[str, str], not {type(properties).__name__}"
+        )
     if properties:
+        if props is not None and not isinstance(props, dict):
+            raise InvalidTypeError(
+                f"WriteMessage.properties must be a dict[str, str], not {type(props).__name__}"
+            )
         props = {**(props or {}), **properties}
     if isinstance(payload, (bytearray, memoryview)):
         payload = bytes(payload)

@@ -384,6 +384,11 @@ class IdempotentLogWriter(LogWriter):
         Every row (payload type and size, id) and `timeout` are checked before any row is
         queued: a bad row refuses the whole batch and nothing is written."""
         wait = timeout_arg(timeout, allow_zero=False)
+        for name, rows in (("payloads", payloads), ("ids", ids)):
+            if rows is not None and not (hasattr(rows, "__len__") and hasattr(rows, "__getitem__")):
+                raise InvalidTypeError(
+                    f"{name} must be a sequence (a list or tuple), not {type(rows).__name__}"
+                )
         keys = content_keys(payloads) if ids is None else explicit_keys(ids)  # checks types
         if ids is not None and len(ids) != len(payloads):
             raise InvalidArgumentError(f"ids has {len(ids)} items but payloads has {len(payloads)}")
