@@ -162,6 +162,54 @@ def test_a_reader_waiting_for_entries_stops_when_the_client_closes(tmp_path: Pat
     assert isinstance(outcome[0], wp.ClientClosedError)
 
 
+RACE = textwrap.dedent(
+    """
+    import sys, tempfile, threading
+    import woodpecker_idem as wp
+
+    def hammer(client, log, errors):
+        reader = log.open_reader()
+        while True:
+            try:
+                client.list_logs()
+                log.segments()
+                reader.read_next(0)
+            except wp.ClientClosedError:
+                return
+            except BaseException as exc:
+                errors.append(repr(exc))
+                return
+
+    errors = []
+    for _ in range(int(sys.argv[1])):
+        client = wp.connect(tempfile.mkdtemp(dir=sys.argv[2]))
+        log = client.open_log("r", create=True)
+        threads = [threading.Thread(target=hammer, args=(client, log, errors)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        client.close()
+        for t in threads:
+            t.join(10)
+    print("errors", errors[:3], len(errors))
+    """
+)
+
+
+def test_calls_racing_close_get_client_closed_and_never_crash(tmp_path: Path) -> None:
+    """Threads calling the client while it closes: each call ends with ClientClosedError. Before,
+    some got a retriable StorageUnavailableError, and a statement running while close() closed
+    its SQLite connection could crash the process (a segmentation fault, seen once in the suite)."""
+    out = subprocess.run(
+        [sys.executable, "-c", RACE, "40", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert out.stdout.strip() == "errors [] 0", out.stdout
+
+
 # --- a read-only data directory ----------------------------------------------------------------
 
 READER = textwrap.dedent(

@@ -14,7 +14,6 @@ from ..errors import (
     InvalidArgumentError,
     InvalidTypeError,
     NodeUnavailableError,
-    StorageUnavailableError,
 )
 from ..logstore.blocks import decode_entry
 from ..meta.base import SegmentMeta
@@ -81,12 +80,7 @@ class LogReader:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = POLL_MIN_S
         while not self._buffer:
-            try:
-                filled = self._fill()
-            except StorageUnavailableError:
-                self._handle.client.check_open()  # the client closed under us: say so
-                raise
-            if filled:
+            if self._fill():
                 continue
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:

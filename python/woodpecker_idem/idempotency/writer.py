@@ -392,7 +392,11 @@ class IdempotentLogWriter(LogWriter):
         keys = content_keys(payloads) if ids is None else explicit_keys(ids)  # checks types
         if ids is not None and len(ids) != len(payloads):
             raise InvalidArgumentError(f"ids has {len(ids)} items but payloads has {len(payloads)}")
-        rows = [self._checked_row(payloads, i) for i in range(len(payloads))]
+        limit = self._max_entry_bytes
+        rows = [  # plain bytes within the limit need nothing more (the common case)
+            p if type(p) is bytes and len(p) <= limit else self._checked_row(p, i)
+            for i, p in enumerate(payloads)
+        ]
         futures: list[tuple[int, Future]] = []
         resolved: list = []
         with self._lock:
@@ -424,9 +428,9 @@ class IdempotentLogWriter(LogWriter):
             duplicate[i] = result.duplicate
         return WriteManyResult(seg_ids, entry_ids, duplicate)
 
-    def _checked_row(self, payloads: Sequence[bytes], i: int) -> bytes:
+    def _checked_row(self, row: object, i: int) -> bytes:
         try:
-            payload, _ = coerce_message(payloads[i], None, self._max_entry_bytes)
+            payload, _ = coerce_message(row, None, self._max_entry_bytes)  # type: ignore[arg-type]
         except WoodpeckerError as exc:
             raise type(exc)(f"payloads[{i}]: {exc}") from None
         return payload

@@ -14,12 +14,14 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ..errors import (
+    ClientClosedError,
     InvalidArgumentError,
     InvalidTypeError,
     LogExistsError,
@@ -184,6 +186,10 @@ class SqliteMetadataStore(MetadataStore):
         self._busy_timeout_ms = busy_timeout_ms
         self._local = threading.local()
         self._lock = threading.Lock()
+        # Operations running now: close() waits for them, because closing a connection while
+        # another thread runs a statement on it crashes the process (sqlite3 is not guarded).
+        self._in_use = 0
+        self._idle = threading.Condition(self._lock)
         # (pid, connection) of every connection opened; close() closes this process's own.
         self._conns: list[tuple[int, sqlite3.Connection]] = []
         # Connections inherited across fork: kept referenced so they are never closed (or
@@ -275,7 +281,7 @@ class SqliteMetadataStore(MetadataStore):
 
     def _conn(self) -> sqlite3.Connection:
         if self._closed:
-            raise StorageUnavailableError(f"SQLite metadata store {self._path} is closed")
+            raise self._closed_error()
         pid = os.getpid()
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None and self._local.pid == pid:
@@ -291,11 +297,15 @@ class SqliteMetadataStore(MetadataStore):
         with self._lock:
             if self._closed:  # close() ran while we were opening
                 conn.close()
-                raise StorageUnavailableError(f"SQLite metadata store {self._path} is closed")
+                raise self._closed_error()
             self._conns.append((pid, conn))
         self._local.conn = conn
         self._local.pid = pid
         return conn
+
+    def _closed_error(self) -> ClientClosedError:
+        """Closed is final (its client closed it), not a storage outage to retry."""
+        return ClientClosedError(f"client is closed: SQLite metadata store {self._path} is closed")
 
     def _unavailable(self, op: str, exc: sqlite3.OperationalError) -> StorageUnavailableError:
         if _is_busy(exc):
@@ -316,33 +326,49 @@ class SqliteMetadataStore(MetadataStore):
                 f"SQLite metadata store {self._path} is read-only (its file or directory is not "
                 f"writable): {op} cannot write; the logs can only be read"
             )
-        conn = self._conn()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            raise self._unavailable(op, exc) from exc
-        try:
-            yield conn
-        except BaseException:
+        with self._session() as conn:
             try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:  # pragma: no cover - rollback after a failed statement
-                log.debug("SQLite rollback failed after error in %s", op, exc_info=True)
-            raise
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.OperationalError as exc:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise self._unavailable(op, exc) from exc
             try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise self._unavailable(op, exc) from exc
+                yield conn
+            except BaseException:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:  # pragma: no cover - rollback after a failed statement
+                    log.debug("SQLite rollback failed after error in %s", op, exc_info=True)
+                raise
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                raise self._unavailable(op, exc) from exc
 
     def _read(self, op: str, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._session() as conn:
+            try:
+                return conn.execute(sql, args).fetchall()
+            except sqlite3.OperationalError as exc:
+                raise self._unavailable(op, exc) from exc
+
+    @contextmanager
+    def _session(self) -> Iterator[sqlite3.Connection]:
+        """This thread's connection, counted as in use until the operation ends (see close)."""
+        with self._lock:
+            if self._closed:
+                raise self._closed_error()
+            self._in_use += 1
         try:
-            return self._conn().execute(sql, args).fetchall()
-        except sqlite3.OperationalError as exc:
-            raise self._unavailable(op, exc) from exc
+            yield self._conn()
+        finally:
+            with self._lock:
+                self._in_use -= 1
+                if not self._in_use:
+                    self._idle.notify_all()
 
     def _check_schema(self, rows: list[tuple[Any, ...]]) -> None:
         if rows and rows[0][0] != _SCHEMA_VERSION:
@@ -626,9 +652,24 @@ class SqliteMetadataStore(MetadataStore):
     # --- lifecycle ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close this process's connections (all threads); inherited ones are left alone."""
+        """Close this process's connections (all threads); inherited ones are left alone.
+
+        Operations already running are let finish first (up to the busy timeout); if one is
+        still running then, the connections are left to the garbage collector, not closed
+        under it."""
         with self._lock:
             self._closed = True
+            deadline = time.monotonic() + self._busy_timeout_ms / 1000 + 1.0
+            while self._in_use and (left := deadline - time.monotonic()) > 0:
+                self._idle.wait(left)
+            if self._in_use:
+                log.warning(
+                    "SQLite %s: closing with %d operation(s) still running; their connections "
+                    "are left open",
+                    self._path,
+                    self._in_use,
+                )
+                return
             pid = os.getpid()
             mine = [c for p, c in self._conns if p == pid]
             self._conns = []
