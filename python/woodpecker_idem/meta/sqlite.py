@@ -211,7 +211,17 @@ class SqliteMetadataStore(MetadataStore):
                 "read-only: there is nothing to read and nothing can be written"
             )
         else:
-            self._check_schema(self._read("schema", "SELECT version FROM schema_info"))
+            self._check_read_only_schema()
+
+    def _check_read_only_schema(self) -> None:
+        """Read-only: the file must already hold a schema this version reads (nothing is made)."""
+        rows = self._read("schema", "SELECT version FROM schema_info")
+        if not rows or rows[0][0] != _SCHEMA_VERSION:
+            raise StorageUnavailableError(
+                f"SQLite metadata store {self._path} (read-only) has schema version "
+                f"{rows[0][0] if rows else None}; this version of woodpecker_idem reads "
+                f"version {_SCHEMA_VERSION}"
+            )
 
     @property
     def read_only(self) -> bool:
@@ -370,13 +380,6 @@ class SqliteMetadataStore(MetadataStore):
                 if not self._in_use:
                     self._idle.notify_all()
 
-    def _check_schema(self, rows: list[tuple[Any, ...]]) -> None:
-        if rows and rows[0][0] != _SCHEMA_VERSION:
-            raise StorageUnavailableError(
-                f"SQLite metadata store {self._path} has schema version {rows[0][0]}; "
-                f"this version of woodpecker_idem reads version {_SCHEMA_VERSION}"
-            )
-
     def _init_schema(self) -> None:
         with self._write("schema") as conn:
             try:
@@ -384,10 +387,14 @@ class SqliteMetadataStore(MetadataStore):
                 for stmt in _SCHEMA.split(";"):
                     if stmt.strip():
                         conn.execute(stmt)
-                rows = conn.execute("SELECT version FROM schema_info").fetchall()
-                if not rows:
+                row = conn.execute("SELECT version FROM schema_info").fetchone()
+                if row is None:
                     conn.execute("INSERT INTO schema_info(version) VALUES (?)", (_SCHEMA_VERSION,))
-                self._check_schema(rows)
+                elif row[0] != _SCHEMA_VERSION:
+                    raise StorageUnavailableError(
+                        f"SQLite metadata store {self._path} has schema version {row[0]}; "
+                        f"this version of woodpecker_idem reads version {_SCHEMA_VERSION}"
+                    )
             except sqlite3.OperationalError as exc:
                 raise self._unavailable("schema", exc) from exc
 
