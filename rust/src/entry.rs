@@ -129,4 +129,30 @@ mod tests {
         assert_eq!(count_records(&[1, 2, 3]), Err(0));
         assert_eq!(count_records(&[]), Ok(0));
     }
+
+    /// The exact bytes of a record reaching a 10-byte varint (a negative int64), a 6-byte one
+    /// and a two-byte length prefix; `tests/test_core_golden.py` pins the same bytes.
+    #[test]
+    fn golden_bytes() {
+        let long_key = [b'x'; 200];
+        let props: [(&[u8], &[u8]); 2] = [(b"k", b"v"), (&long_key, b"")];
+        let key = crate::keys::content_key(b"a");
+        let r = encode_record(&EntryFields {
+            segment_id: -1,
+            entry_id: 1 << 40,
+            timestamp_ms: 1_700_000_000_000,
+            payload: b"payload",
+            properties: &props,
+            idempotency_key: &key,
+        });
+        let hex: String = r.iter().map(|b| format!("{b:02x}")).collect();
+        let expected = [
+            "0c01000074b87efa08ffffffffffffffffff01108080808080201880d095ffbc3122077061796c6f61642a",
+            "060a016b1201762acd010ac801",
+            &"78".repeat(200),
+            "120032100cc175b9c0f1b6a831c399e269772661",
+        ]
+        .concat();
+        assert_eq!(hex, expected);
+    }
 }

@@ -364,6 +364,58 @@ mod tests {
         encode(9, 4, 123, 1000, 60_000, &[(8, 17), (7, 5)], entries.iter()).unwrap()
     }
 
+    /// The exact bytes of a snapshot reaching every varint width the format uses (10-byte
+    /// uvarints, negative zigzag deltas, int64 extremes); `tests/test_core_golden.py` pins the
+    /// same bytes through Python.
+    const GOLDEN_HEX: &str = concat!(
+        "5750445301000000db00000025ddfb9d080110ffffffffffffffffff01180320fbd095ffbc3128e80730e0d403",
+        "3a07108080808080203a0d080710ffffffffffffffffff013a040808101140064a600cc175b9c0f1b6a831c399",
+        "e26977266192eb5ffee6ae2fec3ad71c777531578f4a8a08f09d37b73795649038408b5f338277e0910d750195",
+        "b448797616e091ade1671797c52e15f763380b45e841ec328fa14cdd754f91cc6554c9e71929cce7520a0703ff",
+        "ffffff0f0200015a0f0002d604feffffff1ffdffffff1f0a621d80a0abfef9620a1d94e0d481869dffffff0101",
+        "ffffffffffffffffff01",
+    );
+
+    #[test]
+    fn golden_bytes() {
+        let row = |tag: &[u8], segment_id, entry_id, timestamp_ms| Record {
+            key: content_key(tag),
+            segment_id,
+            entry_id,
+            timestamp_ms,
+        };
+        let entries = vec![
+            row(b"a", 7, 0, 1_700_000_000_000),
+            row(b"b", 7, 1, 1_700_000_000_005),
+            row(b"c", 7, 300, 1_699_999_999_990),
+            row(b"d", u32::MAX, u32::MAX, i64::MIN),
+            row(b"e", u32::MAX, 0, i64::MAX),
+            row(b"f", 0, 5, -1),
+        ];
+        let marks = [(8, 17), (7, -1), (0, 1 << 40)];
+        let bytes = encode(
+            u64::MAX,
+            3,
+            1_700_000_000_123,
+            1000,
+            60_000,
+            &marks,
+            entries.iter(),
+        );
+        let hex: String = bytes.unwrap().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, GOLDEN_HEX);
+        let decoded = decode(&hex_bytes(GOLDEN_HEX)).unwrap();
+        assert_eq!(decoded.entries, entries);
+        assert_eq!(decoded.watermarks, vec![(0, 1 << 40), (7, -1), (8, 17)]);
+    }
+
+    fn hex_bytes(hex: &str) -> Vec<u8> {
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
     #[test]
     fn round_trip() {
         for n in [0usize, 1, 2, 5, 1000] {
