@@ -1,6 +1,6 @@
 //! `woodpecker_idem._core`: the Rust core of woodpecker_idem — idempotency keys, the dedup window,
 //! the dedup snapshot codec, LogStore record encoding and the local store's durable put. The
-//! pure-Rust modules (`keys`, `hasher`, `varint`, `window`, `snapshot`, `entry`, `fileput`) have
+//! pure-Rust modules (`keys`, `hasher`, `window`, `snapshot`, `entry`, `fileput`) have
 //! no Python dependency and are unit-tested with `cargo test`; `py*`, `args` and `errors` are the
 //! PyO3 layer. The contract is `docs/core-api.md`.
 
@@ -18,7 +18,6 @@ pub mod py_entry;
 pub mod py_fileput;
 pub mod py_hasher;
 pub mod snapshot;
-pub mod varint;
 pub mod window;
 
 use pyo3::prelude::*;
