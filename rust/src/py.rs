@@ -7,7 +7,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::args::{self, ByteArg};
-use crate::errors::{invalid_argument, invalid_type, out_of_memory, snapshot_corrupt, type_name};
+use crate::errors::{
+    out_of_memory, type_name, InvalidArgumentError, InvalidTypeError, SnapshotCorruptError,
+};
 use crate::keys::{self, KEY_LEN};
 use crate::snapshot::{self, SnapshotData};
 use crate::window::{Lookup, Record, Window, MAX_KEYS_LIMIT};
@@ -147,10 +149,9 @@ fn entries_list<'py>(py: Python<'py>, recs: &[Record]) -> PyResult<Bound<'py, Py
 fn parse_max_keys(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
     let v = args::int_i64(obj, "max_keys").map_err(|e| {
         if obj.is_instance_of::<pyo3::types::PyInt>() {
-            invalid_argument(
-                obj.py(),
-                format!("max_keys = {obj} is out of range 1..={MAX_KEYS_LIMIT}"),
-            )
+            InvalidArgumentError::new_err(format!(
+                "max_keys = {obj} is out of range 1..={MAX_KEYS_LIMIT}"
+            ))
         } else {
             e
         }
@@ -159,20 +160,18 @@ fn parse_max_keys(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
         .ok()
         .filter(|&v| v >= 1 && v as u64 <= MAX_KEYS_LIMIT)
         .ok_or_else(|| {
-            invalid_argument(
-                obj.py(),
-                format!("max_keys = {v} is out of range 1..={MAX_KEYS_LIMIT}"),
-            )
+            InvalidArgumentError::new_err(format!(
+                "max_keys = {v} is out of range 1..={MAX_KEYS_LIMIT}"
+            ))
         })
 }
 
 fn parse_window_ms(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
     let v = args::int_i64(obj, "window_ms")?;
     if v < 1 {
-        return Err(invalid_argument(
-            obj.py(),
-            format!("window_ms = {v} must be >= 1"),
-        ));
+        return Err(InvalidArgumentError::new_err(format!(
+            "window_ms = {v} must be >= 1"
+        )));
     }
     Ok(v)
 }
@@ -219,7 +218,7 @@ impl PyDedupWindow {
         let rec = record(key, segment_id, entry_id, timestamp_ms)?;
         let result = self.lock(py).add_pending(rec);
         result.map_err(|_| {
-            invalid_argument(py, "key is already in the window (pending or committed)")
+            InvalidArgumentError::new_err("key is already in the window (pending or committed)")
         })
     }
 
@@ -308,13 +307,10 @@ impl PyDedupWindow {
         let n = keys.as_slice().len() / KEY_LEN;
         let column = args::i64_column(timestamps_ms, "timestamps_ms")?;
         if column.len() != n {
-            return Err(invalid_argument(
-                py,
-                format!(
-                    "timestamps_ms holds {} values but keys holds {n} keys",
-                    column.len()
-                ),
-            ));
+            return Err(InvalidArgumentError::new_err(format!(
+                "timestamps_ms holds {} values but keys holds {n} keys",
+                column.len()
+            )));
         }
         let view = column.view(py);
         let mut timestamps = Vec::with_capacity(n);
@@ -322,20 +318,18 @@ impl PyDedupWindow {
             match view.get(i).map(i64::try_from) {
                 Some(Ok(t)) => timestamps.push(t),
                 v => {
-                    return Err(invalid_argument(
-                        py,
-                        format!("timestamps_ms[{i}] = {v:?} does not fit int64"),
-                    ))
+                    return Err(InvalidArgumentError::new_err(format!(
+                        "timestamps_ms[{i}] = {v:?} does not fit int64"
+                    )))
                 }
             }
         }
         let segment_id = args::int_u32(segment_id, "segment_id")?;
         let first = args::int_u32(first_entry_id, "first_entry_id")?;
         if u64::from(first) + n as u64 > u64::from(u32::MAX) + 1 {
-            return Err(invalid_argument(
-                py,
-                format!("first_entry_id {first} + {n} rows exceeds the uint32 entry id range"),
-            ));
+            return Err(InvalidArgumentError::new_err(format!(
+                "first_entry_id {first} + {n} rows exceeds the uint32 entry id range"
+            )));
         }
         let slice = keys.as_slice();
         // A writer's intake batch takes microseconds: keep the GIL (giving it up would make the
@@ -380,10 +374,10 @@ impl PyDedupWindow {
         // Validate everything first, so a bad value inserts nothing.
         for (name, col, hi) in &cols {
             if col.len() != n {
-                return Err(invalid_argument(
-                    py,
-                    format!("{name} holds {} values but keys holds {n} keys", col.len()),
-                ));
+                return Err(InvalidArgumentError::new_err(format!(
+                    "{name} holds {} values but keys holds {n} keys",
+                    col.len()
+                )));
             }
             let lo = if *hi == i64::MAX as i128 {
                 i64::MIN as i128
@@ -395,10 +389,9 @@ impl PyDedupWindow {
                 match view.get(i) {
                     Some(v) if (lo..=*hi).contains(&v) => {}
                     v => {
-                        return Err(invalid_argument(
-                            py,
-                            format!("{name}[{i}] = {v:?} is out of range {lo}..={hi}"),
-                        ))
+                        return Err(InvalidArgumentError::new_err(format!(
+                            "{name}[{i}] = {v:?} is out of range {lo}..={hi}"
+                        )))
                     }
                 }
             }
@@ -537,10 +530,10 @@ pub struct PySnapshot {
 
 fn window_arg<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, PyDedupWindow>> {
     obj.cast::<PyDedupWindow>().map_err(|_| {
-        invalid_type(
-            obj.py(),
-            format!("window must be a DedupWindow, not {}", type_name(obj)),
-        )
+        InvalidTypeError::new_err(format!(
+            "window must be a DedupWindow, not {}",
+            type_name(obj)
+        ))
     })
 }
 
@@ -668,19 +661,15 @@ fn sequence_items<'py>(
     name: &str,
     what: &str,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-    let py = obj.py();
     if obj.is_instance_of::<PyString>()
         || obj.is_instance_of::<PyBytes>()
         || obj.is_instance_of::<pyo3::types::PyByteArray>()
         || obj.is_instance_of::<PyDict>()
     {
-        return Err(invalid_type(
-            py,
-            format!(
-                "{name} must be a sequence of {what}, not {}",
-                type_name(obj)
-            ),
-        ));
+        return Err(InvalidTypeError::new_err(format!(
+            "{name} must be a sequence of {what}, not {}",
+            type_name(obj)
+        )));
     }
     if let Ok(list) = obj.cast::<PyList>() {
         return Ok(list.iter().collect());
@@ -689,13 +678,10 @@ fn sequence_items<'py>(
         return Ok(t.iter().collect());
     }
     let it = obj.try_iter().map_err(|_| {
-        invalid_type(
-            py,
-            format!(
-                "{name} must be a sequence of {what}, not {}",
-                type_name(obj)
-            ),
-        )
+        InvalidTypeError::new_err(format!(
+            "{name} must be a sequence of {what}, not {}",
+            type_name(obj)
+        ))
     })?;
     it.collect()
 }
@@ -705,25 +691,28 @@ pub(crate) fn id_bytes<'a, N: std::fmt::Display>(
     obj: &'a Bound<'_, PyAny>,
     name: impl Fn() -> N,
 ) -> PyResult<&'a [u8]> {
-    let py = obj.py();
     let bytes = if let Ok(s) = obj.cast::<PyString>() {
         s.to_str()
-            .map_err(|_| invalid_argument(py, format!("{} is not encodable as UTF-8", name())))?
+            .map_err(|_| {
+                InvalidArgumentError::new_err(format!("{} is not encodable as UTF-8", name()))
+            })?
             .as_bytes()
     } else if let Ok(b) = obj.cast::<PyBytes>() {
         b.as_bytes()
     } else {
-        return Err(invalid_type(
-            py,
-            format!("{} must be str or bytes, not {}", name(), type_name(obj)),
-        ));
+        return Err(InvalidTypeError::new_err(format!(
+            "{} must be str or bytes, not {}",
+            name(),
+            type_name(obj)
+        )));
     };
     match keys::explicit_id_problem(bytes) {
         None => Ok(bytes),
-        Some(problem) => Err(invalid_argument(
-            py,
-            format!("{} {problem} (got {} bytes)", name(), bytes.len()),
-        )),
+        Some(problem) => Err(InvalidArgumentError::new_err(format!(
+            "{} {problem} (got {} bytes)",
+            name(),
+            bytes.len()
+        ))),
     }
 }
 
@@ -804,7 +793,7 @@ pub fn content_keys_arrow<'py>(
                 keys::content_keys_into,
             ))
         })
-        .map_err(|msg| invalid_argument(py, msg))?;
+        .map_err(InvalidArgumentError::new_err)?;
     Ok(PyBytes::new(py, &out))
 }
 
@@ -861,13 +850,10 @@ pub fn encode_snapshot<'py>(
     let epoch = args::int_u64(epoch, "epoch")?;
     let timestamp_ms = args::int_i64(timestamp_ms, "timestamp_ms")?;
     let marks = watermarks.cast::<PyDict>().map_err(|_| {
-        invalid_type(
-            py,
-            format!(
-                "watermarks must be a dict[int, int], not {}",
-                type_name(watermarks)
-            ),
-        )
+        InvalidTypeError::new_err(format!(
+            "watermarks must be a dict[int, int], not {}",
+            type_name(watermarks)
+        ))
     })?;
     let marks = marks
         .iter()
@@ -890,8 +876,8 @@ pub fn encode_snapshot<'py>(
             w.committed_iter(),
         )
     });
-    let out =
-        out.map_err(|e| invalid_argument(py, format!("window cannot be snapshotted: {e}")))?;
+    let out = out
+        .map_err(|e| InvalidArgumentError::new_err(format!("window cannot be snapshotted: {e}")))?;
     Ok(PyBytes::new(py, &out))
 }
 
@@ -902,5 +888,5 @@ pub fn decode_snapshot(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<PySn
     let s = data.as_slice();
     py.detach(|| snapshot::decode(s))
         .map(|data| PySnapshot { data })
-        .map_err(|e| snapshot_corrupt(py, e.0))
+        .map_err(|e| SnapshotCorruptError::new_err(e.0))
 }
