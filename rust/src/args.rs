@@ -103,10 +103,6 @@ impl I64Column<'_> {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// A cheap view for element access (contiguity is checked once here, not per element).
     pub fn view<'a>(&'a self, py: Python<'a>) -> I64View<'a> {
         match self {

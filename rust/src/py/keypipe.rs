@@ -63,7 +63,7 @@ impl PyKeyPipe {
 
     /// Queue a copy of an explicit id for its key; a bad id raises here, queueing nothing.
     fn push_id(&self, py: Python<'_>, idempotency_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let id = crate::py::id_bytes(idempotency_id, || "idempotency_id")?;
+        let id = super::keys::id_bytes(idempotency_id, || "idempotency_id")?;
         self.lock(py).push_id(id);
         Ok(())
     }
