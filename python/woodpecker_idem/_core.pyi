@@ -18,6 +18,7 @@ from typing_extensions import Buffer
 __all__ = [
     "KEY_SIZE",
     "SNAPSHOT_FORMAT_VERSION",
+    "__version__",
     "DedupWindow",
     "KeyPipe",
     "Snapshot",
@@ -34,6 +35,9 @@ __all__ = [
     "explicit_keys",
     "put_file",
 ]
+
+__version__: str
+"""The package version, from `Cargo.toml` (PEP 440 spelling); `woodpecker_idem.__version__`."""
 
 KEY_SIZE: int
 """Length of every idempotency key (16): keys are MD5 digests, so one fixed size fits all tables."""

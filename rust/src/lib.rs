@@ -25,6 +25,26 @@ pub use window::{Record, Window};
 
 use pyo3::prelude::*;
 
+/// The package version, from `Cargo.toml` (the one place it is written; maturin gives the wheel
+/// the same one), spelled as PEP 440 spells a pre-release (`1.0.0-alpha.1` -> `1.0.0a1`), as
+/// maturin does for the wheel metadata.
+fn version() -> String {
+    pep440(env!("CARGO_PKG_VERSION"))
+}
+
+fn pep440(v: &str) -> String {
+    match v.split_once('-') {
+        None => v.to_owned(),
+        Some((release, pre)) => {
+            let pre = pre
+                .replace("alpha", "a")
+                .replace("beta", "b")
+                .replace('.', "");
+            format!("{release}{pre}")
+        }
+    }
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<py::PyDedupWindow>()?;
@@ -44,7 +64,21 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py::count_records, m)?)?;
     m.add_function(wrap_pyfunction!(py::concat, m)?)?;
     m.add_function(wrap_pyfunction!(py::put_file, m)?)?;
+    m.add("__version__", version())?;
     m.add("KEY_SIZE", keys::KEY_LEN)?;
     m.add("SNAPSHOT_FORMAT_VERSION", snapshot::FORMAT_VERSION)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pep440;
+
+    #[test]
+    fn versions_spelled_as_pep440() {
+        assert_eq!(pep440("0.1.0"), "0.1.0");
+        assert_eq!(pep440("1.2.0-alpha.1"), "1.2.0a1");
+        assert_eq!(pep440("1.2.0-beta.2"), "1.2.0b2");
+        assert_eq!(pep440("1.2.0-rc.3"), "1.2.0rc3");
+    }
 }
