@@ -717,8 +717,8 @@ def test_non_idempotent_writer_pays_nothing(env_factory):
     assert len(set(ids)) == 20 and all(not f.result().duplicate for f in futures)
     with pytest.raises(InvalidArgumentError):
         w.write(b"x", idempotency_id="x")
-    with pytest.raises(TypeError):
-        env.log.open_writer(window_max_keys=10)
+    with pytest.raises(InvalidArgumentError, match="window_max_keys"):
+        env.log.open_writer(window_max_keys=10)  # type: ignore[call-overload]
     time.sleep(0.2)
     w.close()
     assert env.client.objects.list("dedup_snapshot/") == []
