@@ -11,9 +11,11 @@ because a writable exporter could change under a batch that runs without the GIL
 
 import os
 from collections.abc import Sequence
-from typing import Self, final
+from typing import Self, TypeVar, final
 
 from typing_extensions import Buffer
+
+_B = TypeVar("_B", bound=Buffer)  # any one buffer type: `list[bytes]` is not a `list[Buffer]`
 
 __all__ = [
     "KEY_SIZE",
@@ -168,7 +170,7 @@ def encode_new_entries(
         InvalidTypeError: a payload is not bytes, or properties are not `dict[str, str]`.
     """
 
-def concat(parts: list[Buffer] | tuple[Buffer, ...]) -> bytes:
+def concat(parts: list[_B] | tuple[_B, ...]) -> bytes:
     """The parts laid end to end in one new `bytes`, like `b"".join(parts)` but copied with the
     GIL held: `bytes.join` lets go of the GIL for results of 1 MiB or more, and winning it back
     from a busy producer thread costs up to one switch interval (5 ms) per batch frame or block.
