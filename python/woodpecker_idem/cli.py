@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 from . import (
@@ -69,7 +70,7 @@ class _Producer:
     def __init__(self, writer, history: History):
         self.writer = writer
         self.history = history
-        self.inflight: list[tuple[bytes, object]] = []
+        self.inflight: list[tuple[bytes, Future[WriteResult]]] = []
 
     def attempt(self, i: int) -> None:
         oid = f"order-{i}"
