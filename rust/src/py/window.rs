@@ -1,5 +1,6 @@
 //! `DedupWindow`: the per-log dedup window (`crate::window`) behind a lock Python threads share.
-//! Single-key methods keep the GIL (they take nanoseconds); batch methods release it.
+//! Single-key methods keep the GIL (they take nanoseconds), and so does `reserve_many` (the
+//! writer's intake, microseconds); the other batch methods release it.
 
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
