@@ -263,13 +263,18 @@ def test_window_options_are_checked_before_the_takeover(log, option, value, erro
         ({"idempotent": "yes"}, "idempotent"),
         ({"idempotent": 1}, "idempotent"),
         ({"window_max_keys": 5}, "window_max_keys"),  # a plain writer has no window
-        ({"idempotent": True, "window": 5}, "window"),
     ],
 )
 def test_open_writer_bad_arguments(log, kwargs, argument) -> None:
     with pytest.raises(WoodpeckerError) as exc:
         log.open_writer(**kwargs)
     refused(exc, argument)
+
+
+def test_open_writer_misspelt_option_is_a_type_error_at_the_call(log) -> None:
+    """The window options are named parameters: a typo fails before any takeover."""
+    with pytest.raises(TypeError, match="window"):
+        log.open_writer(idempotent=True, window=5)  # type: ignore[call-overload]
 
 
 def test_window_options_at_their_bounds_are_accepted(log) -> None:

@@ -20,6 +20,7 @@ from ._core import (
     explicit_key,
     explicit_keys,
 )
+from ._core import __version__ as __version__  # Cargo.toml's version: written in one place
 from .client import LogHandle, LogReader, LogWriter, WoodpeckerClient, connect
 from .clock import Clock, ManualClock, SystemClock
 from .config import Config, load_config
@@ -51,8 +52,6 @@ from .errors import (
 )
 from .idempotency import IdempotentLogWriter, WriteManyResult
 from .types import LogMessage, LogMessageId, SegmentState, WriteMessage, WriteResult
-
-__version__ = "0.1.0"
 
 __all__ = [
     "ClientClosedError",

@@ -21,6 +21,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 from . import (
@@ -74,7 +75,7 @@ class _Producer:
     def __init__(self, writer, history: History):
         self.writer = writer
         self.history = history
-        self.inflight: list[tuple[bytes, object]] = []
+        self.inflight: list[tuple[bytes, Future[WriteResult]]] = []
 
     def attempt(self, i: int) -> None:
         oid = f"order-{i}"

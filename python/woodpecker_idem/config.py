@@ -431,6 +431,8 @@ class Config:
     """
 
     __slots__ = ("_explicit", "_values")
+    _explicit: Mapping[str, Any]
+    _values: Mapping[str, Any]
 
     def __init__(self, explicit: Mapping[str, Any] | None = None, *, _source: str = "") -> None:
         explicit = dict(explicit or {})

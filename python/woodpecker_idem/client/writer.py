@@ -63,6 +63,7 @@ def coerce_message(
     """Validate a payload and its properties; bad input fails here, before anything is queued."""
     if type(message) is bytes and properties is None and len(message) <= max_bytes:
         return message, None  # the common case, valid by construction
+    payload: bytes | bytearray | memoryview
     if isinstance(message, WriteMessage):
         payload, props = message.payload, message.properties or None
     else:
@@ -387,15 +388,15 @@ class LogWriter:
         for worker in self._workers.values():
             worker.stop()
         self._maint.stop()
-        unresolved = []
+        unresolved: list[tuple[Future, object]] = []
         for seg in segments:
             for entry in seg.pending:
-                exc = WriterClosedError(
+                error = WriterClosedError(
                     f"writer of log {self.log_id} closed before entry {seg.segment_id}:"
                     f"{entry.entry_id} was acknowledged; the next writer's recovery keeps it if "
                     f"it reached the nodes (an idempotent retry then returns its id)"
                 )
-                unresolved.extend((f, exc) for f, _ in entry.waiters())
+                unresolved.extend((f, error) for f, _ in entry.waiters())
         resolve(unresolved)
         for seg in segments if self._fenced is None else ():
             if seg.status in (SegmentStatus.OPEN, SegmentStatus.ROLLED) and seg.drained():
@@ -592,7 +593,7 @@ class LogWriter:
             return []
         self._fenced = exc
         log.warning("log %s: writer fenced: %s", self.log_id, exc)
-        resolved = []
+        resolved: list[tuple[Future, object]] = []
         for seg in self._segments.values():
             for entry in seg.pending:
                 resolved.extend((f, WriterFencedError(str(exc))) for f, _ in entry.waiters())

@@ -84,6 +84,8 @@ class WriteManyResult:
 class IdempotentLogWriter(LogWriter):
     """A LogWriter with a dedup window, snapshots and window recovery."""
 
+    _intake: Intake
+
     def __init__(
         self,
         handle: LogHandle,
