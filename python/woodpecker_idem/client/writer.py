@@ -10,7 +10,6 @@ rule and its pending entries are resolved against it (present -> committed, abse
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import logging
 import os
@@ -18,7 +17,6 @@ import socket
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Sized
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
@@ -41,6 +39,7 @@ from ..errors import (
 from ..meta.base import SegmentMeta
 from ..retry import Backoff, retry_call
 from ..types import LogMessageId, SegmentState, WriteMessage, WriteResult
+from . import atexit_close
 from .flusher import Flusher
 from .futures import WriteFuture
 from .recovery import choose_nodes, recover_segment, seal
@@ -56,28 +55,6 @@ LEASE_MS = 30_000
 # Background retries (repair, completing a rolled segment, a roll the metadata store refused)
 RETRY_INITIAL_S = 0.05
 RETRY_MAX_S = 2.0
-# At interpreter exit, open writers are closed (queued writes flushed) within this many seconds
-EXIT_CLOSE_TIMEOUT_S = 30.0
-
-_open_writers: weakref.WeakSet[LogWriter] = weakref.WeakSet()
-
-
-def _close_open_writers() -> None:
-    """atexit: close every writer still open, like a Kafka producer's close.
-
-    Queued writes are flushed (their futures end either way) and every writer thread is joined
-    before the interpreter finalizes: a daemon thread that wakes inside a native call during
-    finalization is killed by `pthread_exit`, which aborts the process (SIGABRT).
-    """
-    deadline = time.monotonic() + EXIT_CLOSE_TIMEOUT_S
-    for writer in list(_open_writers):
-        try:
-            writer.close(max(0.0, deadline - time.monotonic()))
-        except Exception:
-            log.exception("log %s: closing the writer at exit failed", writer.log_id)
-
-
-atexit.register(_close_open_writers)
 
 
 def coerce_message(
@@ -183,7 +160,7 @@ class LogWriter:
         with self._lock:
             self._open_segment_locked()
         self._flusher = Flusher(self)
-        _open_writers.add(self)
+        atexit_close.track(self)  # closed at interpreter exit if still open
 
     # --- opening ---------------------------------------------------------------------------
 
@@ -444,7 +421,7 @@ class LogWriter:
             self._wake.notify_all()
             self._space.notify_all()
         self._stopping.set()
-        _open_writers.discard(self)
+        atexit_close.untrack(self)
         self._flusher.join(left(5))
         for worker in self._workers.values():
             worker.stop(left(5))
@@ -557,6 +534,8 @@ class LogWriter:
                     resolved = self._fence_locked(fenced)
                 resolve(resolved)
                 return
+            except WoodpeckerError as err:  # metadata down: the repair's seal finds out later
+                log.warning("log %s: could not check the writer epoch: %s", self.log_id, err)
         with self._lock:
             if seg.status in (SegmentStatus.FAILED, SegmentStatus.DONE) and not seg.pending:
                 return
@@ -669,7 +648,8 @@ class LogWriter:
         for node in seg.live_nodes():
             try:
                 self._transport.complete(node, self.log_id, seg.segment_id, last)
-            except (NodeUnavailableError, SegmentFencedError) as exc:
+            except (NodeUnavailableError, SegmentFencedError, EntryConflictError, OSError) as exc:
+                # the metadata seal is what readers go by; a node not completed is left as is
                 log.warning(
                     "log %s: complete of segment %s on %s failed: %s",
                     self.log_id,
