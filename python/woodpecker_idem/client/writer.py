@@ -287,19 +287,22 @@ class LogWriter:
                     future.set_exception(self._unavailable_error())
                 return None
         entry_id = seg.next_entry_id
-        seg.next_entry_id = entry_id + 1
         record = encode_entry(seg.segment_id, entry_id, now_ms, payload, props)
-        self._seq += 1
         deadline = now + self._timeout_s
-        entry = PendingEntry(self._seq, seg.segment_id, entry_id, record, future, deadline)
+        entry = PendingEntry(self._seq + 1, seg.segment_id, entry_id, record, future, deadline)
         size = len(record)
-        seg.pending.append(entry)
+        # The state changes come last and together: a KeyboardInterrupt (Ctrl-C in a write
+        # burst) raised in encode_entry or above leaves no id taken without its entry queued.
         unsent = seg.unsent
-        if not unsent:
-            seg.unsent_since = now
-            self._wake.notify()
+        was_empty = not unsent
+        self._seq += 1
+        seg.next_entry_id = entry_id + 1
+        seg.pending.append(entry)
         unsent.append(entry)
         seg.by_entry[entry_id] = entry
+        if was_empty:
+            seg.unsent_since = now
+            self._wake.notify()
         seg.unsent_bytes += size
         seg.size_bytes += size
         self._inflight_entries += 1
