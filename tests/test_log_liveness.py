@@ -15,6 +15,7 @@ import pytest
 
 from woodpecker_idem._core import encode_entry, explicit_key
 from woodpecker_idem.errors import (
+    NodeUnavailableError,
     QuorumUnavailableError,
     SegmentClosedError,
     SegmentFencedError,
@@ -69,6 +70,10 @@ class FlakyMeta:
         self._maybe_fail("create_segment")
         return self.inner.create_segment(epoch, seg)
 
+    def check_epoch(self, log_id, epoch):
+        self._maybe_fail("check_epoch")
+        return self.inner.check_epoch(log_id, epoch)
+
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
@@ -92,13 +97,15 @@ class SegmentFaults(FaultInjectingTransport):
 
     def __init__(self, inner):
         super().__init__(inner)
-        self._segment_down: set[tuple[str, int]] = set()
+        self._segment_down: dict[tuple[str, int], type[Exception]] = {}
         self._fence_faults: list = [0, None]
         self._copy_faults: list = [0, None]
 
-    def fail_writes(self, node: str, segment_id: int) -> None:
+    def fail_writes(
+        self, node: str, segment_id: int, error: type[Exception] = NodeUnavailableError
+    ) -> None:
         with self._lock:
-            self._segment_down.add((node, segment_id))
+            self._segment_down[(node, segment_id)] = error
 
     def break_fence(self, count: int, exc: BaseException) -> None:
         with self._lock:
@@ -112,17 +119,15 @@ class SegmentFaults(FaultInjectingTransport):
         self, node_id, log_id, segment_id, first_entry_id, frame, lac=-1, recovery=False
     ):
         with self._lock:
-            down = not recovery and (node_id, segment_id) in self._segment_down
+            down = None if recovery else self._segment_down.get((node_id, segment_id))
             count, exc = self._copy_faults
             broken = recovery and count > 0
             if broken:
                 self._copy_faults[0] -= 1
         if broken:
             raise exc
-        if down:
-            from woodpecker_idem.errors import NodeUnavailableError
-
-            raise NodeUnavailableError(f"{node_id} down for segment {segment_id} (injected)")
+        if down is not None:
+            raise down(f"{node_id} refuses segment {segment_id} (injected)")
         return super().add_entries(
             node_id, log_id, segment_id, first_entry_id, frame, lac, recovery
         )
@@ -309,6 +314,32 @@ def test_live_repair_survives_a_refused_recovery_copy(tmp_path, wp_connect):
         record(history, name, fut)
     for i in range(5):
         write_until_ok(writer, history, f"b{i}")
+    writer.close()
+    judge(handle, history)
+
+
+def test_node_refusal_while_the_metadata_store_is_down_still_counts(tmp_path, wp_connect):
+    """Two nodes refuse the segment (`SegmentFencedError`) and the writer cannot check its epoch
+    (metadata store down): the refusals still count as node failures, so the quorum loss is
+    repaired and the pending writes end, instead of staying pending forever."""
+    client = wp_connect(tmp_path, {**ES3, "append.timeout_ms": 30_000})
+    faults = faulty(client, SegmentFaults)
+    meta = flaky(client)
+    handle = client.create_log("refused-epoch")
+    writer = handle.open_writer(idempotent=True, window_duration_s=WINDOW_S)
+    history = History()
+    write_until_ok(writer, history, "a0")
+    meta.arm("check_epoch", 2, storage_down)
+    faults.fail_writes("node-1", 0, SegmentFencedError)
+    faults.fail_writes("node-2", 0, SegmentFencedError)
+    pending = {
+        f"p{i}": writer.write_async(payload(f"p{i}"), idempotency_id=f"p{i}") for i in range(3)
+    }
+    assert wait_done(list(pending.values()), 10) == [], "pending writes never ended"
+    assert meta.injected == 2
+    for name, fut in pending.items():
+        record(history, name, fut)
+    write_until_ok(writer, history, "b0")
     writer.close()
     judge(handle, history)
 
