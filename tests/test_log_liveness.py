@@ -568,7 +568,7 @@ def test_close_honours_its_timeout_with_writes_in_flight(tmp_path, wp_connect, i
     t0 = time.monotonic()
     writer.close(timeout=0.2)
     took = time.monotonic() - t0
-    assert took < 1.0, f"close(timeout=0.2) took {took:.2f} s"
+    assert took < 1.5, f"close(timeout=0.2) took {took:.2f} s"
     assert wait_done(futures, 0.5) == []
     for f in futures:
         exc = f.exception(0)
