@@ -50,6 +50,28 @@ def object_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[obj
         store.close()
 
 
+# --- etcd (tests/etcdserver.py, python/woodpecker_idem/meta/etcd.py) ------------------------------
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[object]:
+    """One etcd process for the whole session (stopped by PID at the end). Tests keep apart by
+    key prefix (`etcd_prefix`); a test that stops, freezes or restarts etcd starts its own."""
+    from etcdserver import EtcdServer
+
+    server = EtcdServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def etcd_prefix() -> str:
+    """A key prefix no other test uses."""
+    return f"/wp-test-{uuid.uuid4().hex[:12]}"
+
+
 # --- the log client (tests/test_log_*.py) --------------------------------------------------------
 
 
