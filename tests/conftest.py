@@ -72,6 +72,21 @@ def etcd_prefix() -> str:
     return f"/wp-test-{uuid.uuid4().hex[:12]}"
 
 
+@pytest.fixture(params=["sqlite"])
+def meta_config(request: pytest.FixtureRequest) -> dict[str, object]:
+    """Config keys selecting the metadata backend: SQLite (the default, no keys) unless a test
+    asks for more with `@pytest.mark.parametrize("meta_config", ["sqlite", "etcd"], indirect=True)`;
+    etcd runs on the session server under a prefix of the test's own."""
+    if request.param == "sqlite":
+        return {}
+    server = request.getfixturevalue("etcd_server")
+    return {
+        "meta.type": "etcd",
+        "meta.endpoints": [server.endpoint],
+        "meta.prefix": request.getfixturevalue("etcd_prefix"),
+    }
+
+
 # --- the log client (tests/test_log_*.py) --------------------------------------------------------
 
 

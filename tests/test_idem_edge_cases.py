@@ -95,12 +95,16 @@ class Env:
         self.client.close()
 
 
+# Representative cases also run with meta.type etcd (a real etcd server, tests/etcdserver.py).
+ON_BOTH_META = pytest.mark.parametrize("meta_config", ["sqlite", "etcd"], indirect=True)
+
+
 @pytest.fixture
-def env_factory(tmp_path: Path):
+def env_factory(tmp_path: Path, meta_config: dict[str, object]):
     made: list[Env] = []
 
     def make(es: int = 1, sub: str = "d", **cfg: object) -> Env:
-        e = Env(tmp_path / sub, es, **cfg)
+        e = Env(tmp_path / sub, es, **meta_config, **cfg)
         made.append(e)
         return e
 
@@ -130,6 +134,7 @@ MAX_KEYS = 10_000
 # --- seed edge cases -------------------------------------------------------------------------
 
 
+@ON_BOTH_META
 def test_case1_crash_between_write_and_snapshot(env_factory):
     env = env_factory()
     w = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
@@ -156,6 +161,7 @@ def test_case1_crash_between_write_and_snapshot(env_factory):
     assert v.keyed_entries == 70
 
 
+@ON_BOTH_META
 def test_case2_fake_failure_ack_lost(env_factory):
     # es=3, aq=2; every node applies the entry but its first ack is lost, and replies are slow, so
     # the caller's write times out while the entry is already on every node.
@@ -211,6 +217,7 @@ def _crash_with_x_in_flight(env: Env, nodes_with_x: tuple[str, ...]):
     return a, faults_a, acked, x_id, x_future
 
 
+@ON_BOTH_META
 def test_case3_failover_inflight_committed(env_factory):
     env = env_factory(es=3, **{"append.timeout_ms": 5000})
     a, faults_a, acked, x_id, _ = _crash_with_x_in_flight(env, ("node-0", "node-1", "node-2"))
@@ -231,6 +238,7 @@ def test_case3_failover_inflight_committed(env_factory):
     env.check(WINDOW_MS, MAX_KEYS, msgs)
 
 
+@ON_BOTH_META
 def test_case3_failover_inflight_not_committed(env_factory):
     env = env_factory(es=3, **{"append.timeout_ms": 5000})
     a, faults_a, acked, x_id, _ = _crash_with_x_in_flight(env, ("node-0",))
@@ -272,6 +280,7 @@ def test_case4_segment_completed_since_snapshot(env_factory):
     env.check(WINDOW_MS, MAX_KEYS)
 
 
+@ON_BOTH_META
 def test_case5_segment_truncated(env_factory):
     env = env_factory(**{"segment.max_entries": 20})
     w = env.writer(window_duration_s=10, window_max_keys=MAX_KEYS)
@@ -299,6 +308,7 @@ def test_case5_segment_truncated(env_factory):
     env.check(10_000, MAX_KEYS)
 
 
+@ON_BOTH_META
 def test_case6_new_segment_rolled_after_snapshot(env_factory):
     env = env_factory(**{"segment.max_entries": 10})
     w = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
@@ -389,6 +399,7 @@ def test_case7_failed_snapshots_crash_recovers_from_older_snapshot(env_factory):
     env.check(WINDOW_MS, MAX_KEYS)
 
 
+@ON_BOTH_META
 def test_case7_metadata_outage_does_not_stop_snapshots(env_factory):
     """The snapshot task asks the metadata store whether it still owns the log; while that store
     is unreachable its attempts fail (logged, counted, retried) and the task keeps running."""
@@ -506,6 +517,7 @@ def test_pending_keys_of_completed_segment(env_factory):
 # --- concurrency, key domains, snapshots --------------------------------------------------------
 
 
+@ON_BOTH_META
 def test_concurrent_writes_of_one_key(env_factory):
     env = env_factory(**{"append.linger_ms": 5})
     w = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
@@ -556,6 +568,7 @@ def _snapshots(env: Env) -> list[str]:
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "empty"])
+@ON_BOTH_META
 def test_corrupt_newest_snapshot_falls_back(env_factory, damage):
     env = env_factory()
     w = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
