@@ -24,6 +24,7 @@ from ..client.workers import resolve
 from ..client.writer import LogWriter, coerce_message
 from ..errors import (
     InvalidArgumentError,
+    WoodpeckerError,
     WriterClosedError,
     WriterFencedError,
 )
@@ -230,7 +231,11 @@ class IdempotentLogWriter(LogWriter):
         n = len(stamps)
         start = 0
         while start < n:
-            seg = self._writable_segment_locked()
+            try:
+                seg = self._writable_segment_locked()
+            except WoodpeckerError as exc:  # a roll failed (metadata unreachable, fenced): these
+                resolved.extend((f, exc) for f in batch.futures[start:])  # writes end with it
+                return
             if seg is None:  # repairing: duplicates are still answered, new writes fail fast
                 for i in range(start, n):
                     key = keys[16 * i : 16 * i + 16]

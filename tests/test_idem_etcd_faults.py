@@ -1,0 +1,164 @@
+"""Faults of the metadata store under an idempotent writer with `meta.type: etcd`, each judged by
+the history checker: etcd restarted mid-stream, and etcd frozen with SIGSTOP.
+
+Writes inside a segment never touch metadata; a roll (create the next segment, complete the last)
+does. So segments are short here, and the producer resends a failed write like an application
+would. The checker then proves every key is in the log once and nothing acknowledged was lost.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from etcdserver import EtcdServer
+
+import woodpecker_idem as wp
+from woodpecker_idem import SegmentState, explicit_key
+from woodpecker_idem.errors import StorageUnavailableError, WoodpeckerError
+from woodpecker_idem.history import History
+
+WINDOW_S = 600
+MAX_KEYS = 100_000
+
+
+@pytest.fixture
+def own_etcd() -> Iterator[EtcdServer]:
+    server = EtcdServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _connect(path: Path, server: EtcdServer, prefix: str, **cfg: object) -> wp.WoodpeckerClient:
+    return wp.connect(
+        path,
+        {
+            "meta.type": "etcd",
+            "meta.endpoints": [server.endpoint],
+            "meta.prefix": prefix,
+            "segment.max_entries": 10,
+            "idempotency.snapshot_interval_s": 0.2,
+            **cfg,
+        },
+    )
+
+
+def _write(history: History, writer, key: str, failures: list[BaseException]) -> None:
+    """One logical write, resent until acknowledged (each attempt recorded)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            result = writer.write(b"payload-" + key.encode(), idempotency_id=key)
+        except WoodpeckerError as exc:
+            history.failed(explicit_key(key), exc)
+            failures.append(exc)
+            assert time.monotonic() < deadline, f"{key} never acknowledged: {exc!r}"
+            time.sleep(0.05)
+            continue
+        history.ok(explicit_key(key), result)
+        return
+
+
+def _judge(client: wp.WoodpeckerClient, log: wp.LogHandle, history: History, keys: list[str]):
+    """After the faulted writer's close(): no segment left open (readers would stop there); a new
+    writer takes over and resends every key: all duplicates; then the checker."""
+    segments = client.meta.list_segments(log.log_id)
+    assert all(s.state is not SegmentState.ACTIVE for s in segments), segments
+    w2 = log.open_writer(idempotent=True, window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
+    for key in keys:
+        again = w2.write(b"payload-" + key.encode(), idempotency_id=key)
+        history.ok(explicit_key(key), again)
+        assert again.duplicate, key
+    w2.close()
+    plain = log.open_writer()  # completes every segment, so the reader sees the whole log
+    plain.close()
+    entries = list(log.open_reader())
+    verdict = history.check(entries, WINDOW_S * 1000, MAX_KEYS)
+    assert verdict.ok, verdict.summary()
+    assert verdict.keyed_entries == len(keys)
+
+
+def test_etcd_restarted_mid_stream(tmp_path, own_etcd, etcd_prefix):
+    client = _connect(tmp_path, own_etcd, etcd_prefix)
+    log = client.open_log("restart", create=True)
+    w = log.open_writer(idempotent=True, window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
+    history, failures = History(), []
+    keys: list[str] = []
+    down, back = threading.Event(), threading.Event()
+
+    def restart() -> None:
+        own_etcd._terminate()  # SIGTERM by PID; data and ports kept
+        down.set()
+        time.sleep(1.0)
+        own_etcd.start()
+        back.set()
+
+    chaos = threading.Thread(target=restart)
+    during, after_back = 0, 0
+    while len(keys) < 300 or not back.is_set() or len(keys) < after_back + 50:
+        if len(keys) == 95:  # a few writes land in the open segment, then a roll needs etcd
+            chaos.start()
+            down.wait(30)
+        keys.append(f"k{len(keys)}")
+        if down.is_set() and not back.is_set():
+            during += 1  # issued while etcd is down
+        _write(history, w, keys[-1], failures)
+        if not back.is_set():
+            after_back = len(keys)
+        time.sleep(0.002)
+    chaos.join(60)
+    assert during > 0, "no write was issued while etcd was down"
+    # The outage is shorter than meta.timeout_ms: calls retried through it; anything that failed
+    # failed clearly (a call that may have reached etcd is not resent blindly).
+    assert all(isinstance(e, StorageUnavailableError) for e in failures), failures
+    assert w.metrics["segments_rolled"] >= len(keys) // 10 - 1
+    w.close()
+    _judge(client, log, history, keys)
+    client.close()
+
+
+def test_etcd_frozen_writes_fail_after_deadline_and_resume(tmp_path, own_etcd, etcd_prefix):
+    client = _connect(tmp_path, own_etcd, etcd_prefix, **{"meta.timeout_ms": 500})
+    log = client.open_log("frozen", create=True)
+    w = log.open_writer(idempotent=True, window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
+    history, failures = History(), []
+    keys = [f"k{i}" for i in range(60)]
+    for key in keys[:25]:
+        _write(history, w, key, failures)
+    assert not failures
+    own_etcd.freeze()
+    frozen_errors: list[tuple[float, BaseException]] = []
+    try:
+        # Writes within the open segment go on; the next roll needs etcd and fails clearly.
+        i = 25
+        until = time.monotonic() + 2.0
+        while time.monotonic() < until:
+            key = keys[i]
+            started = time.monotonic()
+            try:
+                result = w.write(b"payload-" + key.encode(), idempotency_id=key)
+            except WoodpeckerError as exc:
+                history.failed(explicit_key(key), exc)
+                frozen_errors.append((time.monotonic() - started, exc))
+                continue
+            history.ok(explicit_key(key), result)
+            i += 1
+    finally:
+        own_etcd.thaw()
+    assert frozen_errors, "no write needed etcd while it was frozen"
+    took, first = frozen_errors[0]
+    assert isinstance(first, StorageUnavailableError) and first.retriable
+    assert own_etcd.endpoint in str(first) and "meta.timeout_ms" in str(first)
+    assert 0.4 <= took < 3.0, took
+    assert all(isinstance(e, StorageUnavailableError) for _, e in frozen_errors)
+    # Thawed: the same writer goes on by itself (the failed key is resent like any other).
+    for key in keys[i:]:
+        _write(history, w, key, failures)
+    w.close()
+    _judge(client, log, history, keys)
+    client.close()
