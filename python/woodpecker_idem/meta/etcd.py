@@ -267,7 +267,11 @@ class EtcdMetadataStore(MetadataStore):
     def _replace_lease(self, log_id: int, epoch: int, ttl: int) -> None:
         """The keeper found the writer's lease expired (etcd was away): attach a new one, if the
         writer still holds the epoch."""
-        meta = self.get_log_by_id(log_id)
+        try:
+            meta = self.get_log_by_id(log_id)
+        except LogNotFoundError:
+            self._leases.release(log_id)
+            return
         lease = self._leases.grant(ttl)
         key = self._k("writers", log_id)
         out = self._txn(

@@ -201,12 +201,14 @@ class LeaseKeeper:
     A lease only shows that a writer is alive (DESIGN.md section 3): losing one fences nothing. So
     the thread never gives up: errors are counted and logged, and it retries with backoff until
     `close()`. A lease that expired while etcd was away is handed to `on_expired` to replace.
+    Leases no longer needed are revoked by the thread too, off the writer's take-over path.
     """
 
     def __init__(self, gateway: EtcdGateway, on_expired: Callable[[int, int, int], None]):
         self._gw = gateway
         self._on_expired = on_expired
         self._leases: dict[int, tuple[int, int, int]] = {}  # log_id -> (epoch, lease id, ttl s)
+        self._stale: list[int] = []  # lease ids to revoke
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -225,11 +227,11 @@ class LeaseKeeper:
                 drop = None if old is None else old[1]
             else:
                 drop = lease_id  # a newer writer of this log already holds one here
+            if drop is not None:
+                self._stale.append(drop)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="etcd-lease", daemon=True)
                 self._thread.start()
-        if drop is not None:
-            self.revoke(drop)
 
     def release(self, log_id: int, epoch: int | None = None) -> None:
         """Stop keeping the log's lease (of `epoch`, if given) and revoke it."""
@@ -238,7 +240,7 @@ class LeaseKeeper:
             if held is None or (epoch is not None and held[0] != epoch):
                 return
             del self._leases[log_id]
-        self.revoke(held[1])
+            self._stale.append(held[1])
 
     def revoke(self, lease_id: int) -> None:
         try:
@@ -251,6 +253,9 @@ class LeaseKeeper:
         while not self._stop.is_set():
             with self._lock:
                 held = dict(self._leases)
+                stale, self._stale = self._stale, []
+            for lease_id in stale:
+                self.revoke(lease_id)
             try:
                 for log_id, (epoch, lease_id, ttl_s) in held.items():
                     out = self._gw.call(
@@ -274,8 +279,9 @@ class LeaseKeeper:
         """Stop the thread and revoke the leases still held (best effort)."""
         self._stop.set()
         with self._lock:
-            leases = [lease for _, lease, _ in self._leases.values()]
+            leases = [lease for _, lease, _ in self._leases.values()] + self._stale
             self._leases.clear()
+            self._stale = []
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(self._gw.timeout_s + 1)
