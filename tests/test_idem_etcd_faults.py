@@ -162,3 +162,42 @@ def test_etcd_frozen_writes_fail_after_deadline_and_resume(tmp_path, own_etcd, e
     w.close()
     _judge(client, log, history, keys)
     client.close()
+
+
+@pytest.mark.parametrize("meta_config", ["sqlite", "etcd"], indirect=True)
+def test_a_roll_whose_create_answer_was_lost_leaves_no_segment_open(tmp_path, meta_config):
+    """A create_segment that etcd applied but whose answer never came back (a timeout after the
+    request went out): the writer must adopt that segment on its next roll, not leave it ACTIVE
+    behind a newer one, where readers would wait for good."""
+    client = wp.connect(tmp_path, {**meta_config, "segment.max_entries": 5})
+    log = client.open_log("lost-answer", create=True)
+    w = log.open_writer(idempotent=True, window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
+    meta = client.meta
+    real_create = meta.create_segment
+    lost: list[int] = []
+
+    def create_segment(epoch, seg):
+        out = real_create(epoch, seg)
+        if not lost:
+            lost.append(seg.segment_id)
+            raise StorageUnavailableError("metadata answer lost (injected)")
+        return out
+
+    meta.create_segment = create_segment
+    history, failures = History(), []
+    keys = [f"k{i}" for i in range(17)]
+    try:
+        for key in keys:
+            _write(history, w, key, failures)
+    finally:
+        meta.create_segment = real_create
+    assert lost and len(failures) == 1, failures
+    w.close()
+    segments = meta.list_segments(log.log_id)
+    assert all(s.state is not SegmentState.ACTIVE for s in segments), segments
+    assert sorted(s.segment_id for s in segments) == list(range(len(segments)))
+    entries = list(log.open_reader())  # without a takeover first: what readers see after close()
+    verdict = history.check(entries, WINDOW_S * 1000, MAX_KEYS)
+    assert verdict.ok, verdict.summary()
+    assert verdict.keyed_entries == len(keys)
+    client.close()
