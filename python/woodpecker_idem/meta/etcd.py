@@ -93,7 +93,8 @@ class EtcdMetadataStore(MetadataStore):
     # --- plumbing -------------------------------------------------------------------------------
 
     def _k(self, *parts: object) -> str:
-        return "/".join((self._prefix, *(f"{p:020d}" if isinstance(p, int) else p for p in parts)))
+        names = [f"{p:020d}" if isinstance(p, int) else str(p) for p in parts]
+        return "/".join([self._prefix, *names])
 
     def _txn(self, op: str, compare: list[KV], success: list[KV], failure: list[KV]) -> KV:
         body = {"compare": compare, "success": success, "failure": failure}

@@ -12,8 +12,6 @@ from ..errors import InvalidArgumentError, InvalidTypeError, WriterFencedError
 from ..types import LogMessageId, SegmentState
 from .base import LogGroupMeta, LogMeta, NodeInfo, SegmentMeta
 
-_STATES = tuple(SegmentState)  # proto enum numbers are the order of the life cycle
-
 
 def check_name(what: str, name: object) -> str:
     if not isinstance(name, str):
@@ -95,7 +93,7 @@ def encode_segment(s: SegmentMeta) -> bytes:
     return pb.SegmentRecord(
         log_id=s.log_id,
         segment_id=s.segment_id,
-        state=_STATES.index(SegmentState(state_value(s.state))),
+        state=pb.SegmentStateProto.Value(state_value(s.state)),
         nodes=list(s.nodes),
         es=s.es,
         wq=s.wq,
@@ -112,7 +110,7 @@ def decode_segment(data: bytes, revision: int) -> SegmentMeta:
     return SegmentMeta(
         log_id=r.log_id,
         segment_id=r.segment_id,
-        state=_STATES[r.state],
+        state=SegmentState(pb.SegmentStateProto.Name(r.state)),
         nodes=tuple(r.nodes),
         es=r.es,
         wq=r.wq,
