@@ -196,3 +196,32 @@ def test_store_pickles_as_a_reopen(etcd_server, etcd_prefix):
     assert copy.get_log("a") == store.get_log("a")
     copy.close()
     store.close()
+
+
+def test_threads_share_connections(etcd_server, etcd_prefix):
+    """Short-lived threads (a writer's workers, Spark tasks) must not each keep a connection open:
+    one pool per endpoint serves them all."""
+    import threading
+
+    import psutil
+
+    store = _open(etcd_server, etcd_prefix)
+    store.create_log("a", NOW)
+    port = int(etcd_server.endpoint.rsplit(":", 1)[1])
+
+    def use() -> None:
+        store.get_log("a")
+
+    for _ in range(40):
+        t = threading.Thread(target=use)
+        t.start()
+        t.join()
+    proc = psutil.Process()
+    listing = getattr(proc, "net_connections", None) or proc.connections  # psutil < 6
+    conns = [
+        c
+        for c in listing(kind="tcp")
+        if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+    ]
+    assert len(conns) <= 4, len(conns)
+    store.close()

@@ -118,7 +118,9 @@ def _text(exc: BaseException | None) -> str:
 
 
 class EtcdGateway:
-    """Thread-safe calls to etcd's JSON gateway; each thread (and process) has its own sessions."""
+    """Thread-safe calls to etcd's JSON gateway. One connection pool (session) per endpoint and
+    process, shared by all threads; each thread has its own light client so that each call can
+    carry its own remaining time. A forked child opens new pools (sockets never cross a fork)."""
 
     def __init__(self, endpoints: Sequence[str], timeout_s: float):
         if isinstance(endpoints, str) or not endpoints:
@@ -129,7 +131,8 @@ class EtcdGateway:
         self._preferred = 0  # the endpoint that answered last
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._clients: list[tuple[int, Etcd3Client]] = []  # (pid, client) for close()
+        self._pid = os.getpid()
+        self._sessions: dict[int, requests.Session] = {}  # endpoint index -> this process's pool
         self.closed = False
 
     def _client(self, i: int) -> Etcd3Client:
@@ -140,10 +143,12 @@ class EtcdGateway:
             self._local.pid = pid
         client = clients.get(i)
         if client is None:
-            proto, host, port = self._parsed[i]
-            client = clients[i] = Etcd3Client(host, port, proto, api_path="/v3/")
             with self._lock:
-                self._clients.append((pid, client))
+                if self._pid != pid:  # the parent's pools are the parent's: leave them alone
+                    self._sessions, self._pid = {}, pid
+                session = self._sessions.setdefault(i, requests.Session())
+            proto, host, port = self._parsed[i]
+            client = clients[i] = Etcd3Client(host, port, proto, api_path="/v3/", session=session)
         return client
 
     def call(self, op: str, path: str, body: KV, *, write: bool) -> KV:
@@ -188,11 +193,10 @@ class EtcdGateway:
     def close(self) -> None:
         with self._lock:
             self.closed = True
-            pid = os.getpid()
-            mine = [c for p, c in self._clients if p == pid]
-            self._clients = []
-        for client in mine:
-            client.session.close()
+            mine = list(self._sessions.values()) if self._pid == os.getpid() else []
+            self._sessions = {}
+        for session in mine:
+            session.close()
 
 
 class LeaseKeeper:
