@@ -237,6 +237,9 @@ def test_with_overrides() -> None:
         ("meta.type", "zookeeper", "sqlite, etcd"),
         ("meta.endpoints", "h1:2379", "list"),
         ("meta.endpoints", ["h1:2379", 5], "list"),
+        ("meta.endpoints", ["h1"], "host:port"),
+        ("meta.endpoints", ["h1:2379", "ftp://h2:2379"], "host:port"),
+        ("meta.timeout_ms", 0, "1..600000"),
         ("meta.prefix", "woodpecker", "'/'"),
     ],
 )

@@ -139,6 +139,14 @@ def _check_url(value: str | None) -> None:
         raise _Invalid("an http:// or https:// URL, or null")
 
 
+_ENDPOINT_RE = re.compile(r"^(https?://)?(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+):\d{1,5}/?$")
+
+
+def _check_endpoints(value: tuple[str, ...]) -> None:
+    if not all(_ENDPOINT_RE.match(v) for v in value):
+        raise _Invalid("a list of host:port or http(s)://host:port")
+
+
 def _nonempty_optional(value: str | None) -> None:
     if value is not None and not value:
         raise _Invalid("a non-empty string or null")
@@ -193,7 +201,13 @@ KEYS: tuple[Key, ...] = (
     _opt("objectstore.region", "S3 region; null: the SDK default"),
     Key("meta.type", "choice", "sqlite", "metadata backend", choices=("sqlite", "etcd")),
     _opt("meta.path", "SQLite file; null: <data_dir>/meta.sqlite"),
-    Key("meta.endpoints", "str_list", (), "etcd endpoints (host:port)"),
+    Key(
+        "meta.endpoints",
+        "str_list",
+        (),
+        "etcd endpoints (host:port or http(s)://host:port)",
+        check=_check_endpoints,
+    ),
     Key("meta.prefix", "str", "/woodpecker", "etcd key prefix", check=_check_prefix),
     _int("meta.timeout_ms", 5_000, 1, 600_000, "etcd: deadline of every metadata call"),
 )
@@ -318,6 +332,8 @@ def _normalise(key: Key, value: object) -> Any:
             raise _Invalid(key.allowed())
         if not all(isinstance(v, str) and v for v in value):
             raise _Invalid("a list of non-empty strings")
+        if key.check is not None:
+            key.check(tuple(value))
         return tuple(value)
     raise AssertionError(f"unknown kind {kind}")  # pragma: no cover
 
