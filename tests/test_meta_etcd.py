@@ -121,10 +121,15 @@ def test_second_endpoint_serves_when_the_first_is_dead(etcd_server, etcd_prefix)
     store.close()
 
 
-def test_bad_endpoints_are_refused():
-    for endpoints in (["nohost"], ["h:port"], ["ftp://h:1"], "h:2379"):
+def test_bad_arguments_are_refused():
+    for endpoints in (["nohost"], ["h:port"], ["ftp://h:1"], "h:2379", []):
         with pytest.raises(InvalidArgumentError):
             EtcdMetadataStore(endpoints)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="prefix"):
+        EtcdMetadataStore(["h:1"], "woodpecker")
+    for timeout in (0, -5, True, 1.5):
+        with pytest.raises(InvalidArgumentError, match="timeout_ms"):
+            EtcdMetadataStore(["h:1"], timeout_ms=timeout)  # type: ignore[arg-type]
 
 
 def test_store_id_is_created_once_per_prefix(etcd_server, etcd_prefix):

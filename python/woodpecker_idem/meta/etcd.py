@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 from ..errors import (
+    InvalidArgumentError,
     LogExistsError,
     LogGroupSizeMismatchError,
     LogNotFoundError,
@@ -71,12 +72,20 @@ class EtcdMetadataStore(MetadataStore):
         *,
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
     ):
+        if not isinstance(prefix, str) or not prefix.startswith("/"):
+            raise InvalidArgumentError(f"etcd key prefix must start with '/', got {prefix!r}")
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 1:
+            raise InvalidArgumentError(f"timeout_ms must be an int >= 1, got {timeout_ms!r}")
         self._endpoints = tuple(endpoints)
         self._prefix = prefix.rstrip("/")
         self._timeout_ms = timeout_ms
         self._gw = EtcdGateway(self._endpoints, timeout_ms / 1000)
         self._leases = LeaseKeeper(self._gw, self._replace_lease)
-        self._store_id = self._identity()
+        try:
+            self._store_id = self._identity()  # also the first contact: unreachable fails here
+        except BaseException:
+            self._gw.close()
+            raise
 
     def __reduce__(self) -> tuple[object, ...]:
         """Pickles as (endpoints, prefix, timeout): the receiving process opens its own sessions."""
