@@ -75,16 +75,33 @@ def etcd_prefix() -> str:
 @pytest.fixture(params=["sqlite"])
 def meta_config(request: pytest.FixtureRequest) -> dict[str, object]:
     """Config keys selecting the metadata backend: SQLite (the default, no keys) unless a test
-    asks for more with `@pytest.mark.parametrize("meta_config", ["sqlite", "etcd"], indirect=True)`;
-    etcd runs on the session server under a prefix of the test's own."""
+    asks for more with `@pytest.mark.parametrize("meta_config", [...], indirect=True)`: "etcd"
+    (the session server, under a prefix of the test's own) or "etcd+s3" (the shared deployment:
+    etcd, and objects in a fresh bucket of the session's moto S3 server)."""
     if request.param == "sqlite":
         return {}
     server = request.getfixturevalue("etcd_server")
-    return {
+    cfg: dict[str, object] = {
         "meta.type": "etcd",
         "meta.endpoints": [server.endpoint],
         "meta.prefix": request.getfixturevalue("etcd_prefix"),
     }
+    if request.param == "etcd+s3":
+        import boto3
+
+        s3 = request.getfixturevalue("s3_server")
+        monkeypatch = request.getfixturevalue("monkeypatch")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_TEST_ACCESS_KEY)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_TEST_SECRET_KEY)
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        bucket = f"wp-test-{uuid.uuid4().hex[:16]}"
+        boto3.client("s3", endpoint_url=s3.endpoint_url).create_bucket(Bucket=bucket)
+        cfg |= {
+            "objectstore.type": "s3",
+            "objectstore.endpoint_url": s3.endpoint_url,
+            "objectstore.bucket": bucket,
+        }
+    return cfg
 
 
 # --- the log client (tests/test_log_*.py) --------------------------------------------------------
