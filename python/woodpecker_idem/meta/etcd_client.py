@@ -112,6 +112,10 @@ def _never_sent(exc: BaseException) -> bool:
     return False
 
 
+class EtcdUnreachableError(StorageUnavailableError):
+    """No endpoint answered within the deadline (as opposed to etcd answering with an error)."""
+
+
 def _text(exc: BaseException | None) -> str:
     detail = getattr(exc, "detail_text", None)
     return str(detail or exc or "no attempt").strip()[:300]
@@ -182,7 +186,7 @@ class EtcdGateway:
                 break
             if tried % len(self.endpoints) == 0 and not backoff.wait():
                 break
-        raise StorageUnavailableError(
+        raise EtcdUnreachableError(
             f"etcd at {self._where()} did not answer {op} within {self.timeout_s * 1000:.0f} ms "
             f"(meta.timeout_ms): {_text(last)}"
         ) from last
@@ -246,11 +250,14 @@ class LeaseKeeper:
             del self._leases[log_id]
             self._stale.append(held[1])
 
-    def revoke(self, lease_id: int) -> None:
+    def revoke(self, lease_id: int) -> bool:
+        """Best effort: an unrevoked lease expires by itself. False if etcd did not answer."""
         try:
             self._gw.call("lease revoke", "kv/lease/revoke", {"ID": lease_id}, write=True)
-        except WoodpeckerError as exc:  # it expires by itself
+        except WoodpeckerError as exc:
             log.debug("etcd lease %x not revoked: %s", lease_id, exc)
+            return not isinstance(exc, EtcdUnreachableError)
+        return True
 
     def _run(self) -> None:
         backoff = Backoff(initial_s=0.1, max_s=2.0, stop=self._stop)
@@ -290,4 +297,5 @@ class LeaseKeeper:
         if thread is not None and thread is not threading.current_thread():
             thread.join(self._gw.timeout_s + 1)
         for lease_id in leases:
-            self.revoke(lease_id)
+            if not self.revoke(lease_id):
+                break  # etcd is away: one deadline is enough, the rest expire by themselves
