@@ -14,9 +14,9 @@ from s3server import free_port
 
 import woodpecker_idem as wp
 from woodpecker_idem.errors import (
+    ClientClosedError,
     InvalidArgumentError,
     StorageUnavailableError,
-    WoodpeckerError,
     WriterFencedError,
 )
 from woodpecker_idem.meta import open_metadata_store
@@ -189,8 +189,9 @@ def test_lease_keeper_survives_an_outage_and_replaces_an_expired_lease(own_etcd,
 def test_closed_store_refuses_calls(etcd_server, etcd_prefix):
     store = _open(etcd_server, etcd_prefix)
     store.close()
-    with pytest.raises(WoodpeckerError, match="closed"):
+    with pytest.raises(ClientClosedError, match="closed") as info:
         store.list_logs()
+    assert not info.value.retriable
 
 
 def test_store_pickles_as_a_reopen(etcd_server, etcd_prefix):

@@ -25,7 +25,12 @@ import urllib3
 from etcd3gw import exceptions as gwerr
 from etcd3gw.client import Etcd3Client
 
-from ..errors import InvalidArgumentError, StorageUnavailableError, WoodpeckerError
+from ..errors import (
+    ClientClosedError,
+    InvalidArgumentError,
+    StorageUnavailableError,
+    WoodpeckerError,
+)
 from ..retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -165,7 +170,9 @@ class EtcdGateway:
         last: BaseException | None = None
         while True:
             if self.closed:
-                raise WoodpeckerError(f"etcd metadata store at {self._where()} is closed")
+                raise ClientClosedError(
+                    f"client is closed: etcd metadata store at {self._where()} is closed"
+                )
             client = self._client(i)
             client.timeout = max(0.001, deadline - time.monotonic())
             try:

@@ -93,7 +93,7 @@ def encode_segment(s: SegmentMeta) -> bytes:
     return pb.SegmentRecord(
         log_id=s.log_id,
         segment_id=s.segment_id,
-        state=pb.SegmentStateProto.Value(state_value(s.state)),
+        state=state_value(s.state),  # the enum by name
         nodes=list(s.nodes),
         es=s.es,
         wq=s.wq,
