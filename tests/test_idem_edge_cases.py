@@ -417,7 +417,7 @@ def test_case7_failed_snapshots_crash_recovers_from_older_snapshot(env_factory):
     env.check(WINDOW_MS, MAX_KEYS)
 
 
-@ALSO_ON_ETCD
+@pytest.mark.parametrize("meta_config", ["sqlite", "etcd"], indirect=True)  # ~9 s each
 def test_case7_metadata_outage_does_not_stop_snapshots(env_factory):
     """The snapshot task asks the metadata store whether it still owns the log; while that store
     is unreachable its attempts fail (logged, counted, retried) and the task keeps running."""
