@@ -55,6 +55,7 @@ def test_defaults_match_the_design_table() -> None:
         "meta.path": None,
         "meta.endpoints": [],
         "meta.prefix": "/woodpecker",
+        "meta.timeout_ms": 5000,
     }
     assert cfg.to_dict() == expected
     assert cfg.append.linger_ms == 2 and cfg.get("append.linger_ms") == 2
@@ -69,9 +70,7 @@ def test_every_key_is_documented() -> None:
         assert f"`{key.name}`" in table
         assert key.meaning and key.allowed()
         assert key.name.split(".")[0] in SECTIONS
-        # The default passes its own validation (except the derived quorum.es).
-        if key.default is not None or key.kind == "optional_str":
-            Config.from_dict({key.name: key.default})
+        Config.from_dict({key.name: key.default})  # the default passes its own validation
 
 
 def test_config_is_frozen_and_hashable() -> None:
@@ -96,7 +95,7 @@ def test_config_pickles() -> None:
         {"meta": {"type": "etcd", "endpoints": ["h:2379"]}, "append.linger_ms": 0}
     )
     again = pickle.loads(pickle.dumps(cfg))
-    assert again == cfg and again.quorum.es == 3 and not again.is_set("quorum.es")
+    assert again == cfg and again.meta.type == "etcd" and not again.is_set("quorum.es")
     assert copy.deepcopy(cfg) == cfg
 
 
@@ -238,6 +237,9 @@ def test_with_overrides() -> None:
         ("meta.type", "zookeeper", "sqlite, etcd"),
         ("meta.endpoints", "h1:2379", "list"),
         ("meta.endpoints", ["h1:2379", 5], "list"),
+        ("meta.endpoints", ["h1"], "host:port"),
+        ("meta.endpoints", ["h1:2379", "ftp://h2:2379"], "host:port"),
+        ("meta.timeout_ms", 0, "1..600000"),
         ("meta.prefix", "woodpecker", "'/'"),
     ],
 )
@@ -316,22 +318,16 @@ def test_fsync_policy() -> None:
     assert parse_fsync(cfg.storage.fsync) == FsyncPolicy("batch", 5)
 
 
-def test_es_default_resolution() -> None:
+def test_es_default_is_one_with_either_metadata_backend() -> None:
+    """Shared mode (etcd + S3) runs one in-process LogStore per client, as embedded mode does:
+    es=3 needs LogStore processes (service mode), so etcd alone does not change the default."""
     assert Config().quorum.es == 1
     etcd = Config.from_dict({"meta": {"type": "etcd", "endpoints": ["h:2379"]}})
-    assert etcd.quorum.es == 3 and etcd.quorum.wq == 3 and etcd.quorum.aq == 2
-    assert not etcd.is_set("quorum.es")
-    # Explicit wins over the derived default, both ways.
-    assert etcd.with_overrides(quorum__es=1).quorum.es == 1
+    assert etcd.quorum.es == 1 and etcd.quorum.aq == 1 and not etcd.is_set("quorum.es")
+    assert etcd.with_overrides(quorum__es=3).quorum.aq == 2
     assert Config.from_dict({"quorum.es": 5}).quorum.aq == 3
-    # Re-derived when meta.type changes later, unless es was set explicitly.
-    back = etcd.with_overrides(meta__type="sqlite")
-    assert back.quorum.es == 1
-    pinned = Config.from_dict({"quorum.es": 5}).with_overrides(
-        meta={"type": "etcd", "endpoints": ["h:2379"]}
-    )
-    assert pinned.quorum.es == 5
-    assert Config.from_dict({"quorum.es": None}).quorum.es == 1
+    with pytest.raises(ConfigError, match="quorum.es"):
+        Config.from_dict({"quorum.es": None})
 
 
 def test_yaml_file(tmp_path: Path) -> None:

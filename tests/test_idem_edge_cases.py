@@ -95,12 +95,19 @@ class Env:
         self.client.close()
 
 
+# Representative cases also run with meta.type etcd (a real etcd server, tests/etcdserver.py),
+# with local objects and in the shared deployment (etcd and the moto S3 server).
+ALSO_ON_ETCD = pytest.mark.parametrize(
+    "meta_config", ["sqlite", "etcd", pytest.param("etcd+s3", marks=pytest.mark.s3)], indirect=True
+)
+
+
 @pytest.fixture
-def env_factory(tmp_path: Path):
+def env_factory(tmp_path: Path, meta_config: dict[str, object]):
     made: list[Env] = []
 
     def make(es: int = 1, sub: str = "d", **cfg: object) -> Env:
-        e = Env(tmp_path / sub, es, **cfg)
+        e = Env(tmp_path / sub, es, **meta_config, **cfg)
         made.append(e)
         return e
 
@@ -130,6 +137,7 @@ MAX_KEYS = 10_000
 # --- seed edge cases -------------------------------------------------------------------------
 
 
+@ALSO_ON_ETCD
 def test_case1_crash_between_write_and_snapshot(env_factory):
     env = env_factory()
     w = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
@@ -156,6 +164,7 @@ def test_case1_crash_between_write_and_snapshot(env_factory):
     assert v.keyed_entries == 70
 
 
+@ALSO_ON_ETCD
 def test_case2_fake_failure_ack_lost(env_factory):
     # es=3, aq=2; every node applies the entry but its first ack is lost, and replies are slow, so
     # the caller's write times out while the entry is already on every node.
@@ -215,6 +224,7 @@ def _crash_with_x_in_flight(env: Env, nodes_with_x: tuple[str, ...]):
     return a, faults_a, acked, x_id, x_future
 
 
+@ALSO_ON_ETCD
 def test_case3_failover_inflight_committed(env_factory):
     env = env_factory(es=3, **{"append.timeout_ms": 5000})
     a, faults_a, acked, x_id, _ = _crash_with_x_in_flight(env, ("node-0", "node-1", "node-2"))
@@ -235,6 +245,7 @@ def test_case3_failover_inflight_committed(env_factory):
     env.check(WINDOW_MS, MAX_KEYS, msgs)
 
 
+@ALSO_ON_ETCD
 def test_case3_failover_inflight_not_committed(env_factory):
     env = env_factory(es=3, **{"append.timeout_ms": 5000})
     a, faults_a, acked, x_id, _ = _crash_with_x_in_flight(env, ("node-0",))
@@ -281,6 +292,7 @@ def test_case4_segment_completed_since_snapshot(env_factory):
     env.check(WINDOW_MS, MAX_KEYS)
 
 
+@ALSO_ON_ETCD
 def test_case5_segment_truncated(env_factory):
     env = env_factory(**{"segment.max_entries": 20})
     w = env.writer(window_duration_s=10, window_max_keys=MAX_KEYS)
@@ -311,6 +323,7 @@ def test_case5_segment_truncated(env_factory):
     env.check(10_000, MAX_KEYS)
 
 
+@ALSO_ON_ETCD
 def test_case6_new_segment_rolled_after_snapshot(env_factory):
     env = env_factory(**{"segment.max_entries": 10})
     w = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
@@ -404,6 +417,7 @@ def test_case7_failed_snapshots_crash_recovers_from_older_snapshot(env_factory):
     env.check(WINDOW_MS, MAX_KEYS)
 
 
+@pytest.mark.parametrize("meta_config", ["sqlite", "etcd"], indirect=True)  # ~9 s each
 def test_case7_metadata_outage_does_not_stop_snapshots(env_factory):
     """The snapshot task asks the metadata store whether it still owns the log; while that store
     is unreachable its attempts fail (logged, counted, retried) and the task keeps running."""
@@ -525,6 +539,7 @@ def test_pending_keys_of_completed_segment(env_factory):
 # --- concurrency, key domains, snapshots --------------------------------------------------------
 
 
+@ALSO_ON_ETCD
 def test_concurrent_writes_of_one_key(env_factory):
     env = env_factory(**{"append.linger_ms": 5})
     w = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
@@ -575,6 +590,7 @@ def _snapshots(env: Env) -> list[str]:
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "empty"])
+@ALSO_ON_ETCD
 def test_corrupt_newest_snapshot_falls_back(env_factory, damage):
     env = env_factory()
     w = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)

@@ -42,11 +42,17 @@ NOW = 1_700_000_000_000
 Opener = Callable[[], MetadataStore]
 
 
-@pytest.fixture(params=["sqlite"])
+@pytest.fixture(params=["sqlite", "etcd"])
 def meta_opener(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
     """A picklable callable opening a new handle on one shared store (per backend)."""
     if request.param == "sqlite":
         return functools.partial(open_metadata_store, "sqlite", path=str(tmp_path / "meta.sqlite"))
+    if request.param == "etcd":
+        server = request.getfixturevalue("etcd_server")
+        prefix = request.getfixturevalue("etcd_prefix")
+        return functools.partial(
+            open_metadata_store, "etcd", endpoints=[server.endpoint], prefix=prefix
+        )
     raise AssertionError(f"unknown backend {request.param}")  # pragma: no cover
 
 
@@ -408,8 +414,8 @@ def test_state_survives_reopen(meta_store: MetadataStore, meta_opener: Opener) -
 
 
 def test_open_metadata_store_errors(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="not yet available"):
-        open_metadata_store("etcd", endpoints=["localhost:2379"])
+    with pytest.raises(ConfigError, match="meta.endpoints"):
+        open_metadata_store("etcd", endpoints=[])
     with pytest.raises(ConfigError, match="sqlite, etcd"):
         open_metadata_store("zookeeper")
     with pytest.raises(ConfigError, match="meta.path"):

@@ -100,8 +100,6 @@ class Key:
         return "a string"
 
     def default_text(self) -> str:
-        if self.name == "quorum.es":
-            return "1 (3 when meta.type is etcd)"
         if self.kind == "str_list":
             return "[]"
         if self.kind == "size" and isinstance(self.default, int):
@@ -141,6 +139,14 @@ def _check_url(value: str | None) -> None:
         raise _Invalid("an http:// or https:// URL, or null")
 
 
+_ENDPOINT_RE = re.compile(r"^(https?://)?(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+):\d{1,5}/?$")
+
+
+def _check_endpoints(value: tuple[str, ...]) -> None:
+    if not all(_ENDPOINT_RE.match(v) for v in value):
+        raise _Invalid("a list of host:port or http(s)://host:port")
+
+
 def _nonempty_optional(value: str | None) -> None:
     if value is not None and not value:
         raise _Invalid("a non-empty string or null")
@@ -168,7 +174,7 @@ def _opt(name: str, meaning: str, check: Callable[[Any], None] = _nonempty_optio
 
 # The single source of truth. Sections are the part before the dot.
 KEYS: tuple[Key, ...] = (
-    Key("quorum.es", "int", None, "ensemble size; wq = es, aq = es // 2 + 1", choices=(1, 3, 5)),
+    Key("quorum.es", "int", 1, "ensemble size; wq = es, aq = es // 2 + 1", choices=(1, 3, 5)),
     _int("append.max_batch_entries", 1000, 1, 100_000, "most entries in one AddEntries batch"),
     _size("append.max_batch_bytes", 2 * MiB, KiB, 64 * MiB, "most bytes in one AddEntries batch"),
     _int("append.linger_ms", 2, 0, 1000, "how long a batch waits for more entries"),
@@ -195,8 +201,15 @@ KEYS: tuple[Key, ...] = (
     _opt("objectstore.region", "S3 region; null: the SDK default"),
     Key("meta.type", "choice", "sqlite", "metadata backend", choices=("sqlite", "etcd")),
     _opt("meta.path", "SQLite file; null: <data_dir>/meta.sqlite"),
-    Key("meta.endpoints", "str_list", (), "etcd endpoints (host:port)"),
+    Key(
+        "meta.endpoints",
+        "str_list",
+        (),
+        "etcd endpoints (host:port or http(s)://host:port)",
+        check=_check_endpoints,
+    ),
     Key("meta.prefix", "str", "/woodpecker", "etcd key prefix", check=_check_prefix),
+    _int("meta.timeout_ms", 5_000, 1, 600_000, "etcd: deadline of every metadata call"),
 )
 
 _BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
@@ -280,8 +293,6 @@ def _check_range(key: Key, v: float) -> None:
 def _normalise(key: Key, value: object) -> Any:
     kind = key.kind
     if kind == "int":
-        if value is None and key.name == "quorum.es":
-            return None  # not set: resolved from meta.type
         if isinstance(value, bool) or not isinstance(value, int):
             raise _Invalid(key.allowed())
         if key.choices and value not in key.choices:
@@ -330,6 +341,8 @@ def _normalise(key: Key, value: object) -> Any:
             raise _Invalid(key.allowed())
         if not all(isinstance(v, str) and v for v in value):
             raise _Invalid("a list of non-empty strings")
+        if key.check is not None:
+            key.check(tuple(value))
         return tuple(value)
     raise AssertionError(f"unknown kind {kind}")  # pragma: no cover
 
@@ -426,8 +439,7 @@ class Section:
 class Config:
     """Frozen, validated configuration. Build with `load_config` or `Config.from_dict`.
 
-    Keeps the explicitly set values apart from the defaults so that derived defaults (quorum.es
-    from meta.type) are re-derived by `with_overrides`.
+    Keeps the explicitly set values apart from the defaults (`is_set`, and what pickles).
     """
 
     __slots__ = ("_explicit", "_values")
@@ -443,8 +455,6 @@ class Config:
                 values[key.name] = _validate(key, explicit[key.name], _source)
             else:
                 values[key.name] = key.default
-        if values["quorum.es"] is None:
-            values["quorum.es"] = 3 if values["meta.type"] == "etcd" else 1
         _check_together(values)
         norm = {k: values[k] for k in explicit}
         object.__setattr__(self, "_explicit", MappingProxyType(norm))

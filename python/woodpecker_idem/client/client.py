@@ -207,7 +207,11 @@ def connect(
         objects = _object_store(cfg, root)
         meta_path = cfg.meta.path or str(root / "meta.sqlite")
         meta = open_metadata_store(
-            cfg.meta.type, path=meta_path, endpoints=cfg.meta.endpoints, prefix=cfg.meta.prefix
+            cfg.meta.type,
+            path=meta_path,
+            endpoints=cfg.meta.endpoints,
+            prefix=cfg.meta.prefix,
+            timeout_ms=cfg.meta.timeout_ms,
         )
     except OSError as exc:  # objectstore.path or meta.path unusable (a file, no permission)
         raise InvalidArgumentError(

@@ -210,7 +210,8 @@ class LogWriter:
 
     def _open_segment_locked(self) -> SegmentHandle:
         existing = self._meta.list_segments(self.log_id)
-        segment_id = (existing[-1].segment_id + 1) if existing else 0
+        last = existing[-1] if existing else None
+        segment_id = (last.segment_id + 1) if last else 0
         es = self._cfg.quorum.es
         aq = es // 2 + 1
         meta = SegmentMeta(
@@ -223,7 +224,15 @@ class LogWriter:
             aq=aq,
             created_ms=self._clock.now_ms(),
         )
-        meta = self._meta.create_segment(self.epoch, meta)
+        if last and last.state is SegmentState.ACTIVE and last.segment_id not in self._segments:
+            # An ACTIVE segment this writer has no handle for: its own create whose answer was
+            # lost (a metadata timeout). Only the current epoch can create one, so if this writer
+            # still holds it, the segment is its own, and empty: adopt it, or readers would wait
+            # at it for good. (A WriterFencedError is handled by the caller.)
+            self._meta.check_epoch(self.log_id, self.epoch)
+            meta, segment_id = last, last.segment_id
+        else:
+            meta = self._meta.create_segment(self.epoch, meta)
         handle = SegmentHandle(meta, time.monotonic())
         self._segments[segment_id] = handle
         self._current = handle

@@ -264,10 +264,8 @@ class IdempotentLogWriter(LogWriter):
         while start < n:
             try:
                 seg = self._writable_segment_locked()
-            except WriterFencedError as exc:  # a roll found the log taken over
-                resolved.extend(
-                    (batch.futures[i], WriterFencedError(str(exc))) for i in range(start, n)
-                )
+            except WoodpeckerError as exc:  # a roll failed (metadata unreachable, fenced): these
+                resolved.extend((f, exc) for f in batch.futures[start:])  # writes end with it
                 return
             if seg is None:  # repairing: duplicates are still answered, new writes fail fast
                 for i in range(start, n):

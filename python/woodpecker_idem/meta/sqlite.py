@@ -30,9 +30,9 @@ from ..errors import (
     MetadataConflictError,
     StorageReadOnlyError,
     StorageUnavailableError,
-    WriterFencedError,
 )
 from ..types import LogMessageId, SegmentState
+from . import records as rec
 from .base import LogGroupMeta, LogMeta, MetadataStore, NodeInfo, SegmentMeta
 
 log = logging.getLogger(__name__)
@@ -100,14 +100,6 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in text or "busy" in text
 
 
-def _check_name(what: str, name: object) -> str:
-    if not isinstance(name, str):
-        raise InvalidTypeError(f"{what} must be a str, got {type(name).__name__}")
-    if not name:
-        raise InvalidArgumentError(f"{what} must not be empty")
-    return name
-
-
 def _row_to_log(row: tuple[Any, ...]) -> LogMeta:
     trunc = None if row[6] is None else LogMessageId(row[6], row[7])
     return LogMeta(
@@ -126,7 +118,7 @@ def _row_to_log(row: tuple[Any, ...]) -> LogMeta:
 def _segment_fields(seg: SegmentMeta) -> tuple[Any, ...]:
     """The stored columns after (log_id, segment_id), in `_SEG_COLUMNS` order."""
     return (
-        _state_value(seg.state),
+        rec.state_value(seg.state),
         json.dumps(list(seg.nodes)),
         seg.es,
         seg.wq,
@@ -153,17 +145,6 @@ def _row_to_segment(row: tuple[Any, ...]) -> SegmentMeta:
         size_bytes=row[10],
         revision=row[11],
     )
-
-
-def _state_value(state: object) -> str:
-    """Accept the enum (or its exact value) and store the value, so rows always parse back."""
-    try:
-        return SegmentState(state).value
-    except ValueError:
-        allowed = ", ".join(s.value for s in SegmentState)
-        raise InvalidArgumentError(
-            f"segment state must be one of {allowed}, got {state!r}"
-        ) from None
 
 
 class SqliteMetadataStore(MetadataStore):
@@ -416,17 +397,13 @@ class SqliteMetadataStore(MetadataStore):
             raise LogNotFoundError(f"log id {log_id} does not exist")
         name, current = row
         if current != epoch:
-            raise WriterFencedError(
-                f"log {name!r} (id {log_id}): {op} by writer epoch {epoch} refused, "
-                f"current writer epoch is {current}"
-            )
+            raise rec.fenced(name, log_id, op, epoch, current)
 
     # --- logs ---------------------------------------------------------------------------------
 
     def create_log(self, name: str, now_ms: int, group: str = "") -> LogMeta:
-        _check_name("log name", name)
-        if not isinstance(group, str):
-            raise InvalidTypeError(f"group must be a str, got {type(group).__name__}")
+        rec.check_name("log name", name)
+        rec.check_group(group)
         with self._write("create_log") as conn:
             if conn.execute("SELECT 1 FROM logs WHERE name = ?", (name,)).fetchone():
                 raise LogExistsError(f"log {name!r} already exists")
@@ -499,10 +476,7 @@ class SqliteMetadataStore(MetadataStore):
             raise LogNotFoundError(f"log id {log_id} does not exist")
         name, current = rows[0]
         if current != epoch:
-            raise WriterFencedError(
-                f"log {name!r} (id {log_id}): writer epoch {epoch} is fenced, "
-                f"current writer epoch is {current}"
-            )
+            raise rec.fenced(name, log_id, "check_epoch", epoch, current)
 
     # --- segments -----------------------------------------------------------------------------
 
@@ -597,11 +571,8 @@ class SqliteMetadataStore(MetadataStore):
     # --- log groups ---------------------------------------------------------------------------
 
     def create_log_group(self, name: str, partitions: int, now_ms: int) -> LogGroupMeta:
-        _check_name("log group name", name)
-        if isinstance(partitions, bool) or not isinstance(partitions, int):
-            raise InvalidTypeError(f"partitions must be an int, got {type(partitions).__name__}")
-        if partitions < 1:
-            raise InvalidArgumentError(f"partitions must be >= 1, got {partitions}")
+        rec.check_name("log group name", name)
+        rec.check_partitions(partitions)
         with self._write("create_log_group") as conn:
             row = conn.execute(
                 "SELECT name, partitions, created_ms FROM log_groups WHERE name = ?", (name,)
@@ -630,7 +601,7 @@ class SqliteMetadataStore(MetadataStore):
     # --- node registry ------------------------------------------------------------------------
 
     def register_node(self, node: NodeInfo) -> None:
-        _check_name("node_id", node.node_id)
+        rec.check_name("node_id", node.node_id)
         labels = json.dumps(dict(node.labels), sort_keys=True)
         row = (node.node_id, node.address, node.registered_ms, labels)
         if self._read_only and row in self._read(
