@@ -18,6 +18,7 @@ import pytest
 from woodpecker_idem.errors import (
     InvalidArgumentError,
     InvalidTypeError,
+    StorageAccessError,
     StorageUnavailableError,
 )
 from woodpecker_idem.objectstore import LocalObjectStore, ObjectStore, open_object_store
@@ -42,6 +43,7 @@ def store_spec(store: ObjectStore) -> dict[str, Any]:
         "root": store.root,
         "access_key": "testing",
         "secret_key": "testing",
+        "create_bucket": True,
     }
 
 
@@ -432,6 +434,7 @@ def _fresh_s3(server: Any, **kw: Any) -> Any:
         bucket=f"wp-test-{uuid.uuid4().hex[:16]}",
         access_key="testing",
         secret_key="testing",
+        create_bucket=True,
         **kw,
     )
 
@@ -656,9 +659,11 @@ def test_s3_non_retriable_error_is_not_retried(s3_server: Any) -> None:
         raise _client_error("AccessDenied", 403)
 
     store, faulty = _faulty_store(s3_server, [denied] * 10)
-    with pytest.raises(StorageUnavailableError, match="AccessDenied"):
+    with pytest.raises(StorageAccessError, match="AccessDenied") as info:
         store.put("d/0", b"x")
     assert faulty.put_calls == 1
+    assert store.bucket in str(info.value) and "credentials" in str(info.value)
+    assert not info.value.retriable
 
 
 @pytest.mark.s3

@@ -14,12 +14,14 @@ import logging
 import os
 import sqlite3
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ..errors import (
+    ConfigError,
     InvalidArgumentError,
     InvalidTypeError,
     LogExistsError,
@@ -36,11 +38,15 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BUSY_TIMEOUT_MS = 10_000
 
-_SCHEMA_VERSION = 1
+# 2: the store has an identity (`store_identity`); objects live under it.
+_SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_info (
     version INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS store_identity (
+    store_id TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS logs (
     log_id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -301,13 +307,31 @@ class SqliteMetadataStore(MetadataStore):
                 row = conn.execute("SELECT version FROM schema_info").fetchone()
                 if row is None:
                     conn.execute("INSERT INTO schema_info(version) VALUES (?)", (_SCHEMA_VERSION,))
+                elif row[0] == 1 and not conn.execute("SELECT 1 FROM logs LIMIT 1").fetchone():
+                    conn.execute("UPDATE schema_info SET version = ?", (_SCHEMA_VERSION,))
+                elif row[0] == 1:
+                    raise ConfigError(
+                        f"SQLite metadata store {self._path} was created by an earlier version "
+                        "of woodpecker_idem: its logs' objects use the old key layout (without a "
+                        "store identity), which this version does not read. There is no "
+                        "migration; start with a new data directory (or meta.path)"
+                    )
                 elif row[0] != _SCHEMA_VERSION:
                     raise StorageUnavailableError(
                         f"SQLite metadata store {self._path} has schema version {row[0]}; "
                         f"this version of woodpecker_idem reads version {_SCHEMA_VERSION}"
                     )
+                ident = conn.execute("SELECT store_id FROM store_identity").fetchone()
+                if ident is None:
+                    ident = (str(uuid.uuid4()),)
+                    conn.execute("INSERT INTO store_identity(store_id) VALUES (?)", ident)
+                self._store_id: str = ident[0]
             except sqlite3.OperationalError as exc:
                 raise self._unavailable("schema", exc) from exc
+
+    def store_id(self) -> str:
+        """Read once at open (it never changes)."""
+        return self._store_id
 
     @staticmethod
     def _log_row(conn: sqlite3.Connection, log_id: int) -> tuple[Any, ...]:

@@ -38,5 +38,14 @@ class ObjectStore(ABC):
             self.delete(key)
         return len(keys)
 
+    @abstractmethod
+    def child(self, prefix: str) -> ObjectStore:
+        """A store for the keys under `prefix/`, sharing this store's connections (closing either
+        closes them). How one metadata store's objects are kept apart from another's."""
+
+    def probe(self) -> None:  # noqa: B027 - optional hook
+        """Check the store can be used (reachable, credentials, bucket), raising a clear error
+        within a short budget. A local directory was checked when it was opened."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the default has none."""
