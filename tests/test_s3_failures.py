@@ -165,10 +165,9 @@ def test_access_denied_at_probe_names_bucket_and_credentials(s3_server: Any) -> 
 
     def head_bucket(**kwargs: Any) -> None:
         calls.append(kwargs)  # what S3 answers a HEAD with a key that may not list the bucket
-        raise ClientError(
-            {"Error": {"Code": "403", "Message": "Forbidden"}, "ResponseMetadata": {"HTTPStatusCode": 403}},
-            "HeadBucket",
-        )
+        error = {"Code": "403", "Message": "Forbidden"}
+        reply = {"Error": error, "ResponseMetadata": {"HTTPStatusCode": 403}}
+        raise ClientError(reply, "HeadBucket")  # type: ignore[arg-type]
 
     store.client.head_bucket = head_bucket
     with pytest.raises(StorageAccessError) as info:

@@ -134,8 +134,9 @@ def test_data_dirs_with_different_roots_share_a_bucket_independently(
     for root, client in (("team-a", a), ("team-b", b)):
         mine = [k for k in keys if k.startswith(f"{root}/")]
         assert f"{root}/OWNER" in mine
-        assert all(k == f"{root}/OWNER" or k.startswith(f"{root}/{client.meta.store_id()}/")
-                   for k in mine)
+        assert all(
+            k == f"{root}/OWNER" or k.startswith(f"{root}/{client.meta.store_id()}/") for k in mine
+        )
     # deleting A's log leaves B's alone
     a.delete_log("orders")
     judge(b, "orders", history_b, sent_b)
