@@ -157,6 +157,27 @@ def _object_store(cfg: Config, data_dir: Path) -> ObjectStore:
     return store
 
 
+def _open_stores(cfg: Config, data_dir: Path) -> tuple[MetadataStore, ObjectStore]:
+    """Object storage first (probed before any metadata is written), then the metadata store, then
+    the owner marker: the objects returned live under the metadata store's identity, because its
+    log ids mean nothing to another store (`ObjectStoreOwnedError` if another owns the root)."""
+    base = _object_store(cfg, data_dir)
+    meta: MetadataStore | None = None
+    try:
+        meta = open_metadata_store(
+            cfg.meta.type,
+            path=cfg.meta.path or str(data_dir / "meta.sqlite"),
+            endpoints=cfg.meta.endpoints,
+            prefix=cfg.meta.prefix,
+        )
+        return meta, claim_root(base, meta.store_id(), repr(base), repr(meta))
+    except BaseException:
+        if meta is not None:
+            meta.close()
+        base.close()
+        raise
+
+
 def connect(
     data_dir: str | os.PathLike | None = None,
     config: Config | Mapping[str, Any] | str | os.PathLike | None = None,
@@ -176,22 +197,7 @@ def connect(
         )
     root = Path(data_dir if data_dir is not None else DEFAULT_DATA_DIR)
     root.mkdir(parents=True, exist_ok=True)
-    base = _object_store(cfg, root)
-    try:
-        meta_path = cfg.meta.path or str(root / "meta.sqlite")
-        meta = open_metadata_store(
-            cfg.meta.type, path=meta_path, endpoints=cfg.meta.endpoints, prefix=cfg.meta.prefix
-        )
-    except BaseException:
-        base.close()
-        raise
-    try:
-        # Objects live under the metadata store's identity: its log ids mean nothing elsewhere.
-        objects = claim_root(base, meta.store_id(), repr(base), repr(meta))
-    except BaseException:
-        meta.close()
-        base.close()
-        raise
+    meta, objects = _open_stores(cfg, root)
     if transport is None:
         es = cfg.quorum.es
         if es == 1:
