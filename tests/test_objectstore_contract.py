@@ -261,6 +261,27 @@ def test_delete_prefix(object_store: ObjectStore) -> None:
     assert object_store.get("log/7/1/0.blk") == b"again"
 
 
+def test_child_is_the_prefix_with_the_same_contract(object_store: ObjectStore) -> None:
+    """`child` (how connect() keeps each metadata store's objects apart) sees only its prefix."""
+    object_store.put("OWNER", b"marker")
+    object_store.put("other/1/0/0.blk", b"other store")
+    child = object_store.child("store-a")
+    assert child.list("") == []
+    assert child.put("1/0/0.blk", b"mine", if_none_match=True) is True
+    assert child.put("1/0/0.blk", b"theirs", if_none_match=True) is False
+    assert child.get("1/0/0.blk") == b"mine"
+    assert child.list("") == ["1/0/0.blk"]
+    assert object_store.get("store-a/1/0/0.blk") == b"mine"
+    nested = child.child("nodes/node-1")
+    nested.put("k", b"n")
+    assert object_store.list("store-a/") == ["store-a/1/0/0.blk", "store-a/nodes/node-1/k"]
+    assert child.delete_prefix("") == 2
+    assert object_store.list("") == ["OWNER", "other/1/0/0.blk"]
+    for bad in ("", "/abs", "a/../b"):
+        with pytest.raises(InvalidArgumentError):
+            object_store.child(bad)
+
+
 # --- local only ----------------------------------------------------------------------------------
 
 
