@@ -11,7 +11,8 @@ class ObjectStore(ABC):
     Keys are relative, "/"-separated, never start with "/" and never contain "..". `put` with
     `if_none_match=True` is the fencing primitive: exactly one of several concurrent creators wins.
     Transient failures are retried with backoff inside the backend; when retries run out the backend
-    raises `StorageUnavailableError`.
+    raises `StorageUnavailableError`. What no retry fixes (credentials, access, a missing bucket)
+    raises `StorageAccessError` at once.
     """
 
     @abstractmethod
