@@ -217,3 +217,64 @@ def test_a_data_dir_from_before_store_identities_is_refused(tmp_path: Path) -> N
         client.open_log("new", create=True).open_writer().close()
     finally:
         client.close()
+
+
+# --- one metadata store, several data directories ------------------------------------------------
+
+
+@pytest.mark.s3
+def test_takeover_by_another_data_dir_on_s3(
+    tmp_path: Path, s3_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Host A (its own data directory) writes with ids and is SIGKILLed; host B (another data
+    directory) takes over, recovers the window from what A left on S3 (snapshot, log), resends every
+    key: A's acknowledged keys come back as duplicates at A's ids, every key is in the log once.
+    The metadata store is one SQLite file named by meta.path, standing in for a shared etcd."""
+    from test_idem_sigkill import N, run_round
+
+    bucket = f"wp-takeover-{uuid.uuid4().hex[:12]}"
+    shared = {
+        "OBJECTSTORE_TYPE": "s3",
+        "OBJECTSTORE_ENDPOINT_URL": s3_server.endpoint_url,
+        "OBJECTSTORE_BUCKET": bucket,
+        "OBJECTSTORE_REGION": "us-east-1",
+        "OBJECTSTORE_CREATE_BUCKET": "true",
+        "OBJECTSTORE_ACCESS_KEY_ID": "testing",
+        "OBJECTSTORE_SECRET_ACCESS_KEY": "testing",
+        "META_PATH": str(tmp_path / "shared-meta.sqlite"),
+    }
+    for name, value in shared.items():  # the producers (tests/idemproc.py) read these
+        monkeypatch.setenv(f"WOODPECKER_{name}", value)
+
+    lines_a, killed = run_round(tmp_path / "host-a", kill_after=N // 3, timeout=120)
+    assert killed and lines_a
+    lines_b, killed_b = run_round(tmp_path / "host-b", kill_after=None, timeout=120)
+    assert not killed_b and len(lines_b) == N
+
+    history = History()
+    acked_by_a = {}
+    for host, lines in (("a", lines_a), ("b", lines_b)):
+        for line in lines:
+            key, seg, entry, dup = line.split()
+            mid = wp.LogMessageId(int(seg), int(entry))
+            history.ok(wp.explicit_key(key), wp.WriteResult(mid, dup == "1"))
+            if host == "a":
+                acked_by_a[key] = mid
+            elif key in acked_by_a:
+                assert (mid, dup) == (acked_by_a[key], "1"), (key, line)
+
+    client = wp.connect(tmp_path / "host-c")  # a third data directory reads it all
+    try:
+        messages = list(client.open_log("sigkill").open_reader("earliest"))
+        verdict = history.check(messages, 3600 * 1000, 100_000)
+        assert verdict.ok, verdict.summary()
+        assert len(messages) == N
+        assert {m.idempotency_key for m in messages} == {
+            wp.explicit_key(f"k-{i}") for i in range(N)
+        }
+        store_id = client.meta.store_id()
+    finally:
+        client.close()
+    keys = raw_keys(s3_server, bucket)
+    assert all(k == "woodpecker/OWNER" or k.startswith(f"woodpecker/{store_id}/") for k in keys)
+    assert any("/dedup_snapshot/" in k for k in keys)
