@@ -42,6 +42,15 @@ class ConfigError(WoodpeckerError, ValueError):
     code = "INVALID_CONFIG"
 
 
+class ClientClosedError(WoodpeckerError):
+    """The client was closed: no call through it, its logs, readers or writers can succeed.
+
+    Not retriable: open a new client with `connect()`.
+    """
+
+    code = "CLIENT_CLOSED"
+
+
 # --- logs and metadata -----------------------------------------------------------------------
 
 
@@ -149,6 +158,13 @@ class ObjectStoreOwnedError(WoodpeckerError):
     """
 
     code = "OBJECT_STORE_OWNED"
+
+
+class StorageReadOnlyError(StorageUnavailableError):
+    """The storage is read-only (a read-only data directory): reads work, writes cannot."""
+
+    code = "STORAGE_READ_ONLY"
+    retriable = False
 
 
 class CorruptEntryError(WoodpeckerError):

@@ -22,7 +22,9 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from .._core import encode_entry
+from ..args import timeout_arg, wait_for
 from ..errors import (
+    ClientClosedError,
     EntryConflictError,
     InvalidArgumentError,
     InvalidTypeError,
@@ -61,11 +63,20 @@ def coerce_message(
     """Validate a payload and its properties; bad input fails here, before anything is queued."""
     if type(message) is bytes and properties is None and len(message) <= max_bytes:
         return message, None  # the common case, valid by construction
+    payload: bytes | bytearray | memoryview
     if isinstance(message, WriteMessage):
         payload, props = message.payload, message.properties or None
     else:
         payload, props = message, None
+    if properties is not None and not isinstance(properties, dict):
+        raise InvalidTypeError(
+            f"properties must be a dict[str, str], not {type(properties).__name__}"
+        )
     if properties:
+        if props is not None and not isinstance(props, dict):
+            raise InvalidTypeError(
+                f"WriteMessage.properties must be a dict[str, str], not {type(props).__name__}"
+            )
         props = {**(props or {}), **properties}
     if isinstance(payload, (bytearray, memoryview)):
         payload = bytes(payload)
@@ -203,10 +214,18 @@ class LogWriter:
         idempotency_id: str | bytes | None = None,
         timeout: float | None = None,
     ) -> WriteResult:
-        """Append and wait for the quorum ack."""
-        return self.write_async(
-            message, properties=properties, idempotency_id=idempotency_id
-        ).result(timeout)
+        """Append and wait for the quorum ack (`timeout`: None or seconds > 0, checked before the
+        write is queued). A wait that ends first raises `WriteTimeoutError`: still pending."""
+        wait = timeout_arg(timeout, allow_zero=False)
+        future = self.write_async(message, properties=properties, idempotency_id=idempotency_id)
+        return wait_for(future, wait, self._still_pending_text)
+
+    def _still_pending_text(self) -> str:
+        """What a timed-out wait means for this writer (the idempotent one says a retry joins)."""
+        return (
+            f"the entry to log {self.log_id} is still pending and the writer keeps sending it; "
+            "it may still land, and a retry on this plain writer appends a second copy"
+        )
 
     def write_async(
         self,
@@ -322,12 +341,17 @@ class LogWriter:
         if self._fenced is not None:
             raise WriterFencedError(str(self._fenced))
         if self._closed:
+            if self._handle.client.closed:
+                raise ClientClosedError(f"client is closed: writer of log {self.log_id} is closed")
             raise WriterClosedError(f"writer of log {self.log_id} is closed")
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every entry queued before this call is committed or failed."""
+        timeout = timeout_arg(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
+            if self._closed:
+                self._check_open_locked()
             target = self._seq
             for seg in self._segments.values():
                 seg.unsent_since = 0.0  # send now
@@ -347,6 +371,7 @@ class LogWriter:
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Flush, then complete the open segment so readers see it sealed. Idempotent."""
+        timeout = timeout_arg(timeout)
         if self._closed:
             return
         try:
@@ -363,15 +388,15 @@ class LogWriter:
         for worker in self._workers.values():
             worker.stop()
         self._maint.stop()
-        unresolved = []
+        unresolved: list[tuple[Future, object]] = []
         for seg in segments:
             for entry in seg.pending:
-                exc = WriterClosedError(
+                error = WriterClosedError(
                     f"writer of log {self.log_id} closed before entry {seg.segment_id}:"
                     f"{entry.entry_id} was acknowledged; the next writer's recovery keeps it if "
                     f"it reached the nodes (an idempotent retry then returns its id)"
                 )
-                unresolved.extend((f, exc) for f, _ in entry.waiters())
+                unresolved.extend((f, error) for f, _ in entry.waiters())
         resolve(unresolved)
         for seg in segments if self._fenced is None else ():
             if seg.status in (SegmentStatus.OPEN, SegmentStatus.ROLLED) and seg.drained():
@@ -568,7 +593,7 @@ class LogWriter:
             return []
         self._fenced = exc
         log.warning("log %s: writer fenced: %s", self.log_id, exc)
-        resolved = []
+        resolved: list[tuple[Future, object]] = []
         for seg in self._segments.values():
             for entry in seg.pending:
                 resolved.extend((f, WriterFencedError(str(exc))) for f, _ in entry.waiters())

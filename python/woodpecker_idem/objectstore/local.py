@@ -149,9 +149,7 @@ class LocalObjectStore(ObjectStore):
             try:
                 outcome = put_file(tmp, final, payload, exclusive=if_none_match, sync=self._fsync)
             except NotADirectoryError:
-                raise InvalidArgumentError(
-                    f"key {key!r} lies below an existing object"
-                ) from None
+                raise InvalidArgumentError(f"key {key!r} lies below an existing object") from None
             except OSError as exc:
                 if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST) and os.path.isdir(
                     final

@@ -38,16 +38,20 @@ def read_owner(data: bytes) -> str | None:
 
 def claim_root(root: ObjectStore, store_id: str, where: str, meta: str) -> ObjectStore:
     """Record or check the owner marker at the top of `root`; return the store for `store_id`'s
-    objects. `where` names the root and `meta` the metadata store, for the error message."""
-    if root.put(OWNER_KEY, owner_marker(store_id), if_none_match=True):
-        log.info("object store %s: claimed for metadata store %s (%s)", where, store_id, meta)
-        return root.child(store_id)
+    objects. `where` names the root and `meta` the metadata store, for the error message.
+
+    Read first, so a client of a read-only data directory that the store owns writes nothing."""
     data = root.get(OWNER_KEY)
-    if data is None:  # deleted between our create and our read: nobody owns it now
-        raise StorageUnavailableError(
-            f"object store {where}: the owner marker {OWNER_KEY} vanished while being checked; "
-            "connect again"
-        )
+    if data is None:
+        if root.put(OWNER_KEY, owner_marker(store_id), if_none_match=True):
+            log.info("object store %s: claimed for metadata store %s (%s)", where, store_id, meta)
+            return root.child(store_id)
+        data = root.get(OWNER_KEY)  # another store's client won the race
+        if data is None:  # and the marker was deleted again since: nobody owns it now
+            raise StorageUnavailableError(
+                f"object store {where}: the owner marker {OWNER_KEY} vanished while being "
+                "checked; connect again"
+            )
     owner = read_owner(data)
     if owner == store_id:
         return root.child(store_id)

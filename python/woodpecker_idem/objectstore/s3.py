@@ -15,6 +15,7 @@ running client is an error, never silently recreated empty.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -416,7 +417,7 @@ class S3ObjectStore(ObjectStore):
             kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix}
             if token:
                 kwargs["ContinuationToken"] = token
-            page = self._call("list", prefix, lambda kw=kwargs: self._list_page(kw))
+            page = self._call("list", prefix, functools.partial(self._list_page, kwargs))
             keys.extend(obj["Key"][strip:] for obj in page.get("Contents", ()))
             if not page.get("IsTruncated"):
                 break
