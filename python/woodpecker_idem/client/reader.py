@@ -68,6 +68,7 @@ class LogReader:
                 return floor
             last = segments[-1]
             return LogMessageId(last.segment_id, self._visible_last(last) + 1)
+        assert isinstance(start, LogMessageId)  # a named start returned above
         if start < floor:
             raise EntryTruncatedError(
                 f"log {self.log_id} is truncated to {floor}; position {start} is gone"

@@ -9,6 +9,7 @@ The window is rebuilt (snapshot + gap) before the writer accepts anything.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from array import array
@@ -398,8 +399,8 @@ class IdempotentLogWriter(LogWriter):
         if ids is not None and len(ids) != len(payloads):
             raise InvalidArgumentError(f"ids has {len(ids)} items but payloads has {len(payloads)}")
         limit = self._max_entry_bytes
-        rows = [  # plain bytes within the limit need nothing more (the common case)
-            p if type(p) is bytes and len(p) <= limit else self._checked_row(p, i)
+        checked: list[bytes] = [  # plain bytes within the limit need nothing more (the common case)
+            p if isinstance(p, bytes) and len(p) <= limit else self._checked_row(p, i)
             for i, p in enumerate(payloads)
         ]
         futures: list[tuple[int, Future]] = []
@@ -420,7 +421,7 @@ class IdempotentLogWriter(LogWriter):
                         continue
                     future: Future = WriteFuture()
                     key = keys[16 * i : 16 * i + 16]  # hashed once, above
-                    done = self._queue_locked(rows[i], None, None, future, key)
+                    done = self._queue_locked(checked[i], None, None, future, key)
                     if done:
                         resolved.extend(done)
                     futures.append((i, future))
@@ -428,10 +429,13 @@ class IdempotentLogWriter(LogWriter):
         deadline = None if wait is None else time.monotonic() + wait
         for i, future in futures:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            result = wait_for(future, left, lambda i=i: f"row {i}: {self._still_pending_text()}")
+            result: WriteResult = wait_for(future, left, functools.partial(self._row_pending, i))
             seg_ids[i], entry_ids[i] = result.message_id
             duplicate[i] = result.duplicate
         return WriteManyResult(seg_ids, entry_ids, duplicate)
+
+    def _row_pending(self, i: int) -> str:
+        return f"row {i}: {self._still_pending_text()}"
 
     def _checked_row(self, row: object, i: int) -> bytes:
         try:
