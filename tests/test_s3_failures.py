@@ -206,6 +206,7 @@ def test_bucket_deleted_under_a_running_writer_names_the_bucket(
                 pytest.fail("a write to a deleted bucket was acknowledged")
             except wp.WoodpeckerError as exc:
                 if bucket in str(exc) and "does not exist" in str(exc):
+                    assert isinstance(exc, wp.QuorumUnavailableError), repr(exc)
                     break
             except TimeoutError:
                 pass
