@@ -670,14 +670,17 @@ def test_fenced_writer_snapshot_task_deletes_nothing(env_factory):
         env.write(a, b"p%d" % i, f"k{i}")
         env.clock.advance(3)
         assert a._snapshotter.write_now()
-    before_takeover = _snapshots(env)
-    assert len(before_takeover) == 2
-    writes_a = a._snapshotter.writes
     b = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)  # takes over
     b._snapshotter.stop()  # B writes none either: any change below would be A's
     env.clock.advance(3)
+    assert a._snapshotter.write_now() is False  # the owner check fails: nothing written
+    # A background write of A's that passed its owner check before the takeover may still land
+    # (an older epoch, so never newer than B's): wait for it, then nothing may change any more.
+    a._snapshotter.stop()
+    before_takeover = _snapshots(env)
+    assert len(before_takeover) == 2
+    writes_a = a._snapshotter.writes
     assert a._snapshotter.write_now() is False
-    time.sleep(0.5)  # A's background task ticks a few times
     assert _snapshots(env) == before_takeover
     assert a._snapshotter.writes == writes_a
     assert a.fenced

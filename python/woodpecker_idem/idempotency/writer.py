@@ -262,15 +262,26 @@ class IdempotentLogWriter(LogWriter):
         n = len(stamps)
         start = 0
         while start < n:
-            seg = self._writable_segment_locked()
+            try:
+                seg = self._writable_segment_locked()
+            except WriterFencedError as exc:  # a roll found the log taken over
+                resolved.extend(
+                    (batch.futures[i], WriterFencedError(str(exc))) for i in range(start, n)
+                )
+                return
             if seg is None:  # repairing: duplicates are still answered, new writes fail fast
                 for i in range(start, n):
                     key = keys[16 * i : 16 * i + 16]
                     self._admit_one_unavailable_locked(batch.futures[i], key, stamps[i], resolved)
                 return
             # a chunk stays within the segment's entry and byte limits; rolls happen in between
-            end = min(n, start + self._roll_entries - seg.next_entry_id)
-            if seg.size_bytes + batch.nbytes >= self._roll_bytes:
+            # (a segment past them could not be rolled: the rest goes into it, see the roll)
+            room = self._roll_entries - seg.next_entry_id
+            end = min(n, start + room) if room > 0 else n
+            if (
+                self._roll_bytes > seg.size_bytes
+                and seg.size_bytes + batch.nbytes >= self._roll_bytes
+            ):
                 room = self._roll_bytes - seg.size_bytes
                 for i in range(start, end):
                     room -= len(batch.payloads[i]) + OVERHEAD
