@@ -43,6 +43,7 @@ def object_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[obj
             access_key=S3_TEST_ACCESS_KEY,
             secret_key=S3_TEST_SECRET_KEY,
             retry_budget_s=10.0,
+            create_bucket=True,
         )
     try:
         yield store

@@ -51,6 +51,14 @@ def test_defaults_match_the_design_table() -> None:
         "objectstore.bucket": None,
         "objectstore.root": "woodpecker",
         "objectstore.region": None,
+        "objectstore.access_key_id": None,
+        "objectstore.secret_access_key": None,
+        "objectstore.profile": None,
+        "objectstore.create_bucket": False,
+        "objectstore.probe_timeout_s": 5,
+        "objectstore.connect_timeout_s": 2,
+        "objectstore.read_timeout_s": 5,
+        "objectstore.retry_budget_s": 30,
         "meta.type": "sqlite",
         "meta.path": None,
         "meta.endpoints": [],
@@ -391,3 +399,47 @@ def test_derived_paths(tmp_path: Path) -> None:
     set_ = cfg.with_overrides(meta__path="/x/m.db", objectstore__path="/x/o")
     assert set_.meta_path(tmp_path) == Path("/x/m.db")
     assert set_.objectstore_path(tmp_path) == Path("/x/o")
+
+
+# --- S3 credentials and failure budget (issue 13) ------------------------------------------------
+
+
+def test_create_bucket_is_a_bool_from_yaml_and_env() -> None:
+    assert load_config(env={}).objectstore.create_bucket is False
+    env = {"WOODPECKER_OBJECTSTORE_CREATE_BUCKET": "true"}
+    assert load_config(env=env).objectstore.create_bucket is True
+    env = {"WOODPECKER_OBJECTSTORE_CREATE_BUCKET": "off"}
+    assert load_config(env=env).objectstore.create_bucket is False
+    with pytest.raises(ConfigError, match="objectstore.create_bucket.*true or false"):
+        load_config(env={"WOODPECKER_OBJECTSTORE_CREATE_BUCKET": "maybe"})
+    with pytest.raises(ConfigError, match="objectstore.create_bucket.*true or false"):
+        Config({"objectstore.create_bucket": "yes"})
+
+
+def test_s3_budgets_are_validated() -> None:
+    assert Config({"objectstore.probe_timeout_s": 0.5}).objectstore.probe_timeout_s == 0.5
+    for key in ("probe_timeout_s", "connect_timeout_s", "read_timeout_s", "retry_budget_s"):
+        with pytest.raises(ConfigError, match=f"objectstore.{key}"):
+            Config({f"objectstore.{key}": 0})
+
+
+def test_s3_credentials_go_together_and_the_secret_is_never_shown() -> None:
+    cfg = Config({"objectstore.access_key_id": "AKIA1", "objectstore.secret_access_key": "s3cr3t"})
+    assert cfg.objectstore.secret_access_key == "s3cr3t"
+    assert "s3cr3t" not in repr(cfg) and "AKIA1" in repr(cfg)
+    with pytest.raises(ConfigError, match="go together"):
+        Config({"objectstore.access_key_id": "AKIA1"})
+    with pytest.raises(ConfigError, match="go together"):
+        Config({"objectstore.secret_access_key": "s3cr3t"})
+    with pytest.raises(ConfigError, match="profile") as info:
+        Config(
+            {
+                "objectstore.profile": "p",
+                "objectstore.access_key_id": "AKIA1",
+                "objectstore.secret_access_key": "s3cr3t",
+            }
+        )
+    assert "s3cr3t" not in str(info.value)
+    with pytest.raises(ConfigError, match="secret_access_key") as info:
+        Config({"objectstore.secret_access_key": 12345678})
+    assert "12345678" not in str(info.value)

@@ -132,7 +132,8 @@ def corrupt_entry(
 ) -> Path:
     """Flip one payload byte of an entry in `node`'s block file on disk (with `in_header`, a byte
     of the header of the block holding it); returns the file."""
-    seg_dir = env.client.data_dir / "objects" / "nodes" / node / str(env.log.log_id)
+    nodes = Path(env.client.objects.root) / "nodes"  # {root}/{store_id}/nodes
+    seg_dir = nodes / node / str(env.log.log_id)
     blocks = sorted((seg_dir / str(segment_id)).glob("*.blk"))
     assert blocks, f"no blocks under {seg_dir}"
     for blk in blocks:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -59,7 +60,9 @@ def test_one_node_down_writes_succeed_and_survive_reopen(tmp_path, wp_connect):
     seg = handle.segments()[0]
     assert seg.state is SegmentState.SEALED and seg.last_entry_id == 60
     # node-2 holds nothing, so each entry has exactly aq = 2 copies
-    blocks2 = list((tmp_path / "objects" / "nodes" / "node-2").rglob("*.blk"))
+    nodes = Path(client.objects.root) / "nodes"
+    assert list((nodes / "node-0").rglob("*.blk"))
+    blocks2 = list((nodes / "node-2").rglob("*.blk"))
     assert blocks2 == []
     client.close()
 

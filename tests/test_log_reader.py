@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -179,7 +180,7 @@ def test_corrupt_block_raises_corrupt_entry_naming_position(tmp_path, wp_connect
     handle = client.create_log("corrupt")
     writer, ids = fill(handle, 30, prefix=b"payload-")
     writer.close()
-    blocks = sorted((tmp_path / "objects" / str(handle.log_id) / "0").glob("*.blk"))
+    blocks = sorted((Path(client.objects.root) / str(handle.log_id) / "0").glob("*.blk"))
     assert blocks
     target = 17
     victim = None

@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 
@@ -285,7 +286,7 @@ def test_truncate_marks_segments_and_deletes_blocks(tmp_path, wp_connect):
     writer = handle.open_writer()
     ids = [f.result(10).message_id for f in [writer.write_async(b"%d" % i) for i in range(35)]]
     writer.close()
-    objects = tmp_path / "objects" / str(handle.log_id)
+    objects = Path(client.objects.root) / str(handle.log_id)  # {root}/{store_id}/{log_id}
     assert sorted(p.name for p in objects.iterdir()) == ["0", "1", "2", "3"]
 
     point = LogMessageId(2, 3)
@@ -334,11 +335,9 @@ def test_delete_log(tmp_path, wp_connect):
     assert client.list_logs() == ["kept"]
     with pytest.raises(LogNotFoundError):
         client.open_log("gone")
-    blk = (
-        list((tmp_path / "objects" / str(handle.log_id)).rglob("*.blk"))
-        if (tmp_path / "objects" / str(handle.log_id)).exists()
-        else []
-    )
+    log_dir = Path(client.objects.root) / str(handle.log_id)
+    assert Path(client.objects.root).is_dir()
+    blk = list(log_dir.rglob("*.blk")) if log_dir.exists() else []
     assert blk == []
     with pytest.raises(LogNotFoundError):
         client.delete_log("gone")

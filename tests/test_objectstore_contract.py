@@ -18,6 +18,7 @@ import pytest
 from woodpecker_idem.errors import (
     InvalidArgumentError,
     InvalidTypeError,
+    StorageAccessError,
     StorageUnavailableError,
 )
 from woodpecker_idem.objectstore import LocalObjectStore, ObjectStore, open_object_store
@@ -42,6 +43,7 @@ def store_spec(store: ObjectStore) -> dict[str, Any]:
         "root": store.root,
         "access_key": "testing",
         "secret_key": "testing",
+        "create_bucket": True,
     }
 
 
@@ -259,6 +261,27 @@ def test_delete_prefix(object_store: ObjectStore) -> None:
     assert object_store.get("log/7/1/0.blk") == b"again"
 
 
+def test_child_is_the_prefix_with_the_same_contract(object_store: ObjectStore) -> None:
+    """`child` (how connect() keeps each metadata store's objects apart) sees only its prefix."""
+    object_store.put("OWNER", b"marker")
+    object_store.put("other/1/0/0.blk", b"other store")
+    child = object_store.child("store-a")
+    assert child.list("") == []
+    assert child.put("1/0/0.blk", b"mine", if_none_match=True) is True
+    assert child.put("1/0/0.blk", b"theirs", if_none_match=True) is False
+    assert child.get("1/0/0.blk") == b"mine"
+    assert child.list("") == ["1/0/0.blk"]
+    assert object_store.get("store-a/1/0/0.blk") == b"mine"
+    nested = child.child("nodes/node-1")
+    nested.put("k", b"n")
+    assert object_store.list("store-a/") == ["store-a/1/0/0.blk", "store-a/nodes/node-1/k"]
+    assert child.delete_prefix("") == 2
+    assert object_store.list("") == ["OWNER", "other/1/0/0.blk"]
+    for bad in ("", "/abs", "a/../b"):
+        with pytest.raises(InvalidArgumentError):
+            object_store.child(bad)
+
+
 # --- local only ----------------------------------------------------------------------------------
 
 
@@ -448,6 +471,7 @@ def _fresh_s3(server: Any, **kw: Any) -> Any:
         bucket=f"wp-test-{uuid.uuid4().hex[:16]}",
         access_key="testing",
         secret_key="testing",
+        create_bucket=True,
         **kw,
     )
 
@@ -672,9 +696,11 @@ def test_s3_non_retriable_error_is_not_retried(s3_server: Any) -> None:
         raise _client_error("AccessDenied", 403)
 
     store, faulty = _faulty_store(s3_server, [denied] * 10)
-    with pytest.raises(StorageUnavailableError, match="AccessDenied"):
+    with pytest.raises(StorageAccessError, match="AccessDenied") as info:
         store.put("d/0", b"x")
     assert faulty.put_calls == 1
+    assert store.bucket in str(info.value) and "credentials" in str(info.value)
+    assert not info.value.retriable
 
 
 @pytest.mark.s3

@@ -63,7 +63,7 @@ class Key:
     """One configuration key: its kind, default, allowed values and meaning."""
 
     name: str
-    kind: str  # int | size | number | choice | fsync | str | optional_str | str_list
+    kind: str  # int | size | number | bool | choice | fsync | str | optional_str | str_list
     default: Any
     meaning: str
     min: float | None = None
@@ -93,6 +93,8 @@ class Key:
             if self.min is not None:
                 return f"{noun} {'>' if self.min_exclusive else '>='} {lo}"
             return noun
+        if self.kind == "bool":
+            return "true or false"
         if self.kind == "optional_str":
             return "a string or null"
         if self.kind == "str_list":
@@ -102,6 +104,8 @@ class Key:
     def default_text(self) -> str:
         if self.kind == "str_list":
             return "[]"
+        if self.kind == "bool":
+            return "true" if self.default else "false"
         if self.kind == "size" and isinstance(self.default, int):
             return _fmt_size(self.default)
         return repr(self.default) if isinstance(self.default, str) else str(self.default)
@@ -197,8 +201,27 @@ KEYS: tuple[Key, ...] = (
     _opt("objectstore.path", "local directory; null: <data_dir>/objects"),
     _opt("objectstore.endpoint_url", "S3 endpoint URL; null: the AWS default", _check_url),
     _opt("objectstore.bucket", "S3 bucket (required for s3)"),
-    Key("objectstore.root", "str", "woodpecker", "key prefix inside the store", check=_check_root),
+    Key(
+        "objectstore.root",
+        "str",
+        "woodpecker",
+        "key prefix inside the bucket or objectstore.path; one metadata store owns it",
+        check=_check_root,
+    ),
     _opt("objectstore.region", "S3 region; null: the SDK default"),
+    _opt("objectstore.access_key_id", "S3 access key; null: the AWS credential chain"),
+    _opt("objectstore.secret_access_key", "S3 secret key (with access_key_id); never logged"),
+    _opt("objectstore.profile", "AWS profile for S3 credentials; null: the default chain"),
+    Key(
+        "objectstore.create_bucket",
+        "bool",
+        False,
+        "create a missing S3 bucket at connect; false: a missing bucket is an error",
+    ),
+    _secs("objectstore.probe_timeout_s", 5, 600, "connect() gives up on S3 after this long"),
+    _secs("objectstore.connect_timeout_s", 2, 600, "S3: one TCP connect attempt's limit"),
+    _secs("objectstore.read_timeout_s", 5, 600, "S3: one response read's limit"),
+    _secs("objectstore.retry_budget_s", 30, 3600, "S3: time one operation retries before failing"),
     Key("meta.type", "choice", "sqlite", "metadata backend", choices=("sqlite", "etcd")),
     _opt("meta.path", "SQLite file; null: <data_dir>/meta.sqlite"),
     Key(
@@ -213,6 +236,8 @@ KEYS: tuple[Key, ...] = (
 )
 
 _BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
+#: Values never shown in messages or reprs.
+_SECRETS = frozenset({"objectstore.secret_access_key"})
 _BY_ENV: dict[str, Key] = {k.env_name: k for k in KEYS}
 SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(k.name.split(".", 1)[0] for k in KEYS))
 
@@ -260,8 +285,9 @@ def parse_size(value: object) -> int:
 
 def _bad(key: Key, value: object, source: str, allowed: str | None = None) -> ConfigError:
     where = f" (from {source})" if source else ""
+    shown = "<hidden>" if key.name in _SECRETS else repr(value)
     return ConfigError(
-        f"invalid config {key.name} = {value!r}{where}: must be {allowed or key.allowed()}"
+        f"invalid config {key.name} = {shown}{where}: must be {allowed or key.allowed()}"
     )
 
 
@@ -313,6 +339,10 @@ def _normalise(key: Key, value: object) -> Any:
             raise _Invalid(key.allowed())
         _check_range(key, value)
         return value
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise _Invalid(key.allowed())
+        return value
     if kind == "choice":
         if not isinstance(value, str) or value not in key.choices:
             raise _Invalid(key.allowed())
@@ -359,6 +389,13 @@ def _parse_env(key: Key, text: str, source: str) -> Any:
         if kind == "number":
             v: float = float(s)
             return int(v) if _INT_RE.match(s) else v
+        if kind == "bool":
+            lowered = s.lower()
+            if lowered in ("true", "1", "yes", "on"):
+                return True
+            if lowered in ("false", "0", "no", "off"):
+                return False
+            raise ValueError
         if kind == "optional_str":
             return s or None
         if kind == "str_list":
@@ -527,7 +564,8 @@ class Config:
         return hash(tuple(self._values.items()))
 
     def __repr__(self) -> str:
-        return f"Config({dict(self._explicit)!r})"
+        shown = {k: "<hidden>" if k in _SECRETS else v for k, v in self._explicit.items()}
+        return f"Config({shown!r})"
 
     # derived paths
     def meta_path(self, data_dir: str | os.PathLike[str]) -> Path:
@@ -562,6 +600,16 @@ def _check_together(v: Mapping[str, Any]) -> None:
     if v["objectstore.type"] == "s3" and not v["objectstore.bucket"]:
         raise ConfigError(
             "invalid config objectstore.bucket = None: must be set when objectstore.type is s3"
+        )
+    if (v["objectstore.access_key_id"] is None) != (v["objectstore.secret_access_key"] is None):
+        raise ConfigError(
+            "invalid config: objectstore.access_key_id and objectstore.secret_access_key go "
+            "together (set both, or neither to use objectstore.profile or the AWS chain)"
+        )
+    if v["objectstore.profile"] is not None and v["objectstore.access_key_id"] is not None:
+        raise ConfigError(
+            "invalid config: objectstore.profile and objectstore.access_key_id both set; "
+            "use one way to give S3 credentials"
         )
 
 

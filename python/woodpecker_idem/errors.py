@@ -141,6 +141,25 @@ class StorageUnavailableError(WoodpeckerError):
     retriable = True
 
 
+class StorageAccessError(WoodpeckerError):
+    """Object storage answered but refuses us: missing credentials, access denied, no such bucket.
+
+    Not retriable: the message names the bucket and the endpoint and says what to change.
+    """
+
+    code = "STORAGE_ACCESS"
+
+
+class ObjectStoreOwnedError(WoodpeckerError):
+    """`objectstore.root` belongs to another metadata store (its owner marker names another id).
+
+    Two metadata stores on one bucket and root would each number their logs from 1; the owner
+    marker refuses the second one, which must use another root or the owning metadata store.
+    """
+
+    code = "OBJECT_STORE_OWNED"
+
+
 class StorageReadOnlyError(StorageUnavailableError):
     """The storage is read-only (a read-only data directory): reads work, writes cannot."""
 

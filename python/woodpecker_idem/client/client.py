@@ -24,6 +24,7 @@ from ..logstore.engine import LogStoreEngine
 from ..logstore.transport import InProcessTransport, LogStoreTransport
 from ..meta import MetadataStore, NodeInfo, open_metadata_store
 from ..objectstore import ObjectStore, open_object_store
+from ..objectstore.owner import claim_root
 from .log import LogHandle
 
 if TYPE_CHECKING:
@@ -170,19 +171,62 @@ def _data_dir(data_dir: object) -> Path:
     return root
 
 
-def _object_store(cfg: Config, data_dir: Path, sub: str = "") -> ObjectStore:
+def _object_store(cfg: Config, data_dir: Path) -> ObjectStore:
+    """The store at `objectstore.root`, probed: unreachable storage, bad credentials or a missing
+    bucket fail here, within `objectstore.probe_timeout_s`, before any metadata is written."""
     oc = cfg.objectstore
     if oc.type == "local":
         path = Path(oc.path) if oc.path else data_dir / "objects"
-        return open_object_store(
+        store = open_object_store(
             "local",
-            path=str(path / sub if sub else path),
+            path=str(path),
+            root=oc.root,
             fsync=parse_fsync(cfg.storage.fsync).mode != "never",
         )
-    root = "/".join(p for p in (oc.root.strip("/"), sub) if p)
-    return open_object_store(
-        "s3", endpoint_url=oc.endpoint_url, bucket=oc.bucket, root=root, region=oc.region
-    )
+    else:
+        store = open_object_store(
+            "s3",
+            endpoint_url=oc.endpoint_url,
+            bucket=oc.bucket,
+            root=oc.root,
+            region=oc.region,
+            access_key=oc.access_key_id,
+            secret_key=oc.secret_access_key,
+            profile=oc.profile,
+            create_bucket=oc.create_bucket,
+            probe_timeout_s=oc.probe_timeout_s,
+            connect_timeout_s=oc.connect_timeout_s,
+            read_timeout_s=oc.read_timeout_s,
+            retry_budget_s=oc.retry_budget_s,
+        )
+    try:
+        store.probe()
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def _open_stores(cfg: Config, data_dir: Path) -> tuple[MetadataStore, ObjectStore]:
+    """Object storage first (probed before any metadata is written), then the metadata store, then
+    the owner marker: the objects returned live under the metadata store's identity, because its
+    log ids mean nothing to another store (`ObjectStoreOwnedError` if another owns the root)."""
+    base = _object_store(cfg, data_dir)
+    meta: MetadataStore | None = None
+    try:
+        meta = open_metadata_store(
+            cfg.meta.type,
+            path=cfg.meta.path or str(data_dir / "meta.sqlite"),
+            endpoints=cfg.meta.endpoints,
+            prefix=cfg.meta.prefix,
+            timeout_ms=cfg.meta.timeout_ms,
+        )
+        return meta, claim_root(base, meta.store_id(), repr(base), repr(meta))
+    except BaseException:
+        if meta is not None:
+            meta.close()
+        base.close()
+        raise
 
 
 def connect(
@@ -204,15 +248,7 @@ def connect(
         )
     root = _data_dir(DEFAULT_DATA_DIR if data_dir is None else data_dir)
     try:
-        objects = _object_store(cfg, root)
-        meta_path = cfg.meta.path or str(root / "meta.sqlite")
-        meta = open_metadata_store(
-            cfg.meta.type,
-            path=meta_path,
-            endpoints=cfg.meta.endpoints,
-            prefix=cfg.meta.prefix,
-            timeout_ms=cfg.meta.timeout_ms,
-        )
+        meta, objects = _open_stores(cfg, root)
     except OSError as exc:  # objectstore.path or meta.path unusable (a file, no permission)
         raise InvalidArgumentError(
             f"cannot open the stores of data_dir {str(root)!r}: {exc.strerror or exc} "
@@ -224,9 +260,7 @@ def connect(
             engines = {"node-0": LogStoreEngine(objects, "node-0")}
         else:
             engines = {
-                f"node-{i}": LogStoreEngine(
-                    _object_store(cfg, root, f"nodes/node-{i}"), f"node-{i}"
-                )
+                f"node-{i}": LogStoreEngine(objects.child(f"nodes/node-{i}"), f"node-{i}")
                 for i in range(es)
             }
         transport = InProcessTransport(engines)

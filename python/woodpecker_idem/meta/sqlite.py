@@ -15,6 +15,7 @@ import os
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 
 from ..errors import (
     ClientClosedError,
+    ConfigError,
     InvalidArgumentError,
     InvalidTypeError,
     LogExistsError,
@@ -39,11 +41,15 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BUSY_TIMEOUT_MS = 10_000
 
-_SCHEMA_VERSION = 1
+# 2: the store has an identity (`store_identity`); objects live under it.
+_SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_info (
     version INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS store_identity (
+    store_id TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS logs (
     log_id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -150,6 +156,8 @@ def _row_to_segment(row: tuple[Any, ...]) -> SegmentMeta:
 class SqliteMetadataStore(MetadataStore):
     """`MetadataStore` on one SQLite file; safe to share between threads and processes."""
 
+    _store_id: str  # read (or created) with the schema
+
     def __init__(
         self, path: str | os.PathLike[str], *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
     ):
@@ -203,6 +211,8 @@ class SqliteMetadataStore(MetadataStore):
                 f"{rows[0][0] if rows else None}; this version of woodpecker_idem reads "
                 f"version {_SCHEMA_VERSION}"
             )
+        # schema 2 always has its identity: it is created in the transaction that writes version 2
+        self._store_id = self._read("schema", "SELECT store_id FROM store_identity")[0][0]
 
     @property
     def read_only(self) -> bool:
@@ -371,13 +381,31 @@ class SqliteMetadataStore(MetadataStore):
                 row = conn.execute("SELECT version FROM schema_info").fetchone()
                 if row is None:
                     conn.execute("INSERT INTO schema_info(version) VALUES (?)", (_SCHEMA_VERSION,))
+                elif row[0] == 1 and not conn.execute("SELECT 1 FROM logs LIMIT 1").fetchone():
+                    conn.execute("UPDATE schema_info SET version = ?", (_SCHEMA_VERSION,))
+                elif row[0] == 1:
+                    raise ConfigError(
+                        f"SQLite metadata store {self._path} was created by an earlier version "
+                        "of woodpecker_idem: its logs' objects use the old key layout (without a "
+                        "store identity), which this version does not read. There is no "
+                        "migration; start with a new data directory (or meta.path)"
+                    )
                 elif row[0] != _SCHEMA_VERSION:
                     raise StorageUnavailableError(
                         f"SQLite metadata store {self._path} has schema version {row[0]}; "
                         f"this version of woodpecker_idem reads version {_SCHEMA_VERSION}"
                     )
+                ident = conn.execute("SELECT store_id FROM store_identity").fetchone()
+                if ident is None:
+                    ident = (str(uuid.uuid4()),)
+                    conn.execute("INSERT INTO store_identity(store_id) VALUES (?)", ident)
+                self._store_id = ident[0]
             except sqlite3.OperationalError as exc:
                 raise self._unavailable("schema", exc) from exc
+
+    def store_id(self) -> str:
+        """Read once at open (it never changes)."""
+        return self._store_id
 
     @staticmethod
     def _log_row(conn: sqlite3.Connection, log_id: int) -> tuple[Any, ...]:

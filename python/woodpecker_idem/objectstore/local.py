@@ -132,6 +132,11 @@ class LocalObjectStore(ObjectStore):
 
     # --- contract ------------------------------------------------------------------------------
 
+    def child(self, prefix: str) -> LocalObjectStore:
+        """The subdirectory `prefix`, with the same fsync policy."""
+        validate_key(prefix, name="prefix")
+        return LocalObjectStore(self._path(prefix), fsync=self._fsync)
+
     def put(self, key: str, data: bytes, *, if_none_match: bool = False) -> bool:
         """Atomic, durable put; with `if_none_match` exactly one concurrent creator gets True.
 
