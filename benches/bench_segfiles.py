@@ -47,8 +47,8 @@ def test_sync_writes_files_and_read_back(benchmark):
             writer.write(PAYLOAD)
         write_s = time.perf_counter() - t0
         writer.close()
+        root = Path(client.objects.root) / str(handle.log_id)
         client.close()
-        root = Path(tmp) / "objects" / str(handle.log_id)
         files = {d.name: sorted(p.name for p in d.iterdir()) for d in root.iterdir()}
         total = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
         worst = max(len(v) for v in files.values())

@@ -43,11 +43,66 @@ def object_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[obj
             access_key=S3_TEST_ACCESS_KEY,
             secret_key=S3_TEST_SECRET_KEY,
             retry_budget_s=10.0,
+            create_bucket=True,
         )
     try:
         yield store
     finally:
         store.close()
+
+
+# --- etcd (tests/etcdserver.py, python/woodpecker_idem/meta/etcd.py) ------------------------------
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[object]:
+    """One etcd process for the whole session (stopped by PID at the end). Tests keep apart by
+    key prefix (`etcd_prefix`); a test that stops, freezes or restarts etcd starts its own."""
+    from etcdserver import EtcdServer
+
+    server = EtcdServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def etcd_prefix() -> str:
+    """A key prefix no other test uses."""
+    return f"/wp-test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(params=["sqlite"])
+def meta_config(request: pytest.FixtureRequest) -> dict[str, object]:
+    """Config keys selecting the metadata backend: SQLite (the default, no keys) unless a test
+    asks for more with `@pytest.mark.parametrize("meta_config", [...], indirect=True)`: "etcd"
+    (the session server, under a prefix of the test's own) or "etcd+s3" (the shared deployment:
+    etcd, and objects in a fresh bucket of the session's moto S3 server)."""
+    if request.param == "sqlite":
+        return {}
+    server = request.getfixturevalue("etcd_server")
+    cfg: dict[str, object] = {
+        "meta.type": "etcd",
+        "meta.endpoints": [server.endpoint],
+        "meta.prefix": request.getfixturevalue("etcd_prefix"),
+    }
+    if request.param == "etcd+s3":
+        import boto3
+
+        s3 = request.getfixturevalue("s3_server")
+        monkeypatch = request.getfixturevalue("monkeypatch")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_TEST_ACCESS_KEY)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_TEST_SECRET_KEY)
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        bucket = f"wp-test-{uuid.uuid4().hex[:16]}"
+        boto3.client("s3", endpoint_url=s3.endpoint_url).create_bucket(Bucket=bucket)
+        cfg |= {
+            "objectstore.type": "s3",
+            "objectstore.endpoint_url": s3.endpoint_url,
+            "objectstore.bucket": bucket,
+        }
+    return cfg
 
 
 # --- the log client (tests/test_log_*.py) --------------------------------------------------------

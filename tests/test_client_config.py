@@ -8,11 +8,9 @@ import woodpecker_idem as wp
 from woodpecker_idem.errors import ConfigError
 
 
-def test_staged_storage_and_etcd_are_refused_clearly(tmp_path) -> None:
+def test_staged_storage_is_refused_clearly(tmp_path) -> None:
     with pytest.raises(ConfigError, match="storage.type"):
         wp.connect(tmp_path / "a", {"storage.type": "staged"})
-    with pytest.raises(ConfigError, match="etcd"):
-        wp.connect(tmp_path / "b", {"meta.type": "etcd", "meta.endpoints": ["127.0.0.1:2379"]})
 
 
 @pytest.mark.parametrize(("policy", "fsync"), [("always", True), ("never", False)])

@@ -51,10 +51,19 @@ def test_defaults_match_the_design_table() -> None:
         "objectstore.bucket": None,
         "objectstore.root": "woodpecker",
         "objectstore.region": None,
+        "objectstore.access_key_id": None,
+        "objectstore.secret_access_key": None,
+        "objectstore.profile": None,
+        "objectstore.create_bucket": False,
+        "objectstore.probe_timeout_s": 5,
+        "objectstore.connect_timeout_s": 2,
+        "objectstore.read_timeout_s": 5,
+        "objectstore.retry_budget_s": 30,
         "meta.type": "sqlite",
         "meta.path": None,
         "meta.endpoints": [],
         "meta.prefix": "/woodpecker",
+        "meta.timeout_ms": 5000,
     }
     assert cfg.to_dict() == expected
     assert cfg.append.linger_ms == 2 and cfg.get("append.linger_ms") == 2
@@ -69,9 +78,7 @@ def test_every_key_is_documented() -> None:
         assert f"`{key.name}`" in table
         assert key.meaning and key.allowed()
         assert key.name.split(".")[0] in SECTIONS
-        # The default passes its own validation (except the derived quorum.es).
-        if key.default is not None or key.kind == "optional_str":
-            Config.from_dict({key.name: key.default})
+        Config.from_dict({key.name: key.default})  # the default passes its own validation
 
 
 def test_config_is_frozen_and_hashable() -> None:
@@ -96,7 +103,7 @@ def test_config_pickles() -> None:
         {"meta": {"type": "etcd", "endpoints": ["h:2379"]}, "append.linger_ms": 0}
     )
     again = pickle.loads(pickle.dumps(cfg))
-    assert again == cfg and again.quorum.es == 3 and not again.is_set("quorum.es")
+    assert again == cfg and again.meta.type == "etcd" and not again.is_set("quorum.es")
     assert copy.deepcopy(cfg) == cfg
 
 
@@ -238,6 +245,9 @@ def test_with_overrides() -> None:
         ("meta.type", "zookeeper", "sqlite, etcd"),
         ("meta.endpoints", "h1:2379", "list"),
         ("meta.endpoints", ["h1:2379", 5], "list"),
+        ("meta.endpoints", ["h1"], "host:port"),
+        ("meta.endpoints", ["h1:2379", "ftp://h2:2379"], "host:port"),
+        ("meta.timeout_ms", 0, "1..600000"),
         ("meta.prefix", "woodpecker", "'/'"),
     ],
 )
@@ -316,22 +326,16 @@ def test_fsync_policy() -> None:
     assert parse_fsync(cfg.storage.fsync) == FsyncPolicy("batch", 5)
 
 
-def test_es_default_resolution() -> None:
+def test_es_default_is_one_with_either_metadata_backend() -> None:
+    """Shared mode (etcd + S3) runs one in-process LogStore per client, as embedded mode does:
+    es=3 needs LogStore processes (service mode), so etcd alone does not change the default."""
     assert Config().quorum.es == 1
     etcd = Config.from_dict({"meta": {"type": "etcd", "endpoints": ["h:2379"]}})
-    assert etcd.quorum.es == 3 and etcd.quorum.wq == 3 and etcd.quorum.aq == 2
-    assert not etcd.is_set("quorum.es")
-    # Explicit wins over the derived default, both ways.
-    assert etcd.with_overrides(quorum__es=1).quorum.es == 1
+    assert etcd.quorum.es == 1 and etcd.quorum.aq == 1 and not etcd.is_set("quorum.es")
+    assert etcd.with_overrides(quorum__es=3).quorum.aq == 2
     assert Config.from_dict({"quorum.es": 5}).quorum.aq == 3
-    # Re-derived when meta.type changes later, unless es was set explicitly.
-    back = etcd.with_overrides(meta__type="sqlite")
-    assert back.quorum.es == 1
-    pinned = Config.from_dict({"quorum.es": 5}).with_overrides(
-        meta={"type": "etcd", "endpoints": ["h:2379"]}
-    )
-    assert pinned.quorum.es == 5
-    assert Config.from_dict({"quorum.es": None}).quorum.es == 1
+    with pytest.raises(ConfigError, match="quorum.es"):
+        Config.from_dict({"quorum.es": None})
 
 
 def test_yaml_file(tmp_path: Path) -> None:
@@ -395,3 +399,47 @@ def test_derived_paths(tmp_path: Path) -> None:
     set_ = cfg.with_overrides(meta__path="/x/m.db", objectstore__path="/x/o")
     assert set_.meta_path(tmp_path) == Path("/x/m.db")
     assert set_.objectstore_path(tmp_path) == Path("/x/o")
+
+
+# --- S3 credentials and failure budget (issue 13) ------------------------------------------------
+
+
+def test_create_bucket_is_a_bool_from_yaml_and_env() -> None:
+    assert load_config(env={}).objectstore.create_bucket is False
+    env = {"WOODPECKER_OBJECTSTORE_CREATE_BUCKET": "true"}
+    assert load_config(env=env).objectstore.create_bucket is True
+    env = {"WOODPECKER_OBJECTSTORE_CREATE_BUCKET": "off"}
+    assert load_config(env=env).objectstore.create_bucket is False
+    with pytest.raises(ConfigError, match="objectstore.create_bucket.*true or false"):
+        load_config(env={"WOODPECKER_OBJECTSTORE_CREATE_BUCKET": "maybe"})
+    with pytest.raises(ConfigError, match="objectstore.create_bucket.*true or false"):
+        Config({"objectstore.create_bucket": "yes"})
+
+
+def test_s3_budgets_are_validated() -> None:
+    assert Config({"objectstore.probe_timeout_s": 0.5}).objectstore.probe_timeout_s == 0.5
+    for key in ("probe_timeout_s", "connect_timeout_s", "read_timeout_s", "retry_budget_s"):
+        with pytest.raises(ConfigError, match=f"objectstore.{key}"):
+            Config({f"objectstore.{key}": 0})
+
+
+def test_s3_credentials_go_together_and_the_secret_is_never_shown() -> None:
+    cfg = Config({"objectstore.access_key_id": "AKIA1", "objectstore.secret_access_key": "s3cr3t"})
+    assert cfg.objectstore.secret_access_key == "s3cr3t"
+    assert "s3cr3t" not in repr(cfg) and "AKIA1" in repr(cfg)
+    with pytest.raises(ConfigError, match="go together"):
+        Config({"objectstore.access_key_id": "AKIA1"})
+    with pytest.raises(ConfigError, match="go together"):
+        Config({"objectstore.secret_access_key": "s3cr3t"})
+    with pytest.raises(ConfigError, match="profile") as info:
+        Config(
+            {
+                "objectstore.profile": "p",
+                "objectstore.access_key_id": "AKIA1",
+                "objectstore.secret_access_key": "s3cr3t",
+            }
+        )
+    assert "s3cr3t" not in str(info.value)
+    with pytest.raises(ConfigError, match="secret_access_key") as info:
+        Config({"objectstore.secret_access_key": 12345678})
+    assert "12345678" not in str(info.value)

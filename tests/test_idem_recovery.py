@@ -132,7 +132,8 @@ def corrupt_entry(
 ) -> Path:
     """Flip one payload byte of an entry in `node`'s segment file on disk (with `in_header`, a
     byte of the header of the batch holding it); returns the file."""
-    seg_dir = env.client.data_dir / "objects" / "nodes" / node / str(env.log.log_id)
+    nodes = Path(env.client.objects.root) / "nodes"  # {root}/{store_id}/nodes
+    seg_dir = nodes / node / str(env.log.log_id)
     return flip_entry_byte(seg_dir / str(segment_id), entry_id, in_header)[0]
 
 

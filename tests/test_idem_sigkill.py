@@ -24,16 +24,22 @@ KILLS = 11  # rounds that end in SIGKILL; then one more runs to the end
 MAX_ROUNDS = 40  # a timed kill misses when the producer finishes first: such rounds are extra
 
 
-def run_round(data_dir: Path, kill_after: int | None, kill_delay: float = 0.0,
-              timeout: float = 60.0):
+def run_round(
+    data_dir: Path, kill_after: int | None, kill_delay: float = 0.0, timeout: float = 60.0
+):
     """Start a producer; SIGKILL it once it printed `kill_after` acks (0: as soon as it is ready;
     -1: `kill_delay` seconds after the start, wherever it is; None: let it finish)."""
     env = dict(os.environ)
     # the child imports the same woodpecker_idem as this process (the installed wheel in CI)
     env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT, env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen([sys.executable, str(HERE / "idemproc.py"), str(data_dir), str(N)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
-                            bufsize=1)
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "idemproc.py"), str(data_dir), str(N)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+        bufsize=1,
+    )
     lines: list[str] = []
     killed = False
     started = time.monotonic()
@@ -44,8 +50,8 @@ def run_round(data_dir: Path, kill_after: int | None, kill_delay: float = 0.0,
         while True:
             now = time.monotonic()
             if (kill_after == -1 and now - started >= kill_delay) or (
-                    kill_after is not None and kill_after >= 0 and is_ready
-                    and acks >= kill_after):
+                kill_after is not None and kill_after >= 0 and is_ready and acks >= kill_after
+            ):
                 os.kill(proc.pid, signal.SIGKILL)
                 killed = True
                 break
@@ -93,13 +99,20 @@ def test_sigkill_rounds_every_key_exactly_once(tmp_path: Path):
     while True:
         last = kills >= KILLS
         assert rnd < MAX_ROUNDS, f"seed {seed}: {kills} kills in {rnd} rounds"
-        kill_after = None if last else rng.choice(
-            [-1, 0, rng.randrange(1, N), rng.randrange(1, 40), rng.randrange(1, 40)])
+        kill_after = (
+            None
+            if last
+            else rng.choice(
+                [-1, 0, rng.randrange(1, N), rng.randrange(1, 40), rng.randrange(1, 40)]
+            )
+        )
         delay = rng.uniform(0.02, 0.25)  # for -1: during start-up, recovery or the first writes
         lines, killed = run_round(data_dir, kill_after, delay)
         kills += killed
-        print(f"round {rnd}: kill_after={kill_after} delay={delay:.2f} acks={len(lines)} "
-              f"killed={killed}")
+        print(
+            f"round {rnd}: kill_after={kill_after} delay={delay:.2f} acks={len(lines)} "
+            f"killed={killed}"
+        )
         if last:
             assert len(lines) == N, f"seed {seed}: final round acknowledged {len(lines)} of {N}"
         for line in lines:
@@ -111,7 +124,8 @@ def test_sigkill_rounds_every_key_exactly_once(tmp_path: Path):
             ids[name] = mid
             if dup == "0":
                 assert name not in first_new, (
-                    f"seed {seed}: {name} created twice (rounds {first_new[name][0]} and {rnd})")
+                    f"seed {seed}: {name} created twice (rounds {first_new[name][0]} and {rnd})"
+                )
                 first_new[name] = (rnd, mid)
         if last:
             break
@@ -127,7 +141,8 @@ def test_sigkill_rounds_every_key_exactly_once(tmp_path: Path):
     assert verdict.ok, f"seed {seed}: {verdict.summary()}"
     keyed = [m.idempotency_key for m in msgs if m.idempotency_key]
     assert sorted(keyed) == sorted(explicit_key(f"k-{i}") for i in range(N)), (
-        f"seed {seed}: {len(keyed)} keyed entries for {N} keys")
+        f"seed {seed}: {len(keyed)} keyed entries for {N} keys"
+    )
     for m in msgs:
         name = m.payload.decode().removeprefix("payload of ")
         assert m.idempotency_key == explicit_key(name)

@@ -33,8 +33,13 @@ from woodpecker_idem.logstore.transport import FaultInjectingTransport
 
 KEYS = [f"key-{i}" for i in range(6)]
 WINDOW_MS = 5_000
-EXPECTED = (WriteTimeoutError, SegmentClosedError, QuorumUnavailableError, TimeoutError,
-            concurrent.futures.TimeoutError)
+EXPECTED = (
+    WriteTimeoutError,
+    SegmentClosedError,
+    QuorumUnavailableError,
+    TimeoutError,
+    concurrent.futures.TimeoutError,
+)
 WAIT_S = 0.5  # how long one attempt waits for its outcome
 
 
@@ -46,14 +51,18 @@ class IdempotencyMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="wp-stateful-")
         self.clock = ManualClock()
-        self.client = wp.connect(self.dir, {
-            "quorum.es": self.ES,
-            "append.timeout_ms": 300,
-            "append.max_retries": 2,
-            "append.linger_ms": 1,
-            "idempotency.snapshot_interval_s": 0.3,
-            "idempotency.snapshot_threshold": 8,
-        }, clock=self.clock)
+        self.client = wp.connect(
+            self.dir,
+            {
+                "quorum.es": self.ES,
+                "append.timeout_ms": 300,
+                "append.max_retries": 2,
+                "append.linger_ms": 1,
+                "idempotency.snapshot_interval_s": 0.3,
+                "idempotency.snapshot_threshold": 8,
+            },
+            clock=self.clock,
+        )
         self.faults = FaultInjectingTransport(self.client.transport)
         self.client.transport = self.faults
         self.nodes = self.faults.node_ids
@@ -70,14 +79,18 @@ class IdempotencyMachine(RuleBasedStateMachine):
     def _open(self):
         for _ in range(20):
             try:
-                return self.log.open_writer(idempotent=True, window_duration_s=WINDOW_MS / 1000,
-                                            window_max_keys=self.MAX_KEYS)
+                return self.log.open_writer(
+                    idempotent=True,
+                    window_duration_s=WINDOW_MS / 1000,
+                    window_max_keys=self.MAX_KEYS,
+                )
             except (NodeUnavailableError, QuorumUnavailableError):
                 time.sleep(0.05)  # a recovery copy's ack was lost: the takeover is retried
         self.faults.heal_all()
         self.down.clear()
-        return self.log.open_writer(idempotent=True, window_duration_s=WINDOW_MS / 1000,
-                                    window_max_keys=self.MAX_KEYS)
+        return self.log.open_writer(
+            idempotent=True, window_duration_s=WINDOW_MS / 1000, window_max_keys=self.MAX_KEYS
+        )
 
     def _record(self, name: str, fn) -> None:
         key = explicit_key(name)
@@ -96,8 +109,9 @@ class IdempotencyMachine(RuleBasedStateMachine):
 
     @rule(name=st.sampled_from(KEYS))
     def write(self, name: str) -> None:
-        self._record(name, lambda: self.writer.write(name.encode(), idempotency_id=name,
-                                                     timeout=WAIT_S))
+        self._record(
+            name, lambda: self.writer.write(name.encode(), idempotency_id=name, timeout=WAIT_S)
+        )
 
     @precondition(lambda self: self.failed_keys)
     @rule(data=st.data())
@@ -110,8 +124,9 @@ class IdempotencyMachine(RuleBasedStateMachine):
         futures = []
         for name in names:
             try:
-                futures.append((name, self.writer.write_async(b"b-" + name.encode(),
-                                                              idempotency_id=name)))
+                futures.append(
+                    (name, self.writer.write_async(b"b-" + name.encode(), idempotency_id=name))
+                )
             except EXPECTED as exc:
                 self.history.failed(explicit_key(name), exc)
         concurrent.futures.wait([f for _, f in futures], timeout=WAIT_S)  # one shared deadline
@@ -122,8 +137,12 @@ class IdempotencyMachine(RuleBasedStateMachine):
     def fire_and_forget(self, name: str) -> None:
         """A write_async whose outcome is judged only at teardown."""
         try:
-            self.outstanding.append((explicit_key(name), self.writer.write_async(
-                b"f-" + name.encode(), idempotency_id=name)))
+            self.outstanding.append(
+                (
+                    explicit_key(name),
+                    self.writer.write_async(b"f-" + name.encode(), idempotency_id=name),
+                )
+            )
         except EXPECTED as exc:
             self.history.failed(explicit_key(name), exc)
 
@@ -186,8 +205,9 @@ class IdempotencyMachine(RuleBasedStateMachine):
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-SETTINGS = settings(max_examples=12, stateful_step_count=25, deadline=None,
-                    suppress_health_check=list(HealthCheck))
+SETTINGS = settings(
+    max_examples=12, stateful_step_count=25, deadline=None, suppress_health_check=list(HealthCheck)
+)
 
 
 class Es1Machine(IdempotencyMachine):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -59,8 +60,9 @@ def test_one_node_down_writes_succeed_and_survive_reopen(tmp_path, wp_connect):
     seg = handle.segments()[0]
     assert seg.state is SegmentState.SEALED and seg.last_entry_id == 60
     # node-2 holds nothing, so each entry has exactly aq = 2 copies
-    node2 = tmp_path / "objects" / "nodes" / "node-2"
-    assert [p for p in node2.rglob("*") if p.is_file()] == []
+    nodes = Path(client.objects.root) / "nodes"
+    assert (nodes / "node-0" / str(handle.log_id) / "0" / "data").stat().st_size > 0
+    assert [p for p in (nodes / "node-2").rglob("*") if p.is_file()] == []
     client.close()
 
     # reopen with the node still down: reads and a takeover work with 2 of 3

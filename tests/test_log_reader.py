@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from segfile_util import flip_entry_byte
@@ -161,7 +162,7 @@ def test_corrupt_block_raises_corrupt_entry_naming_position(tmp_path, wp_connect
     writer, ids = fill(handle, 30, prefix=b"payload-")
     writer.close()
     target = 17
-    seg_dir = tmp_path / "objects" / str(handle.log_id) / "0"
+    seg_dir = Path(client.objects.root) / str(handle.log_id) / "0"
     _, batch_offset = flip_entry_byte(seg_dir, target)
 
     fresh = wp_connect(tmp_path).open_log("corrupt")  # no cached blocks

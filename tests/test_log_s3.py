@@ -22,6 +22,7 @@ def s3_config(s3_server, monkeypatch):
         "objectstore.endpoint_url": s3_server.endpoint_url,
         "objectstore.bucket": f"wp-log-{uuid.uuid4().hex[:12]}",
         "objectstore.region": "us-east-1",
+        "objectstore.create_bucket": True,
         "append.linger_ms": 2,
         "segment.max_entries": 40,
     }

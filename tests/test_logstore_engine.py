@@ -3,6 +3,8 @@ blocks."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from woodpecker_idem._core import encode_entry
@@ -177,6 +179,31 @@ def test_other_engine_sees_new_blocks(store):
     a.add_entries(LOG, SEG, 3, frame(3, 5))
     assert len(b.read(LOG, SEG, 3, 10)) == 3
     assert b.last_add_confirmed(LOG, SEG)[0] == 5
+
+
+def test_existing_entries_with_other_bytes_are_never_taken_as_ours(store):
+    """A stale engine (another process, loaded before) whose block key or entries are already
+    taken by other bytes is refused, data or recovery copy alike; the stored bytes stay."""
+    a = LogStoreEngine(store, "node-0")
+    stale = LogStoreEngine(store, "node-0")
+    assert stale.last_add_confirmed(LOG, SEG)[0] == -1  # loaded: the segment is empty
+    a.add_entries(LOG, SEG, 0, frame(0, 2))
+    stored = store.get(f"{LOG}/{SEG}/0.blk")
+    for recovery in (False, True):
+        with pytest.raises((SegmentFencedError, EntryConflictError)):
+            stale.add_entries(LOG, SEG, 0, frame(0, 2, payload=b"other"), recovery=recovery)
+    # now that it has seen block 0, the entries are compared one by one
+    with pytest.raises(EntryConflictError):
+        stale.add_entries(LOG, SEG, 0, frame(0, 2, payload=b"other"), recovery=True)
+    assert store.get(f"{LOG}/{SEG}/0.blk") == stored
+    assert payloads(LogStoreEngine(store, "node-0").read(LOG, SEG, 0, 10)) == [
+        b"payload-0",
+        b"payload-1",
+        b"payload-2",
+    ]
+    # the same bytes are the same entries: acknowledged without a new block
+    assert stale.add_entries(LOG, SEG, 0, frame(0, 2), recovery=True) == 2
+    assert blk_names(Path(store.root)) == ["0.blk"]
 
 
 # --- corrupt blocks -------------------------------------------------------------------------------

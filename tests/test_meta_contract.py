@@ -42,11 +42,17 @@ NOW = 1_700_000_000_000
 Opener = Callable[[], MetadataStore]
 
 
-@pytest.fixture(params=["sqlite"])
+@pytest.fixture(params=["sqlite", "etcd"])
 def meta_opener(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
     """A picklable callable opening a new handle on one shared store (per backend)."""
     if request.param == "sqlite":
         return functools.partial(open_metadata_store, "sqlite", path=str(tmp_path / "meta.sqlite"))
+    if request.param == "etcd":
+        server = request.getfixturevalue("etcd_server")
+        prefix = request.getfixturevalue("etcd_prefix")
+        return functools.partial(
+            open_metadata_store, "etcd", endpoints=[server.endpoint], prefix=prefix
+        )
     raise AssertionError(f"unknown backend {request.param}")  # pragma: no cover
 
 
@@ -76,6 +82,63 @@ def _replace(seg: SegmentMeta, **kw: object) -> SegmentMeta:
     import dataclasses
 
     return dataclasses.replace(seg, **kw)  # type: ignore[arg-type]
+
+
+# --- identity ------------------------------------------------------------------------------------
+
+
+def _store_id_worker(opener: Opener) -> str:
+    """Process entry point: open a handle and report the store's identity."""
+    store = opener()
+    try:
+        return store.store_id()
+    finally:
+        store.close()
+
+
+def test_store_id_is_created_once_and_shared_by_every_handle(meta_opener: Opener) -> None:
+    """The first opens race (threads with their own handles, and processes): one identity wins,
+    every handle sees it, and it survives reopening."""
+    import uuid
+
+    barrier = threading.Barrier(4)
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def first_open() -> None:
+        barrier.wait(timeout=30)
+        sid = _store_id_worker(meta_opener)
+        with lock:
+            seen.append(sid)
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        procs = [pool.apply_async(_store_id_worker, (meta_opener,)) for _ in range(2)]
+        threads = [threading.Thread(target=first_open) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        seen.extend(r.get(timeout=60) for r in procs)
+    assert len(seen) == 6 and len(set(seen)) == 1, seen
+    assert str(uuid.UUID(seen[0])) == seen[0]
+    again = meta_opener()
+    try:
+        again.create_log("a", NOW)
+        assert again.store_id() == seen[0]
+    finally:
+        again.close()
+    assert _store_id_worker(meta_opener) == seen[0]
+
+
+def test_different_stores_have_different_ids(tmp_path: Path) -> None:
+    a = SqliteMetadataStore(tmp_path / "a.sqlite")
+    b = SqliteMetadataStore(tmp_path / "b.sqlite")
+    try:
+        assert a.store_id() != b.store_id()
+    finally:
+        a.close()
+        b.close()
 
 
 # --- logs ----------------------------------------------------------------------------------------
@@ -408,8 +471,8 @@ def test_state_survives_reopen(meta_store: MetadataStore, meta_opener: Opener) -
 
 
 def test_open_metadata_store_errors(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="not yet available"):
-        open_metadata_store("etcd", endpoints=["localhost:2379"])
+    with pytest.raises(ConfigError, match="meta.endpoints"):
+        open_metadata_store("etcd", endpoints=[])
     with pytest.raises(ConfigError, match="sqlite, etcd"):
         open_metadata_store("zookeeper")
     with pytest.raises(ConfigError, match="meta.path"):

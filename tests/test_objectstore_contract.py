@@ -18,6 +18,7 @@ import pytest
 from woodpecker_idem.errors import (
     InvalidArgumentError,
     InvalidTypeError,
+    StorageAccessError,
     StorageUnavailableError,
 )
 from woodpecker_idem.objectstore import LocalObjectStore, ObjectStore, open_object_store
@@ -42,6 +43,7 @@ def store_spec(store: ObjectStore) -> dict[str, Any]:
         "root": store.root,
         "access_key": "testing",
         "secret_key": "testing",
+        "create_bucket": True,
     }
 
 
@@ -259,6 +261,27 @@ def test_delete_prefix(object_store: ObjectStore) -> None:
     assert object_store.get("log/7/1/0.blk") == b"again"
 
 
+def test_child_is_the_prefix_with_the_same_contract(object_store: ObjectStore) -> None:
+    """`child` (how connect() keeps each metadata store's objects apart) sees only its prefix."""
+    object_store.put("OWNER", b"marker")
+    object_store.put("other/1/0/0.blk", b"other store")
+    child = object_store.child("store-a")
+    assert child.list("") == []
+    assert child.put("1/0/0.blk", b"mine", if_none_match=True) is True
+    assert child.put("1/0/0.blk", b"theirs", if_none_match=True) is False
+    assert child.get("1/0/0.blk") == b"mine"
+    assert child.list("") == ["1/0/0.blk"]
+    assert object_store.get("store-a/1/0/0.blk") == b"mine"
+    nested = child.child("nodes/node-1")
+    nested.put("k", b"n")
+    assert object_store.list("store-a/") == ["store-a/1/0/0.blk", "store-a/nodes/node-1/k"]
+    assert child.delete_prefix("") == 2
+    assert object_store.list("") == ["OWNER", "other/1/0/0.blk"]
+    for bad in ("", "/abs", "a/../b"):
+        with pytest.raises(InvalidArgumentError):
+            object_store.child(bad)
+
+
 # --- local only ----------------------------------------------------------------------------------
 
 
@@ -299,6 +322,22 @@ def test_local_sweep_temp_files(tmp_path: Path) -> None:
     assert store.sweep_temp_files(max_age_s=3600) == 1
     assert not old.exists() and fresh.exists()
     assert store.get("d/k") == b"x"
+
+
+def test_local_store_sweeps_stale_temp_files_when_it_opens(tmp_path: Path) -> None:
+    """A process killed mid-put leaves a temp file; the next open of the store removes it once
+    it is older than STALE_TEMP_S, and leaves younger ones (a put in flight elsewhere) alone."""
+    store = LocalObjectStore(tmp_path / "o")
+    store.put("1/0/0.blk", b"x")
+    stale = Path(store.root, "1", "0", f"{local_mod.TEMP_PREFIX}1.blk.4242.7")
+    fresh = Path(store.root, "1", "0", f"{local_mod.TEMP_PREFIX}2.blk.4243.0")
+    stale.write_bytes(b"killed mid-put")
+    fresh.write_bytes(b"in flight")
+    long_ago = time.time() - local_mod.STALE_TEMP_S - 60
+    os.utime(stale, (long_ago, long_ago))
+    LocalObjectStore(tmp_path / "o")
+    assert not stale.exists() and fresh.exists()
+    assert store.list("") == ["1/0/0.blk"] and store.get("1/0/0.blk") == b"x"
 
 
 _STRACE_SCRIPT = """
@@ -432,6 +471,7 @@ def _fresh_s3(server: Any, **kw: Any) -> Any:
         bucket=f"wp-test-{uuid.uuid4().hex[:16]}",
         access_key="testing",
         secret_key="testing",
+        create_bucket=True,
         **kw,
     )
 
@@ -656,9 +696,11 @@ def test_s3_non_retriable_error_is_not_retried(s3_server: Any) -> None:
         raise _client_error("AccessDenied", 403)
 
     store, faulty = _faulty_store(s3_server, [denied] * 10)
-    with pytest.raises(StorageUnavailableError, match="AccessDenied"):
+    with pytest.raises(StorageAccessError, match="AccessDenied") as info:
         store.put("d/0", b"x")
     assert faulty.put_calls == 1
+    assert store.bucket in str(info.value) and "credentials" in str(info.value)
+    assert not info.value.retriable
 
 
 @pytest.mark.s3

@@ -311,7 +311,7 @@ def test_sync_writes_leave_a_handful_of_files_per_segment(tmp_path, wp_connect):
     writer = handle.open_writer()
     ids = [writer.write(b"x" * 100).message_id for _ in range(10_000)]
     writer.close()
-    seg_root = tmp_path / "objects" / str(handle.log_id)
+    seg_root = Path(client.objects.root) / str(handle.log_id)
     for seg in handle.segments():
         files = sorted(p.name for p in (seg_root / str(seg.segment_id)).iterdir())
         assert files == ["data", "footer"], files

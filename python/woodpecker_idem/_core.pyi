@@ -11,29 +11,40 @@ because a writable exporter could change under a batch that runs without the GIL
 
 import os
 from collections.abc import Sequence
-from typing import final
+from typing import Self, TypeVar, final
 
 from typing_extensions import Buffer
+
+_B = TypeVar("_B", bound=Buffer)  # any one buffer type: `list[bytes]` is not a `list[Buffer]`
 
 __all__ = [
     "KEY_SIZE",
     "SNAPSHOT_FORMAT_VERSION",
+    "__version__",
     "DedupWindow",
     "KeyPipe",
+    "SegmentAppender",
     "Snapshot",
     "WindowEntry",
     "concat",
     "content_key",
     "content_keys",
     "content_keys_arrow",
+    "count_records",
     "crc32c",
     "decode_snapshot",
+    "encode_entry",
     "encode_new_entries",
     "encode_snapshot",
     "explicit_key",
     "explicit_keys",
     "put_file",
+    "segfile_read",
+    "segfile_scan",
 ]
+
+__version__: str
+"""The package version, from `Cargo.toml` (PEP 440 spelling); `woodpecker_idem.__version__`."""
 
 KEY_SIZE: int
 """Length of every idempotency key (16): keys are MD5 digests, so one fixed size fits all tables."""
@@ -112,22 +123,21 @@ def explicit_keys(ids: Sequence[str | bytes]) -> bytes:
         InvalidTypeError: `ids` is not a sequence, or `ids[i]` is neither `str` nor `bytes`.
     """
 
-def crc32c(data: Buffer, value: int = 0) -> int:
+def crc32c(data: Buffer, value: int | None = None) -> int:
     """CRC32C (Castagnoli) of `data`, the checksum used by snapshots and stored entries.
 
     Args:
         data: Bytes-like input.
         value: A previous result, to checksum a stream chunk by chunk
-            (`crc32c(b, crc32c(a)) == crc32c(a + b)`).
+            (`crc32c(b, crc32c(a)) == crc32c(a + b)`); None (the default) starts from 0.
 
     Raises:
         InvalidArgumentError: `value` is outside 0..=2**32-1.
         InvalidTypeError: `data` is not bytes-like or `value` is not an int.
     """
 
-# --- dedup window ----------------------------------------------------------------------------
+# --- records and files -----------------------------------------------------------------------
 
-@final
 def encode_entry(
     segment_id: int,
     entry_id: int,
@@ -163,7 +173,7 @@ def encode_new_entries(
         InvalidTypeError: a payload is not bytes, or properties are not `dict[str, str]`.
     """
 
-def concat(parts: list[Buffer] | tuple[Buffer, ...]) -> bytes:
+def concat(parts: list[_B] | tuple[_B, ...]) -> bytes:
     """The parts laid end to end in one new `bytes`, like `b"".join(parts)` but copied with the
     GIL held: `bytes.join` lets go of the GIL for results of 1 MiB or more, and winning it back
     from a busy producer thread costs up to one switch interval (5 ms) per batch frame or block.
@@ -202,6 +212,8 @@ def put_file(
         InvalidTypeError: naming `data`, when it is not bytes-like.
     """
 
+# --- local segment files ---------------------------------------------------------------------
+
 def segfile_scan(
     path: str | os.PathLike[str], start: int, limit: int, *, completed: bool
 ) -> tuple[list[tuple[int, int, int]], int, int, int | None]:
@@ -231,10 +243,11 @@ def segfile_read(
         OSError: reading the file failed.
     """
 
+@final
 class SegmentAppender:
     """An append-only local segment file (created if missing, closed when dropped)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None: ...
+    def __new__(cls, path: str | os.PathLike[str]) -> Self: ...
     def append(self, header: Buffer, frame: Buffer) -> int:
         """Append `header` and `frame` in one O_APPEND write; returns the batch's offset. A short
         write raises `OSError`."""
@@ -245,6 +258,9 @@ class SegmentAppender:
     ) -> tuple[int, bool]:
         """`append` then `sync` as one call: `(offset, fenced)`."""
 
+# --- dedup window ----------------------------------------------------------------------------
+
+@final
 class WindowEntry:
     """What the window knows about a key: where its entry lives and whether it is durable yet.
 
@@ -263,15 +279,17 @@ class WindowEntry:
     @property
     def committed(self) -> bool:
         """False while the write is in flight (pending): a retry must join it, not rewrite."""
-    def __init__(self, segment_id: int, entry_id: int, timestamp_ms: int, committed: bool) -> None:
+    def __new__(cls, segment_id: int, entry_id: int, timestamp_ms: int, committed: bool) -> Self:
         """Build an entry by hand (for comparisons in tests; lookups build their own).
 
         Raises:
             InvalidArgumentError: an id is outside 0..=2**32-1 or `timestamp_ms` outside int64.
             InvalidTypeError: an id or `timestamp_ms` is not an int.
         """
-    def __eq__(self, other: object) -> bool: ...
-    def __hash__(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool:
+        """Equal when all four fields are."""
+    def __hash__(self) -> int:
+        """Hash of the four fields (entries can be set members and dict keys)."""
 
 @final
 class DedupWindow:
@@ -288,8 +306,10 @@ class DedupWindow:
     Keys are 16-byte bytes-like values; ids are stored as u32 and timestamps as int64.
     """
 
-    def __init__(self, max_keys: int, window_ms: int) -> None:
-        """Args:
+    def __new__(cls, max_keys: int, window_ms: int) -> Self:
+        """An empty window, its ring reserved for `max_keys` committed keys.
+
+        Args:
             max_keys: Committed keys kept at most (1..=2**32-1); the oldest commit is evicted
                 beyond it.
             window_ms: Age (>= 1 ms) at which a committed key stops deduplicating.
@@ -480,7 +500,7 @@ class DedupWindow:
         """`(key, segment_id, entry_id, timestamp_ms)` in commit order, oldest first (tests and
         tools; use `encode_snapshot` for bulk export)."""
 
-# --- snapshots -------------------------------------------------------------------------------
+# --- key pipe --------------------------------------------------------------------------------
 
 @final
 class KeyPipe:
@@ -495,7 +515,8 @@ class KeyPipe:
     Not meant to be shared: the idempotent writer calls it under its own lock.
     """
 
-    def __init__(self) -> None: ...
+    def __new__(cls) -> Self:
+        """An empty pipe (its hashing thread starts with the first large chunk)."""
     def push(self, payload: Buffer) -> None:
         """Queue `payload`: a `bytes` object is held until its key is taken, any other buffer is
         copied (it could change meanwhile). Raises InvalidTypeError for a non-bytes-like."""
@@ -516,6 +537,9 @@ class KeyPipe:
     def __len__(self) -> int:
         """Payloads queued and not yet taken."""
 
+# --- snapshots -------------------------------------------------------------------------------
+
+@final
 class Snapshot:
     """A decoded, fully validated dedup snapshot (see `proto/dedup_snapshot.proto`)."""
 

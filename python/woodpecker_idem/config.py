@@ -63,7 +63,7 @@ class Key:
     """One configuration key: its kind, default, allowed values and meaning."""
 
     name: str
-    kind: str  # int | size | number | choice | fsync | str | optional_str | str_list
+    kind: str  # int | size | number | bool | choice | fsync | str | optional_str | str_list
     default: Any
     meaning: str
     min: float | None = None
@@ -93,6 +93,8 @@ class Key:
             if self.min is not None:
                 return f"{noun} {'>' if self.min_exclusive else '>='} {lo}"
             return noun
+        if self.kind == "bool":
+            return "true or false"
         if self.kind == "optional_str":
             return "a string or null"
         if self.kind == "str_list":
@@ -100,10 +102,10 @@ class Key:
         return "a string"
 
     def default_text(self) -> str:
-        if self.name == "quorum.es":
-            return "1 (3 when meta.type is etcd)"
         if self.kind == "str_list":
             return "[]"
+        if self.kind == "bool":
+            return "true" if self.default else "false"
         if self.kind == "size" and isinstance(self.default, int):
             return _fmt_size(self.default)
         return repr(self.default) if isinstance(self.default, str) else str(self.default)
@@ -141,6 +143,14 @@ def _check_url(value: str | None) -> None:
         raise _Invalid("an http:// or https:// URL, or null")
 
 
+_ENDPOINT_RE = re.compile(r"^(https?://)?(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+):\d{1,5}/?$")
+
+
+def _check_endpoints(value: tuple[str, ...]) -> None:
+    if not all(_ENDPOINT_RE.match(v) for v in value):
+        raise _Invalid("a list of host:port or http(s)://host:port")
+
+
 def _nonempty_optional(value: str | None) -> None:
     if value is not None and not value:
         raise _Invalid("a non-empty string or null")
@@ -168,7 +178,7 @@ def _opt(name: str, meaning: str, check: Callable[[Any], None] = _nonempty_optio
 
 # The single source of truth. Sections are the part before the dot.
 KEYS: tuple[Key, ...] = (
-    Key("quorum.es", "int", None, "ensemble size; wq = es, aq = es // 2 + 1", choices=(1, 3, 5)),
+    Key("quorum.es", "int", 1, "ensemble size; wq = es, aq = es // 2 + 1", choices=(1, 3, 5)),
     _int("append.max_batch_entries", 1000, 1, 100_000, "most entries in one AddEntries batch"),
     _size("append.max_batch_bytes", 2 * MiB, KiB, 64 * MiB, "most bytes in one AddEntries batch"),
     _int("append.linger_ms", 2, 0, 1000, "how long a batch waits for more entries"),
@@ -191,15 +201,43 @@ KEYS: tuple[Key, ...] = (
     _opt("objectstore.path", "local directory; null: <data_dir>/objects"),
     _opt("objectstore.endpoint_url", "S3 endpoint URL; null: the AWS default", _check_url),
     _opt("objectstore.bucket", "S3 bucket (required for s3)"),
-    Key("objectstore.root", "str", "woodpecker", "key prefix inside the store", check=_check_root),
+    Key(
+        "objectstore.root",
+        "str",
+        "woodpecker",
+        "key prefix inside the bucket or objectstore.path; one metadata store owns it",
+        check=_check_root,
+    ),
     _opt("objectstore.region", "S3 region; null: the SDK default"),
+    _opt("objectstore.access_key_id", "S3 access key; null: the AWS credential chain"),
+    _opt("objectstore.secret_access_key", "S3 secret key (with access_key_id); never logged"),
+    _opt("objectstore.profile", "AWS profile for S3 credentials; null: the default chain"),
+    Key(
+        "objectstore.create_bucket",
+        "bool",
+        False,
+        "create a missing S3 bucket at connect; false: a missing bucket is an error",
+    ),
+    _secs("objectstore.probe_timeout_s", 5, 600, "connect() gives up on S3 after this long"),
+    _secs("objectstore.connect_timeout_s", 2, 600, "S3: one TCP connect attempt's limit"),
+    _secs("objectstore.read_timeout_s", 5, 600, "S3: one response read's limit"),
+    _secs("objectstore.retry_budget_s", 30, 3600, "S3: time one operation retries before failing"),
     Key("meta.type", "choice", "sqlite", "metadata backend", choices=("sqlite", "etcd")),
     _opt("meta.path", "SQLite file; null: <data_dir>/meta.sqlite"),
-    Key("meta.endpoints", "str_list", (), "etcd endpoints (host:port)"),
+    Key(
+        "meta.endpoints",
+        "str_list",
+        (),
+        "etcd endpoints (host:port or http(s)://host:port)",
+        check=_check_endpoints,
+    ),
     Key("meta.prefix", "str", "/woodpecker", "etcd key prefix", check=_check_prefix),
+    _int("meta.timeout_ms", 5_000, 1, 600_000, "etcd: deadline of every metadata call"),
 )
 
 _BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
+#: Values never shown in messages or reprs.
+_SECRETS = frozenset({"objectstore.secret_access_key"})
 _BY_ENV: dict[str, Key] = {k.env_name: k for k in KEYS}
 SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(k.name.split(".", 1)[0] for k in KEYS))
 
@@ -247,8 +285,9 @@ def parse_size(value: object) -> int:
 
 def _bad(key: Key, value: object, source: str, allowed: str | None = None) -> ConfigError:
     where = f" (from {source})" if source else ""
+    shown = "<hidden>" if key.name in _SECRETS else repr(value)
     return ConfigError(
-        f"invalid config {key.name} = {value!r}{where}: must be {allowed or key.allowed()}"
+        f"invalid config {key.name} = {shown}{where}: must be {allowed or key.allowed()}"
     )
 
 
@@ -258,6 +297,15 @@ def _validate(key: Key, value: object, source: str) -> Any:
         return _normalise(key, value)
     except _Invalid as exc:
         raise _bad(key, value, source, exc.allowed) from None
+
+
+def check_value(name: str, value: object, source: str = "") -> Any:
+    """One key's value checked (type, range, finiteness) and normalised, as a config file's would
+    be; `ConfigError` names the key. For options that mirror a key (`open_writer`'s window)."""
+    key = _BY_NAME.get(name)
+    if key is None:
+        raise _unknown_key(name, source)
+    return _validate(key, value, source)
 
 
 def _check_range(key: Key, v: float) -> None:
@@ -271,8 +319,6 @@ def _check_range(key: Key, v: float) -> None:
 def _normalise(key: Key, value: object) -> Any:
     kind = key.kind
     if kind == "int":
-        if value is None and key.name == "quorum.es":
-            return None  # not set: resolved from meta.type
         if isinstance(value, bool) or not isinstance(value, int):
             raise _Invalid(key.allowed())
         if key.choices and value not in key.choices:
@@ -292,6 +338,10 @@ def _normalise(key: Key, value: object) -> Any:
         if not math.isfinite(value):
             raise _Invalid(key.allowed())
         _check_range(key, value)
+        return value
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise _Invalid(key.allowed())
         return value
     if kind == "choice":
         if not isinstance(value, str) or value not in key.choices:
@@ -321,6 +371,8 @@ def _normalise(key: Key, value: object) -> Any:
             raise _Invalid(key.allowed())
         if not all(isinstance(v, str) and v for v in value):
             raise _Invalid("a list of non-empty strings")
+        if key.check is not None:
+            key.check(tuple(value))
         return tuple(value)
     raise AssertionError(f"unknown kind {kind}")  # pragma: no cover
 
@@ -337,6 +389,13 @@ def _parse_env(key: Key, text: str, source: str) -> Any:
         if kind == "number":
             v: float = float(s)
             return int(v) if _INT_RE.match(s) else v
+        if kind == "bool":
+            lowered = s.lower()
+            if lowered in ("true", "1", "yes", "on"):
+                return True
+            if lowered in ("false", "0", "no", "off"):
+                return False
+            raise ValueError
         if kind == "optional_str":
             return s or None
         if kind == "str_list":
@@ -417,11 +476,12 @@ class Section:
 class Config:
     """Frozen, validated configuration. Build with `load_config` or `Config.from_dict`.
 
-    Keeps the explicitly set values apart from the defaults so that derived defaults (quorum.es
-    from meta.type) are re-derived by `with_overrides`.
+    Keeps the explicitly set values apart from the defaults (`is_set`, and what pickles).
     """
 
     __slots__ = ("_explicit", "_values")
+    _explicit: Mapping[str, Any]
+    _values: Mapping[str, Any]
 
     def __init__(self, explicit: Mapping[str, Any] | None = None, *, _source: str = "") -> None:
         explicit = dict(explicit or {})
@@ -432,8 +492,6 @@ class Config:
                 values[key.name] = _validate(key, explicit[key.name], _source)
             else:
                 values[key.name] = key.default
-        if values["quorum.es"] is None:
-            values["quorum.es"] = 3 if values["meta.type"] == "etcd" else 1
         _check_together(values)
         norm = {k: values[k] for k in explicit}
         object.__setattr__(self, "_explicit", MappingProxyType(norm))
@@ -506,7 +564,8 @@ class Config:
         return hash(tuple(self._values.items()))
 
     def __repr__(self) -> str:
-        return f"Config({dict(self._explicit)!r})"
+        shown = {k: "<hidden>" if k in _SECRETS else v for k, v in self._explicit.items()}
+        return f"Config({shown!r})"
 
     # derived paths
     def meta_path(self, data_dir: str | os.PathLike[str]) -> Path:
@@ -541,6 +600,16 @@ def _check_together(v: Mapping[str, Any]) -> None:
     if v["objectstore.type"] == "s3" and not v["objectstore.bucket"]:
         raise ConfigError(
             "invalid config objectstore.bucket = None: must be set when objectstore.type is s3"
+        )
+    if (v["objectstore.access_key_id"] is None) != (v["objectstore.secret_access_key"] is None):
+        raise ConfigError(
+            "invalid config: objectstore.access_key_id and objectstore.secret_access_key go "
+            "together (set both, or neither to use objectstore.profile or the AWS chain)"
+        )
+    if v["objectstore.profile"] is not None and v["objectstore.access_key_id"] is not None:
+        raise ConfigError(
+            "invalid config: objectstore.profile and objectstore.access_key_id both set; "
+            "use one way to give S3 credentials"
         )
 
 
@@ -629,6 +698,7 @@ __all__ = [
     "FsyncPolicy",
     "Key",
     "Section",
+    "check_value",
     "config_table_markdown",
     "load_config",
     "parse_fsync",

@@ -42,6 +42,15 @@ class ConfigError(WoodpeckerError, ValueError):
     code = "INVALID_CONFIG"
 
 
+class ClientClosedError(WoodpeckerError):
+    """The client was closed: no call through it, its logs, readers or writers can succeed.
+
+    Not retriable: open a new client with `connect()`.
+    """
+
+    code = "CLIENT_CLOSED"
+
+
 # --- logs and metadata -----------------------------------------------------------------------
 
 
@@ -130,6 +139,32 @@ class StorageUnavailableError(WoodpeckerError):
 
     code = "STORAGE_UNAVAILABLE"
     retriable = True
+
+
+class StorageAccessError(WoodpeckerError):
+    """Object storage answered but refuses us: missing credentials, access denied, no such bucket.
+
+    Not retriable: the message names the bucket and the endpoint and says what to change.
+    """
+
+    code = "STORAGE_ACCESS"
+
+
+class ObjectStoreOwnedError(WoodpeckerError):
+    """`objectstore.root` belongs to another metadata store (its owner marker names another id).
+
+    Two metadata stores on one bucket and root would each number their logs from 1; the owner
+    marker refuses the second one, which must use another root or the owning metadata store.
+    """
+
+    code = "OBJECT_STORE_OWNED"
+
+
+class StorageReadOnlyError(StorageUnavailableError):
+    """The storage is read-only (a read-only data directory): reads work, writes cannot."""
+
+    code = "STORAGE_READ_ONLY"
+    retriable = False
 
 
 class CorruptEntryError(WoodpeckerError):

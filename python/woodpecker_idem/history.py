@@ -107,14 +107,14 @@ def check_history(
             continue
         acknowledged.add(a.key)
         duplicates += bool(a.duplicate)
-        msg = by_id.get(a.message_id)
-        if msg is None:
+        found = by_id.get(a.message_id) if a.message_id is not None else None
+        if found is None:
             problems.append(
                 f"key {a.key.hex()} was acknowledged at {a.message_id}, "
                 f"which is not in the log (lost)"
             )
-        elif msg.idempotency_key != a.key:
-            have = msg.idempotency_key.hex() if msg.idempotency_key else "no key"
+        elif found.idempotency_key != a.key:
+            have = found.idempotency_key.hex() if found.idempotency_key else "no key"
             problems.append(
                 f"key {a.key.hex()} was acknowledged at {a.message_id}, which holds {have}"
             )

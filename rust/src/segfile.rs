@@ -24,19 +24,6 @@ pub struct BatchHeader {
     pub lac: i64,
 }
 
-pub fn encode_header(h: &BatchHeader) -> [u8; BATCH_HEADER_LEN] {
-    let mut out = [0u8; BATCH_HEADER_LEN];
-    out[0..4].copy_from_slice(MAGIC);
-    out[4..6].copy_from_slice(&VERSION.to_le_bytes());
-    out[8..16].copy_from_slice(&h.first.to_le_bytes());
-    out[16..20].copy_from_slice(&h.count.to_le_bytes());
-    out[20..24].copy_from_slice(&h.frame_len.to_le_bytes());
-    out[24..32].copy_from_slice(&h.lac.to_le_bytes());
-    let crc = crc32c::crc32c(&out[..32]);
-    out[32..36].copy_from_slice(&crc.to_le_bytes());
-    out
-}
-
 fn le_u32(b: &[u8]) -> u32 {
     u32::from_le_bytes([b[0], b[1], b[2], b[3]])
 }
@@ -191,14 +178,6 @@ pub struct Entries {
 }
 
 impl Entries {
-    pub fn len(&self) -> usize {
-        self.ends.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
-    }
-
     /// The entries as slices, in order.
     pub fn iter(&self) -> impl Iterator<Item = &[u8]> {
         let starts = std::iter::once(0).chain(self.ends.iter().copied());
@@ -388,6 +367,20 @@ mod tests {
     use super::*;
     use std::path::PathBuf;
 
+    /// The header as `logstore/segment_files.py` writes it.
+    fn encode_header(h: &BatchHeader) -> [u8; BATCH_HEADER_LEN] {
+        let mut out = [0u8; BATCH_HEADER_LEN];
+        out[0..4].copy_from_slice(MAGIC);
+        out[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        out[8..16].copy_from_slice(&h.first.to_le_bytes());
+        out[16..20].copy_from_slice(&h.count.to_le_bytes());
+        out[20..24].copy_from_slice(&h.frame_len.to_le_bytes());
+        out[24..32].copy_from_slice(&h.lac.to_le_bytes());
+        let crc = crc32c::crc32c(&out[..32]);
+        out[32..36].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("wp-segfile-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -440,7 +433,7 @@ mod tests {
         assert_eq!(got.iter().collect::<Vec<_>>(), vec![b"a"]);
         assert_eq!((at, first), (0, 0)); // entry 1 is in this batch
         let (got, at, first) = read(&path, &[(0, 0, 0, 2)]).unwrap().unwrap();
-        assert_eq!(got.len(), 3);
+        assert_eq!(got.ends.len(), 3);
         assert_eq!((at, first), (size, 3));
     }
 

@@ -1,7 +1,8 @@
 """Dedup snapshots on object storage: naming, writing off the write path, retention, loading.
 
-Key: `dedup_snapshot/{log_id}/snapshot_{epoch:020}_{timestamp_ms:020}` (relative to the object
-store's root), so lexical order is (epoch, time) order and the newest snapshot sorts last.
+Key: `dedup_snapshot/{log_id}/snapshot_{epoch:020}_{timestamp_ms:020}`, relative to the client's
+object store, which connect() roots at `{objectstore.root}/{store_id}/` (log ids are only unique
+within one metadata store). Lexical order is (epoch, time) order: the newest snapshot sorts last.
 """
 
 from __future__ import annotations

@@ -32,20 +32,23 @@ def open_metadata_store(
     path: str | os.PathLike[str] | None = None,
     endpoints: Sequence[str] | None = None,
     prefix: str = "/woodpecker",
+    timeout_ms: int = 5_000,
 ) -> MetadataStore:
     """Open the metadata backend named by `meta.type`.
 
-    sqlite needs `path` (the config resolves its default, `<data_dir>/meta.sqlite`); etcd will use
-    `endpoints` and `prefix`.
+    sqlite needs `path` (the config resolves its default, `<data_dir>/meta.sqlite`); etcd uses
+    `endpoints`, `prefix` and `timeout_ms` (the deadline of every call).
     """
     if type == "sqlite":
         if path is None:
             raise ConfigError("meta.path is required when meta.type is 'sqlite'")
         return SqliteMetadataStore(path)
     if type == "etcd":
-        raise ConfigError(
-            "meta.type 'etcd' is not yet available in this version; use meta.type 'sqlite'"
-        )
+        if not endpoints:
+            raise ConfigError("meta.endpoints is required when meta.type is 'etcd'")
+        from .etcd import EtcdMetadataStore  # imports etcd3gw only when etcd is used
+
+        return EtcdMetadataStore(endpoints, prefix, timeout_ms=timeout_ms)
     raise ConfigError(
         f"meta.type = {type!r} is invalid: allowed values are {', '.join(META_TYPES)}"
     )

@@ -60,6 +60,14 @@ class MetadataStore(ABC):
     """Every method is atomic. Writer-issued changes carry the writer's epoch and fail with
     `WriterFencedError` when the log's epoch has moved on."""
 
+    # --- identity ---
+    @abstractmethod
+    def store_id(self) -> str:
+        """This store's identity: a UUID created atomically with the store and never changed.
+
+        Object keys live under it (`{objectstore.root}/{store_id}/...`), because log ids are only
+        unique within one store."""
+
     # --- logs ---
     @abstractmethod
     def create_log(self, name: str, now_ms: int, group: str = "") -> LogMeta:

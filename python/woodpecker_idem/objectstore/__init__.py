@@ -32,16 +32,16 @@ def open_object_store(
     endpoint_url: str | None = None,
     bucket: str | None = None,
     root: str = "",
-    region: str = "us-east-1",
+    region: str | None = "us-east-1",
     access_key: str | None = None,
     secret_key: str | None = None,
     **options: Any,
 ) -> ObjectStore:
     """Build the backend named by `objectstore.type` ("local" or "s3").
 
-    Extra keyword `options` go to the backend (local: `fsync`; s3: `connect_timeout_s`,
-    `read_timeout_s`, `retry_budget_s`, `backoff_initial_s`, `backoff_max_s`,
-    `max_pool_connections`, `create_bucket`).
+    Extra keyword `options` go to the backend (local: `fsync`; s3: `profile`,
+    `connect_timeout_s`, `read_timeout_s`, `retry_budget_s`, `probe_timeout_s`,
+    `backoff_initial_s`, `backoff_max_s`, `max_pool_connections`, `create_bucket`).
     """
     kind = type.strip().lower() if isinstance(type, str) else type
     if kind == "local":

@@ -11,7 +11,8 @@ class ObjectStore(ABC):
     Keys are relative, "/"-separated, never start with "/" and never contain "..". `put` with
     `if_none_match=True` is the fencing primitive: exactly one of several concurrent creators wins.
     Transient failures are retried with backoff inside the backend; when retries run out the backend
-    raises `StorageUnavailableError`.
+    raises `StorageUnavailableError`. What no retry fixes (credentials, access, a missing bucket)
+    raises `StorageAccessError` at once.
     """
 
     @abstractmethod
@@ -37,6 +38,15 @@ class ObjectStore(ABC):
         for key in keys:
             self.delete(key)
         return len(keys)
+
+    @abstractmethod
+    def child(self, prefix: str) -> ObjectStore:
+        """A store for the keys under `prefix/`, sharing this store's connections (closing either
+        closes them). How one metadata store's objects are kept apart from another's."""
+
+    def probe(self) -> None:  # noqa: B027 - optional hook
+        """Check the store can be used (reachable, credentials, bucket), raising a clear error
+        within a short budget. A local directory was checked when it was opened."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the default has none."""

@@ -6,20 +6,25 @@ budget, so it knows when an attempt is *ambiguous* (the request may have landed 
 came back). If a later attempt of the same conditional put then gets 412, the object is read back:
 the same bytes mean the earlier attempt was ours (True), different bytes mean another writer won.
 boto3 is imported lazily so `import woodpecker_idem` stays light.
+
+Errors a retry cannot fix (no credentials, access denied, no such bucket) become
+`StorageAccessError`s naming the bucket, the endpoint and what to change. A missing bucket is
+created only when `create_bucket` is set, and only before first use: a bucket deleted under a
+running client is an error, never silently recreated empty.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import random
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from woodpecker_idem.errors import ConfigError, StorageUnavailableError
+from woodpecker_idem.errors import ConfigError, StorageAccessError, StorageUnavailableError
 from woodpecker_idem.objectstore.base import ObjectStore
 from woodpecker_idem.objectstore.local import as_bytes, validate_key, validate_prefix
+from woodpecker_idem.retry import Backoff, retry_call
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
@@ -47,6 +52,24 @@ _RETRIABLE_CODES = frozenset(
 )
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 _NO_BUCKET_CODES = frozenset({"NoSuchBucket"})
+#: Service error codes that mean "these credentials may not do this" (besides every 403).
+_ACCESS_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AllAccessDisabled",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "AuthorizationHeaderMalformed",
+    }
+)
+_CREDENTIALS_HINT = (
+    "set objectstore.access_key_id and objectstore.secret_access_key, or objectstore.profile, "
+    "or the usual AWS environment variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+    "AWS_PROFILE) or ~/.aws/credentials"
+)
 
 
 class _Retry(Exception):
@@ -67,19 +90,24 @@ class S3ObjectStore(ObjectStore):
         bucket: str,
         endpoint_url: str | None = None,
         root: str = "",
-        region: str = "us-east-1",
+        region: str | None = "us-east-1",
         access_key: str | None = None,
         secret_key: str | None = None,
+        profile: str | None = None,
         connect_timeout_s: float = 5.0,
         read_timeout_s: float = 5.0,
         retry_budget_s: float = 30.0,
+        probe_timeout_s: float = 5.0,
         backoff_initial_s: float = 0.05,
         backoff_max_s: float = 2.0,
         max_pool_connections: int = 32,
-        create_bucket: bool = True,
+        create_bucket: bool = False,
         client: BaseClient | None = None,
     ) -> None:
-        """`client` lets tests inject a pre-built (or wrapped) boto3 S3 client."""
+        """`client` lets tests inject a pre-built (or wrapped) boto3 S3 client; `child` shares one.
+
+        `create_bucket`: create a missing bucket at first use (`probe`), instead of refusing it.
+        """
         from woodpecker_idem.errors import InvalidArgumentError
 
         if not bucket or not isinstance(bucket, str):
@@ -88,6 +116,7 @@ class S3ObjectStore(ObjectStore):
             ("connect_timeout_s", connect_timeout_s),
             ("read_timeout_s", read_timeout_s),
             ("retry_budget_s", retry_budget_s),
+            ("probe_timeout_s", probe_timeout_s),
             ("backoff_initial_s", backoff_initial_s),
             ("backoff_max_s", backoff_max_s),
         ):
@@ -102,6 +131,7 @@ class S3ObjectStore(ObjectStore):
         self.root = root
         self._prefix = f"{root}/" if root else ""
         self.retry_budget_s = retry_budget_s
+        self.probe_timeout_s = probe_timeout_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self._auto_create = create_bucket
@@ -113,6 +143,7 @@ class S3ObjectStore(ObjectStore):
                 region=region,
                 access_key=access_key,
                 secret_key=secret_key,
+                profile=profile,
                 connect_timeout_s=connect_timeout_s,
                 read_timeout_s=read_timeout_s,
                 max_pool_connections=max_pool_connections,
@@ -128,38 +159,50 @@ class S3ObjectStore(ObjectStore):
     # --- helpers -------------------------------------------------------------------------------
 
     def _endpoint_name(self) -> str:
-        return self.endpoint_url or f"s3.{self.region}.amazonaws.com"
+        if self.endpoint_url:
+            return self.endpoint_url
+        return f"https://s3.{self.region}.amazonaws.com" if self.region else "AWS S3"
 
     def _full(self, key: str) -> str:
         return self._prefix + key
 
-    def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
+    def _call(self, op: str, key: str, fn: Callable[[], T], budget_s: float | None = None) -> T:
         """Run `fn` with bounded retries; raise StorageUnavailableError when the budget is spent."""
-        deadline = time.monotonic() + self.retry_budget_s
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return fn()
-            except _Retry as r:
-                delay = self._backoff(attempt)
-                if time.monotonic() + delay > deadline:
-                    raise self._unavailable(op, key, attempt, r.cause) from r.cause
-                logger.debug("s3 %s %r attempt %d failed (%s); retrying", op, key, attempt, r)
-                time.sleep(delay)
+        budget = self.retry_budget_s if budget_s is None else budget_s
+        backoff = Backoff(self.backoff_initial_s, self.backoff_max_s, budget_s=budget)
 
-    def _backoff(self, attempt: int) -> float:
-        """Exponential backoff with jitter: half fixed, half random (avoids retry stampedes)."""
-        cap = min(self.backoff_max_s, self.backoff_initial_s * (2 ** (attempt - 1)))
-        return cap / 2 + random.uniform(0, cap / 2)
+        def on_retry(exc: BaseException, attempt: int) -> None:
+            logger.debug("s3 %s %r attempt %d failed (%s); retrying", op, key, attempt, exc)
+
+        try:
+            return retry_call(fn, lambda exc: isinstance(exc, _Retry), backoff, on_retry)
+        except _Retry as r:
+            raise self._unavailable(op, key, backoff.attempts, budget, r.cause) from r.cause
 
     def _unavailable(
-        self, op: str, key: str, attempts: int, cause: BaseException
+        self, op: str, key: str, attempts: int, budget_s: float, cause: BaseException
     ) -> StorageUnavailableError:
         return StorageUnavailableError(
             f"object storage at {self._endpoint_name()} (bucket {self.bucket!r}) unavailable: "
-            f"{op} {key!r} failed after {attempts} attempt(s) within {self.retry_budget_s:g}s: "
-            f"{type(cause).__name__}: {cause}"
+            f"{op} {key!r} failed after {attempts} attempt(s) within {budget_s:g}s: "
+            f"{type(cause).__name__}: {cause}. Check objectstore.endpoint_url and that the "
+            "server is up; the budget is objectstore.retry_budget_s (objectstore.probe_timeout_s "
+            "at connect)"
+        )
+
+    def _no_bucket(self) -> StorageAccessError:
+        return StorageAccessError(
+            f"bucket {self.bucket!r} does not exist at {self._endpoint_name()}: create it (for "
+            f"example `aws s3 mb s3://{self.bucket}`), or set objectstore.create_bucket: true "
+            "to have connect() create it. If it existed, it was deleted while in use and the "
+            "objects in it are gone"
+        )
+
+    def _denied(self, op: str, key: str, detail: str) -> StorageAccessError:
+        return StorageAccessError(
+            f"object storage at {self._endpoint_name()} (bucket {self.bucket!r}) refused {op} "
+            f"{key!r}: {detail}. Check the credentials ({_CREDENTIALS_HINT}) and that they may "
+            "list, get, put and delete objects in this bucket"
         )
 
     def _classify(self, op: str, key: str, exc: BaseException) -> None:
@@ -170,6 +213,8 @@ class S3ObjectStore(ObjectStore):
             EndpointConnectionError,
             HTTPClientError,
             IncompleteReadError,
+            NoCredentialsError,
+            PartialCredentialsError,
             ResponseStreamingError,
         )
         from botocore.exceptions import (
@@ -183,6 +228,11 @@ class S3ObjectStore(ObjectStore):
             BotoConnectionError | HTTPClientError | IncompleteReadError | ResponseStreamingError,
         ):
             raise _Retry(exc, ambiguous=True)
+        if isinstance(exc, NoCredentialsError | PartialCredentialsError):
+            raise StorageAccessError(
+                f"no usable S3 credentials for bucket {self.bucket!r} at "
+                f"{self._endpoint_name()} ({exc}): {_CREDENTIALS_HINT}"
+            ) from exc
         if isinstance(exc, ClientError):
             code, status = _error_code(exc)
             if status >= 500 or code in _RETRIABLE_CODES or status == 429:
@@ -193,6 +243,10 @@ class S3ObjectStore(ObjectStore):
                     f"objectstore.bucket {self.bucket!r} is not a valid bucket name "
                     f"(3-63 lowercase letters, digits, '.', '-')"
                 ) from exc
+            if code in _NO_BUCKET_CODES:
+                raise self._no_bucket() from exc
+            if status == 403 or code in _ACCESS_CODES:
+                raise self._denied(op, key, f"{code or 'Forbidden'} (HTTP {status})") from exc
             raise StorageUnavailableError(
                 f"object storage at {self._endpoint_name()} (bucket {self.bucket!r}) refused "
                 f"{op} {key!r}: {code} (HTTP {status}): {exc}"
@@ -200,13 +254,19 @@ class S3ObjectStore(ObjectStore):
         raise exc
 
     def _ensure_ready(self) -> None:
-        if not self._bucket_ready and self._auto_create:
+        if not self._bucket_ready:
             self.ensure_bucket()
 
     # --- bucket --------------------------------------------------------------------------------
 
-    def ensure_bucket(self) -> None:
-        """Create the bucket if it is missing (idempotent; a concurrent creator is fine)."""
+    def probe(self) -> None:
+        """Within `probe_timeout_s`: the endpoint answers, the credentials are accepted and the
+        bucket exists (created if `create_bucket`); otherwise a clear error (connect() calls it)."""
+        self.ensure_bucket(budget_s=self.probe_timeout_s)
+
+    def ensure_bucket(self, budget_s: float | None = None) -> None:
+        """HeadBucket once per store; a missing bucket is created if `create_bucket`, else it is
+        a `StorageAccessError` (a concurrent creator is fine)."""
         from botocore.exceptions import ClientError
 
         with self._bucket_lock:
@@ -221,8 +281,12 @@ class S3ObjectStore(ObjectStore):
                     code, status = _error_code(exc)
                     if status != 404 and code not in ("NoSuchBucket", "NotFound", "404"):
                         self._classify("head_bucket", self.bucket, exc)
+                        raise
                 except Exception as exc:  # noqa: BLE001 - classified below
                     self._classify("head_bucket", self.bucket, exc)
+                    raise
+                if not self._auto_create:
+                    raise self._no_bucket()
                 kwargs: dict[str, Any] = {"Bucket": self.bucket}
                 if self.region and self.region != "us-east-1":
                     kwargs["CreateBucketConfiguration"] = {"LocationConstraint": self.region}
@@ -233,13 +297,33 @@ class S3ObjectStore(ObjectStore):
                     code, _ = _error_code(exc)
                     if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                         self._classify("create_bucket", self.bucket, exc)
+                        raise
                 except Exception as exc:  # noqa: BLE001 - classified below
                     self._classify("create_bucket", self.bucket, exc)
+                    raise
 
-            self._call("ensure_bucket", self.bucket, attempt)
+            self._call("head_bucket", self.bucket, attempt, budget_s)
             self._bucket_ready = True
 
     # --- contract ------------------------------------------------------------------------------
+
+    def child(self, prefix: str) -> S3ObjectStore:
+        """Keys under `root/prefix/` in the same bucket, through this store's boto3 client."""
+        validate_key(prefix, name="prefix")
+        child = S3ObjectStore(
+            bucket=self.bucket,
+            endpoint_url=self.endpoint_url,
+            root=f"{self._prefix}{prefix}",
+            region=self.region,
+            retry_budget_s=self.retry_budget_s,
+            probe_timeout_s=self.probe_timeout_s,
+            backoff_initial_s=self.backoff_initial_s,
+            backoff_max_s=self.backoff_max_s,
+            create_bucket=self._auto_create,
+            client=self.client,
+        )
+        child._bucket_ready = self._bucket_ready
+        return child
 
     def put(self, key: str, data: bytes, *, if_none_match: bool = False) -> bool:
         """PutObject (conditional with `If-None-Match: *`); ambiguous retries resolved by bytes."""
@@ -280,10 +364,6 @@ class S3ObjectStore(ObjectStore):
                         "matches our bytes (our put landed)" if ours else "differs (lost race)",
                     )
                     return ours
-                if code in _NO_BUCKET_CODES and self._auto_create:
-                    self._bucket_ready = False
-                    self.ensure_bucket()
-                    raise _Retry(exc, ambiguous=False) from exc
                 self._classify("put", key, exc)
                 raise
             except _Retry:
@@ -315,9 +395,7 @@ class S3ObjectStore(ObjectStore):
                 code, status = _error_code(exc)
                 if code in _NOT_FOUND_CODES or (status == 404 and code not in _NO_BUCKET_CODES):
                     return None
-                if code in _NO_BUCKET_CODES:
-                    return None  # nothing was ever stored
-                self._classify(op, full, exc)
+                self._classify(op, full, exc)  # a missing bucket is an error, not "absent"
                 raise
             except _Retry:
                 raise
@@ -339,7 +417,7 @@ class S3ObjectStore(ObjectStore):
             kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix}
             if token:
                 kwargs["ContinuationToken"] = token
-            page = self._call("list", prefix, lambda kw=kwargs: self._list_page(kw))
+            page = self._call("list", prefix, functools.partial(self._list_page, kwargs))
             keys.extend(obj["Key"][strip:] for obj in page.get("Contents", ()))
             if not page.get("IsTruncated"):
                 break
@@ -350,17 +428,9 @@ class S3ObjectStore(ObjectStore):
         return keys
 
     def _list_page(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        from botocore.exceptions import ClientError
-
         try:
             return self.client.list_objects_v2(**kwargs)
-        except ClientError as exc:
-            code, _ = _error_code(exc)
-            if code in _NO_BUCKET_CODES:
-                return {}
-            self._classify("list", kwargs["Prefix"], exc)
-            raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - a missing bucket too: an error, not "empty"
             self._classify("list", kwargs["Prefix"], exc)
             raise
 
@@ -377,7 +447,7 @@ class S3ObjectStore(ObjectStore):
                 self.client.delete_object(Bucket=self.bucket, Key=full)
             except ClientError as exc:
                 code, _ = _error_code(exc)
-                if code in _NO_BUCKET_CODES or code in _NOT_FOUND_CODES:
+                if code in _NOT_FOUND_CODES:
                     return
                 self._classify("delete", key, exc)
                 raise
@@ -432,9 +502,10 @@ def _error_code(exc: Any) -> tuple[str, int]:
 def _make_client(
     *,
     endpoint_url: str | None,
-    region: str,
+    region: str | None,
     access_key: str | None,
     secret_key: str | None,
+    profile: str | None,
     connect_timeout_s: float,
     read_timeout_s: float,
     max_pool_connections: int,
@@ -457,7 +528,16 @@ def _make_client(
         # Many S3-compatible servers reject the newer default CRC trailers; records carry CRCs.
         options["request_checksum_calculation"] = "when_required"
         options["response_checksum_validation"] = "when_required"
-    session = boto3.session.Session()
+    from botocore.exceptions import ProfileNotFound
+
+    try:
+        session = boto3.session.Session(profile_name=profile)
+    except ProfileNotFound as exc:
+        raise ConfigError(
+            f"objectstore.profile {profile!r} is not in the AWS config or credentials files "
+            f"({exc}); name an existing profile, or set objectstore.access_key_id and "
+            "objectstore.secret_access_key"
+        ) from exc
     return session.client(
         "s3",
         endpoint_url=endpoint_url,

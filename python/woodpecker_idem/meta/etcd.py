@@ -1,0 +1,423 @@
+"""etcd `MetadataStore`: one shared view of every log for clients on many hosts (`meta.type: etcd`).
+
+Keys under `{prefix}` (records are `proto/meta.proto` messages; ids zero-padded so that key order is
+numeric order):
+
+    store_id                    the store's identity, a UUID created once (create-if-absent)
+    next_log_id                 the last log id allocated (a counter moved by transactions)
+    names/{name}                log id
+    logs/{log_id}               LogRecord; its mod revision is LogMeta.revision
+    epochs/{log_id}             the writer epoch, alone, so writes can compare it in their txn
+    writers/{log_id}            the current writer's owner, attached to its etcd lease
+    segments/{log_id}/{seg_id}  SegmentRecord; its mod revision is SegmentMeta.revision
+    groups/{name}, nodes/{id}   LogGroupRecord, NodeRecord
+
+Every change is one etcd transaction: a take-over bumps the epoch, the log record and the writer
+key together; a writer's write compares `epochs/{log_id}` in the same transaction that makes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TypeVar
+
+from ..errors import (
+    InvalidArgumentError,
+    LogExistsError,
+    LogGroupSizeMismatchError,
+    LogNotFoundError,
+    MetadataConflictError,
+    StorageUnavailableError,
+)
+from ..retry import Backoff
+from ..types import LogMessageId
+from . import records as rec
+from .base import LogGroupMeta, LogMeta, MetadataStore, NodeInfo, SegmentMeta
+from .etcd_client import (
+    KV,
+    EtcdGateway,
+    LeaseKeeper,
+    absent,
+    delete,
+    get,
+    present,
+    put,
+    range_kvs,
+    same_mod,
+    same_value,
+    unb64,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_MS = 5_000
+T = TypeVar("T")
+
+
+class _Retry(Exception):
+    """A compare failed because another client moved first: read again and retry."""
+
+
+class EtcdMetadataStore(MetadataStore):
+    """`MetadataStore` on etcd >= 3.4; safe to share between threads, picklable for processes."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        prefix: str = "/woodpecker",
+        *,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    ):
+        if not isinstance(prefix, str) or not prefix.startswith("/"):
+            raise InvalidArgumentError(f"etcd key prefix must start with '/', got {prefix!r}")
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 1:
+            raise InvalidArgumentError(f"timeout_ms must be an int >= 1, got {timeout_ms!r}")
+        self._endpoints = tuple(endpoints)
+        self._prefix = prefix.rstrip("/")
+        self._timeout_ms = timeout_ms
+        self._gw = EtcdGateway(self._endpoints, timeout_ms / 1000)
+        self._leases = LeaseKeeper(self._gw, self._replace_lease)
+        try:
+            self._store_id = self._identity()  # also the first contact: unreachable fails here
+        except BaseException:
+            self._gw.close()
+            raise
+
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickles as (endpoints, prefix, timeout): the receiving process opens its own sessions."""
+        return (_reopen, (self._endpoints, self._prefix, self._timeout_ms))
+
+    @property
+    def lease_errors(self) -> int:
+        """Keep-alive failures so far (the keeper logs and retries each)."""
+        return self._leases.errors
+
+    def store_id(self) -> str:
+        return self._store_id
+
+    # --- plumbing -------------------------------------------------------------------------------
+
+    def _k(self, *parts: object) -> str:
+        names = [f"{p:020d}" if isinstance(p, int) else str(p) for p in parts]
+        return "/".join([self._prefix, *names])
+
+    def _txn(self, op: str, compare: list[KV], success: list[KV], failure: list[KV]) -> KV:
+        body = {"compare": compare, "success": success, "failure": failure}
+        return self._gw.call(op, "kv/txn", body, write=True)
+
+    def _range(self, op: str, key: str, prefix: bool = False) -> list[KV]:
+        body = get(key, prefix)["request_range"]
+        return range_kvs(self._gw.call(op, "kv/range", body, write=False))
+
+    def _cas_loop(self, op: str, attempt: Callable[[], T]) -> T:
+        """Run `attempt` until no other client moves first (`_Retry`), within the deadline."""
+        backoff = Backoff(initial_s=0.005, max_s=0.2, budget_s=self._timeout_ms / 1000)
+        while True:
+            try:
+                return attempt()
+            except _Retry:
+                if not backoff.wait():
+                    raise StorageUnavailableError(
+                        f"etcd at {', '.join(self._endpoints)}: {op} kept conflicting with other "
+                        f"clients for {self._timeout_ms} ms (meta.timeout_ms)"
+                    ) from None
+
+    def _identity(self) -> str:
+        key, new = self._k("store_id"), str(uuid.uuid4())
+        out = self._txn("store identity", [absent(key)], [put(key, new)], [get(key)])
+        if out.get("succeeded"):
+            return new
+        return unb64(range_kvs(out["responses"][0])[0]["value"]).decode()
+
+    def _log_kv(self, op: str, log_id: int) -> tuple[LogMeta, int]:
+        kvs = self._range(op, self._k("logs", log_id))
+        if not kvs:
+            raise LogNotFoundError(f"log id {log_id} does not exist")
+        rev = int(kvs[0]["mod_revision"])
+        return rec.decode_log(unb64(kvs[0].get("value")), rev), rev
+
+    def _explain_refusal(
+        self, op: str, log_id: int, epoch: int | None, responses: list[KV]
+    ) -> None:
+        """After a failed conditional write whose failure branch read [epoch, log, ...]: raise
+        LogNotFoundError or WriterFencedError if that is why; return if it was something else."""
+        epoch_kvs, log_kvs = range_kvs(responses[0]), range_kvs(responses[1])
+        if not epoch_kvs or not log_kvs:
+            raise LogNotFoundError(f"log id {log_id} does not exist")
+        current = int(unb64(epoch_kvs[0].get("value")) or b"0")
+        if epoch is not None and current != epoch:
+            name = rec.decode_log(unb64(log_kvs[0].get("value")), 0).name
+            if current > epoch:
+                self._leases.release(log_id, epoch)
+            raise rec.fenced(name, log_id, op, epoch, current)
+
+    # --- logs -------------------------------------------------------------------------------
+
+    def create_log(self, name: str, now_ms: int, group: str = "") -> LogMeta:
+        rec.check_name("log name", name)
+        rec.check_group(group)
+        counter, name_key = self._k("next_log_id"), self._k("names", name)
+
+        def attempt() -> LogMeta:
+            kvs = self._range("create_log", counter)
+            last = int(unb64(kvs[0]["value"])) if kvs else 0
+            held = same_mod(counter, int(kvs[0]["mod_revision"])) if kvs else absent(counter)
+            meta = LogMeta(log_id=last + 1, name=name, created_ms=now_ms, group=group)
+            out = self._txn(
+                "create_log",
+                [held, absent(name_key)],
+                [
+                    put(counter, str(meta.log_id)),
+                    put(name_key, str(meta.log_id)),
+                    put(self._k("logs", meta.log_id), rec.encode_log(meta)),
+                    put(self._k("epochs", meta.log_id), "0"),
+                ],
+                [get(name_key)],
+            )
+            if out.get("succeeded"):
+                return replace(meta, revision=int(out["header"]["revision"]))
+            if range_kvs(out["responses"][0]):
+                raise LogExistsError(f"log {name!r} already exists")
+            raise _Retry
+
+        meta = self._cas_loop("create_log", attempt)
+        log.info("created log %r (id %d) in etcd", name, meta.log_id)
+        return meta
+
+    def get_log(self, name: str) -> LogMeta:
+        kvs = self._range("get_log", self._k("names", name))
+        try:
+            if kvs:
+                return self._log_kv("get_log", int(unb64(kvs[0]["value"])))[0]
+        except LogNotFoundError:
+            pass  # deleted between the two reads
+        raise LogNotFoundError(f"log {name!r} does not exist")
+
+    def get_log_by_id(self, log_id: int) -> LogMeta:
+        return self._log_kv("get_log_by_id", log_id)[0]
+
+    def list_logs(self) -> list[LogMeta]:
+        kvs = self._range("list_logs", self._k("logs", ""), prefix=True)
+        return [rec.decode_log(unb64(kv.get("value")), int(kv["mod_revision"])) for kv in kvs]
+
+    def delete_log(self, name: str) -> LogMeta:
+        def attempt() -> LogMeta:
+            meta = self.get_log(name)
+            i = meta.log_id
+            out = self._txn(
+                "delete_log",
+                [same_mod(self._k("logs", i), meta.revision)],
+                [delete(self._k(key, i)) for key in ("logs", "epochs", "writers")]
+                + [delete(self._k("names", name)), delete(self._k("segments", i, ""), True)],
+                [],
+            )
+            if not out.get("succeeded"):
+                raise _Retry
+            return meta
+
+        meta = self._cas_loop("delete_log", attempt)
+        self._leases.release(meta.log_id)
+        log.info("deleted log %r (id %d) from etcd", name, meta.log_id)
+        return meta
+
+    # --- writer epoch and lease ------------------------------------------------------------------
+
+    def take_over(self, log_id: int, owner: str, now_ms: int, lease_ms: int) -> int:
+        ttl = max(2, math.ceil(lease_ms / 1000))
+        lease = self._leases.grant(ttl)
+
+        def attempt() -> int:
+            meta, rev = self._log_kv("take_over", log_id)
+            epoch = meta.writer_epoch + 1
+            expires = now_ms + lease_ms
+            new = replace(meta, writer_epoch=epoch, lease_owner=owner, lease_expires_ms=expires)
+            out = self._txn(
+                "take_over",
+                [same_mod(self._k("logs", log_id), rev)],
+                [
+                    put(self._k("logs", log_id), rec.encode_log(new)),
+                    put(self._k("epochs", log_id), str(epoch)),
+                    put(self._k("writers", log_id), owner, lease),
+                ],
+                [],
+            )
+            if not out.get("succeeded"):
+                raise _Retry
+            return epoch
+
+        try:
+            epoch = self._cas_loop("take_over", attempt)
+        except BaseException:
+            self._leases.revoke(lease)
+            raise
+        self._leases.hold(log_id, epoch, lease, ttl)
+        log.info("log id %d: writer %r took over at epoch %d (etcd)", log_id, owner, epoch)
+        return epoch
+
+    def renew_lease(self, log_id: int, epoch: int, owner: str, now_ms: int, lease_ms: int) -> None:
+        def attempt() -> None:
+            meta, rev = self._log_kv("renew_lease", log_id)
+            new = replace(meta, lease_owner=owner, lease_expires_ms=now_ms + lease_ms)
+            out = self._txn(
+                "renew_lease",
+                [*self._guarded(epoch, log_id), same_mod(self._k("logs", log_id), rev)],
+                [put(self._k("logs", log_id), rec.encode_log(new))],
+                [get(self._k("epochs", log_id)), get(self._k("logs", log_id))],
+            )
+            if not out.get("succeeded"):
+                self._explain_refusal("renew_lease", log_id, epoch, out["responses"])
+                raise _Retry
+
+        self._cas_loop("renew_lease", attempt)
+
+    def _replace_lease(self, log_id: int, epoch: int, ttl: int) -> None:
+        """The keeper found the writer's lease expired (etcd was away): attach a new one, if the
+        writer still holds the epoch."""
+        try:
+            meta = self.get_log_by_id(log_id)
+        except LogNotFoundError:
+            self._leases.release(log_id)
+            return
+        lease = self._leases.grant(ttl)
+        key = self._k("writers", log_id)
+        out = self._txn(
+            "lease renewal",
+            [same_value(self._k("epochs", log_id), str(epoch))],
+            [put(key, meta.lease_owner, lease)],
+            [],
+        )
+        if out.get("succeeded"):
+            self._leases.hold(log_id, epoch, lease, ttl)
+        else:
+            self._leases.revoke(lease)
+            self._leases.release(log_id, epoch)
+
+    def check_epoch(self, log_id: int, epoch: int) -> None:
+        meta = self.get_log_by_id(log_id)
+        if meta.writer_epoch != epoch:
+            raise rec.fenced(meta.name, log_id, "check_epoch", epoch, meta.writer_epoch)
+
+    # --- segments --------------------------------------------------------------------------------
+
+    def _guarded(self, epoch: int | None, log_id: int) -> list[KV]:
+        return [] if epoch is None else [same_value(self._k("epochs", log_id), str(epoch))]
+
+    def create_segment(self, epoch: int, seg: SegmentMeta) -> SegmentMeta:
+        key, value = self._k("segments", seg.log_id, seg.segment_id), rec.encode_segment(seg)
+        out = self._txn(
+            "create_segment",
+            [*self._guarded(epoch, seg.log_id), absent(key)],
+            [put(key, value)],
+            [get(self._k("epochs", seg.log_id)), get(self._k("logs", seg.log_id))],
+        )
+        if not out.get("succeeded"):
+            self._explain_refusal("create_segment", seg.log_id, epoch, out["responses"])
+            raise MetadataConflictError(
+                f"segment {seg.segment_id} of log id {seg.log_id} already exists"
+            )
+        return rec.decode_segment(value, int(out["header"]["revision"]))
+
+    def update_segment(self, epoch: int | None, seg: SegmentMeta) -> SegmentMeta:
+        key, value = self._k("segments", seg.log_id, seg.segment_id), rec.encode_segment(seg)
+        out = self._txn(
+            "update_segment",
+            [*self._guarded(epoch, seg.log_id), present(key), same_mod(key, seg.revision)],
+            [put(key, value)],
+            [get(self._k("epochs", seg.log_id)), get(self._k("logs", seg.log_id)), get(key)],
+        )
+        if not out.get("succeeded"):
+            responses = out["responses"]
+            if epoch is not None:
+                self._explain_refusal("update_segment", seg.log_id, epoch, responses)
+            found = range_kvs(responses[2])
+            now = f"it is at revision {found[0]['mod_revision']}" if found else "it does not exist"
+            raise MetadataConflictError(
+                f"segment {seg.segment_id} of log id {seg.log_id}: update expected revision "
+                f"{seg.revision} but {now}"
+            )
+        return rec.decode_segment(value, int(out["header"]["revision"]))
+
+    def get_segment(self, log_id: int, segment_id: int) -> SegmentMeta | None:
+        kvs = self._range("get_segment", self._k("segments", log_id, segment_id))
+        return _segment(kvs[0]) if kvs else None
+
+    def list_segments(self, log_id: int) -> list[SegmentMeta]:
+        kvs = self._range("list_segments", self._k("segments", log_id, ""), prefix=True)
+        return [_segment(kv) for kv in kvs]
+
+    def delete_segment(self, log_id: int, segment_id: int) -> None:
+        self._txn("delete_segment", [], [delete(self._k("segments", log_id, segment_id))], [])
+
+    def set_truncation(self, log_id: int, to: LogMessageId) -> LogMeta:
+        to = LogMessageId(*to)
+
+        def attempt() -> LogMeta:
+            meta, rev = self._log_kv("set_truncation", log_id)
+            if meta.truncated_to is not None and to <= meta.truncated_to:
+                return meta
+            new = replace(meta, truncated_to=to)
+            key = self._k("logs", log_id)
+            out = self._txn(
+                "set_truncation", [same_mod(key, rev)], [put(key, rec.encode_log(new))], []
+            )
+            if not out.get("succeeded"):
+                raise _Retry
+            return replace(new, revision=int(out["header"]["revision"]))
+
+        return self._cas_loop("set_truncation", attempt)
+
+    # --- log groups and nodes -----------------------------------------------------------------
+
+    def create_log_group(self, name: str, partitions: int, now_ms: int) -> LogGroupMeta:
+        rec.check_name("log group name", name)
+        rec.check_partitions(partitions)
+        key = self._k("groups", name)
+        group = LogGroupMeta(name, partitions, now_ms)
+        out = self._txn(
+            "create_log_group", [absent(key)], [put(key, rec.encode_group(group))], [get(key)]
+        )
+        if not out.get("succeeded"):
+            group = rec.decode_group(unb64(range_kvs(out["responses"][0])[0]["value"]))
+        if group.partitions != partitions:
+            raise LogGroupSizeMismatchError(
+                f"log group {name!r} exists with {group.partitions} partitions, not {partitions}"
+            )
+        return group
+
+    def get_log_group(self, name: str) -> LogGroupMeta | None:
+        kvs = self._range("get_log_group", self._k("groups", name))
+        return rec.decode_group(unb64(kvs[0]["value"])) if kvs else None
+
+    def register_node(self, node: NodeInfo) -> None:
+        rec.check_name("node_id", node.node_id)
+        key = self._k("nodes", node.node_id)
+        self._txn("register_node", [], [put(key, rec.encode_node(node))], [])
+
+    def unregister_node(self, node_id: str) -> None:
+        self._txn("unregister_node", [], [delete(self._k("nodes", node_id))], [])
+
+    def list_nodes(self) -> list[NodeInfo]:
+        kvs = self._range("list_nodes", self._k("nodes", ""), prefix=True)
+        return sorted((rec.decode_node(unb64(kv["value"])) for kv in kvs), key=lambda n: n.node_id)
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the lease keeper (revoking this store's leases), then close the sessions."""
+        self._leases.close()
+        self._gw.close()
+
+    def __repr__(self) -> str:
+        return f"EtcdMetadataStore({list(self._endpoints)!r}, {self._prefix!r})"
+
+
+def _segment(kv: KV) -> SegmentMeta:
+    return rec.decode_segment(unb64(kv.get("value")), int(kv["mod_revision"]))
+
+
+def _reopen(endpoints: tuple[str, ...], prefix: str, timeout_ms: int) -> EtcdMetadataStore:
+    return EtcdMetadataStore(endpoints, prefix, timeout_ms=timeout_ms)

@@ -1,0 +1,145 @@
+"""What every metadata backend shares: argument checks, fencing messages, and the protobuf record
+encoding (`proto/meta.proto`) for backends that store records as values (etcd).
+
+Why here: the backends must refuse the same input with the same error, and a record written by one
+version must read back the same, so neither lives in a backend module.
+"""
+
+from __future__ import annotations
+
+from .._proto import meta_pb2 as pb
+from ..errors import InvalidArgumentError, InvalidTypeError, WriterFencedError
+from ..types import LogMessageId, SegmentState
+from .base import LogGroupMeta, LogMeta, NodeInfo, SegmentMeta
+
+
+def check_name(what: str, name: object) -> str:
+    if not isinstance(name, str):
+        raise InvalidTypeError(f"{what} must be a str, got {type(name).__name__}")
+    if not name:
+        raise InvalidArgumentError(f"{what} must not be empty")
+    return name
+
+
+def check_group(group: object) -> str:
+    if not isinstance(group, str):
+        raise InvalidTypeError(f"group must be a str, got {type(group).__name__}")
+    return group
+
+
+def check_partitions(partitions: object) -> int:
+    if isinstance(partitions, bool) or not isinstance(partitions, int):
+        raise InvalidTypeError(f"partitions must be an int, got {type(partitions).__name__}")
+    if partitions < 1:
+        raise InvalidArgumentError(f"partitions must be >= 1, got {partitions}")
+    return partitions
+
+
+def state_value(state: object) -> str:
+    """Accept the enum (or its exact value) and store the value, so records always parse back."""
+    try:
+        return SegmentState(state).value
+    except ValueError:
+        allowed = ", ".join(s.value for s in SegmentState)
+        raise InvalidArgumentError(
+            f"segment state must be one of {allowed}, got {state!r}"
+        ) from None
+
+
+def fenced(name: str, log_id: int, op: str, epoch: int, current: int) -> WriterFencedError:
+    return WriterFencedError(
+        f"log {name!r} (id {log_id}): {op} by writer epoch {epoch} refused, "
+        f"current writer epoch is {current}"
+    )
+
+
+# --- protobuf records ---------------------------------------------------------------------------
+
+
+def encode_log(m: LogMeta) -> bytes:
+    trunc = m.truncated_to
+    return pb.LogRecord(
+        log_id=m.log_id,
+        name=m.name,
+        created_ms=m.created_ms,
+        writer_epoch=m.writer_epoch,
+        lease_owner=m.lease_owner,
+        lease_expires_ms=m.lease_expires_ms,
+        truncated_segment_id=-1 if trunc is None else trunc.segment_id,
+        truncated_entry_id=-1 if trunc is None else trunc.entry_id,
+        group=m.group,
+    ).SerializeToString()
+
+
+def decode_log(data: bytes, revision: int) -> LogMeta:
+    r = pb.LogRecord.FromString(data)
+    trunc = None
+    if r.truncated_segment_id >= 0:
+        trunc = LogMessageId(r.truncated_segment_id, r.truncated_entry_id)
+    return LogMeta(
+        log_id=r.log_id,
+        name=r.name,
+        created_ms=r.created_ms,
+        writer_epoch=r.writer_epoch,
+        lease_owner=r.lease_owner,
+        lease_expires_ms=r.lease_expires_ms,
+        truncated_to=trunc,
+        group=r.group,
+        revision=revision,
+    )
+
+
+def encode_segment(s: SegmentMeta) -> bytes:
+    return pb.SegmentRecord(
+        log_id=s.log_id,
+        segment_id=s.segment_id,
+        state=state_value(s.state),  # the enum by name
+        nodes=list(s.nodes),
+        es=s.es,
+        wq=s.wq,
+        aq=s.aq,
+        created_ms=s.created_ms,
+        last_entry_id=s.last_entry_id,
+        completed_ms=s.completed_ms,
+        size_bytes=s.size_bytes,
+    ).SerializeToString()
+
+
+def decode_segment(data: bytes, revision: int) -> SegmentMeta:
+    r = pb.SegmentRecord.FromString(data)
+    return SegmentMeta(
+        log_id=r.log_id,
+        segment_id=r.segment_id,
+        state=SegmentState(pb.SegmentStateProto.Name(r.state)),
+        nodes=tuple(r.nodes),
+        es=r.es,
+        wq=r.wq,
+        aq=r.aq,
+        created_ms=r.created_ms,
+        last_entry_id=r.last_entry_id,
+        completed_ms=r.completed_ms,
+        size_bytes=r.size_bytes,
+        revision=revision,
+    )
+
+
+def encode_node(n: NodeInfo) -> bytes:
+    return pb.NodeRecord(
+        node_id=n.node_id, address=n.address, registered_ms=n.registered_ms, labels=n.labels
+    ).SerializeToString()
+
+
+def decode_node(data: bytes) -> NodeInfo:
+    r = pb.NodeRecord.FromString(data)
+    return NodeInfo(r.node_id, r.address, r.registered_ms, dict(r.labels))
+
+
+def encode_group(g: LogGroupMeta) -> bytes:
+    return pb.LogGroupRecord(
+        name=g.name, partitions=g.partitions, created_ms=g.created_ms
+    ).SerializeToString()
+
+
+def decode_group(data: bytes) -> LogGroupMeta:
+    r = pb.LogGroupRecord.FromString(data)
+    return LogGroupMeta(r.name, r.partitions, r.created_ms)

@@ -1,0 +1,120 @@
+"""One log, two hosts: etcd for metadata, S3 (moto) for entries and snapshots, and two processes
+with their own data directories (nothing shared on disk).
+
+Host A (tests/hostproc.py, a separate process) writes with ids and is SIGKILLed mid-stream. Host B
+(this process) takes the log over, recovers the window from A's snapshot and log, resends every one
+of A's writes (acknowledged or not) and writes its own. The history checker then proves every key
+is in the log once and nothing acknowledged was lost; A's acknowledged writes come back to B as
+duplicates with A's ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import boto3
+
+import woodpecker_idem as wp
+from woodpecker_idem import LogMessageId, WriteResult, explicit_key
+from woodpecker_idem.history import History
+
+HERE = Path(__file__).resolve().parent
+PACKAGE_ROOT = str(Path(wp.__file__).resolve().parent.parent)
+N_A = 400
+KILL_AFTER = 150
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT, env.get("PYTHONPATH", "")])
+    env.update(
+        AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1"
+    )
+    return env
+
+
+def _host_a(data_dir: Path, config: dict, timeout: float = 60.0) -> list[str]:
+    """Run host A until it has acknowledged KILL_AFTER writes, then SIGKILL it (by PID)."""
+    cmd = [sys.executable, str(HERE / "hostproc.py"), str(data_dir), json.dumps(config), str(N_A)]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), text=True, bufsize=1
+    )
+    acked: list[str] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(acked) < KILL_AFTER:
+            assert time.monotonic() < deadline, f"host A stuck: {proc.stderr.read()[-2000:]}"
+            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+            if not ready:
+                continue
+            line = proc.stdout.readline()
+            assert line, f"host A ended early: {proc.stderr.read()[-3000:]}"
+            if line.startswith("a-"):
+                acked.append(line.rstrip("\n"))
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        proc.stdout.close()
+        proc.stderr.close()
+    return acked
+
+
+def test_writer_on_host_b_takes_over_from_killed_host_a(
+    tmp_path, etcd_server, etcd_prefix, s3_server, monkeypatch
+):
+    for name, value in _env().items():
+        if name.startswith("AWS_"):
+            monkeypatch.setenv(name, value)
+    bucket = f"wp-shared-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_server.endpoint_url).create_bucket(Bucket=bucket)
+    config = {
+        "meta.type": "etcd",
+        "meta.endpoints": [etcd_server.endpoint],
+        "meta.prefix": etcd_prefix,
+        "objectstore.type": "s3",
+        "objectstore.endpoint_url": s3_server.endpoint_url,
+        "objectstore.bucket": bucket,
+        "segment.max_entries": 60,  # several segments before the kill
+        "idempotency.snapshot_interval_s": 0.2,
+        "idempotency.snapshot_threshold": 40,
+    }
+    lines = _host_a(tmp_path / "host-a", config)
+
+    history = History()
+    first: dict[str, LogMessageId] = {}
+    for line in lines:
+        key, seg, entry, dup = line.split()
+        first[key] = LogMessageId(int(seg), int(entry))
+        history.ok(explicit_key(key), WriteResult(first[key], dup == "1"))
+
+    client = wp.connect(tmp_path / "host-b", config)
+    try:
+        log = client.open_log("shared")  # created by host A: B sees it through etcd
+        b = log.open_writer(idempotent=True, window_duration_s=3600, window_max_keys=100_000)
+        assert b.recovery.snapshot_key_count > 0, "B did not start from A's snapshot"
+        for i in range(N_A):  # every write A was asked for, acknowledged or not
+            key = f"a-{i}"
+            r = b.write(f"payload of {key}".encode(), idempotency_id=key)
+            history.ok(explicit_key(key), r)
+            if key in first:
+                assert r == WriteResult(first[key], True), (key, r)
+        for i in range(100):
+            key = f"b-{i}"
+            history.ok(explicit_key(key), b.write(f"payload of {key}".encode(), idempotency_id=key))
+        b.close()
+        entries = list(log.open_reader())
+    finally:
+        client.close()
+    verdict = history.check(entries, 3600 * 1000, 100_000)
+    assert verdict.ok, verdict.summary()
+    assert verdict.keyed_entries == N_A + 100
+    assert not (tmp_path / "host-b" / "meta.sqlite").exists()  # no local metadata on either host
+    assert not (tmp_path / "host-a" / "meta.sqlite").exists()
