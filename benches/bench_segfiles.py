@@ -8,9 +8,9 @@ Run: `PYTHONPATH=python .venv/bin/python -m pytest benches/bench_segfiles.py -s
   `write()`s of 1 KiB, durable, one at a time through the client (embedded default, linger 0).
   Asserted: at most 4 files per segment (data, footer; fence files only after a takeover). Then a
   fresh client (no cache, like another process) reads the completed segments back with the
-  storage's one-call sequential read (`LogStoreEngine.read_completed`), 5 interleaved rounds with
-  the full reader (`open_reader()`, which decodes every entry into a `LogMessage`), judged on the
-  fastest storage round (the least disturbed on a shared machine): >= 300,000 entries/s. The
+  storage's one-call sequential read (`LogStoreEngine.read_completed`), interleaved with the full
+  reader (`open_reader()`, which decodes every entry into a `LogMessage`), 7 rounds, judged on
+  the fastest storage round (the least disturbed on a shared machine): >= 300,000 entries/s. The
   reader's figure is reported.
 - `test_add_vs_floor`: interleaved rounds of one durable 1 KiB add through the engine (append,
   fdatasync, fence check: one native call), the floor (os.write + os.fdatasync on an open file)
@@ -75,7 +75,7 @@ def test_sync_writes_files_and_read_back(benchmark):
             read_storage()
             read_reader()
 
-        benchmark.pedantic(run, rounds=5, iterations=1)
+        benchmark.pedantic(run, rounds=7, iterations=1)
         fresh.close()
     info = {
         "writes": N,

@@ -244,7 +244,7 @@ class LogStoreEngine:
         return spans
 
     def read_completed(
-        self, log_id: int, segment_id: int, chunk: int = 1000
+        self, log_id: int, segment_id: int, chunk: int = 10_000
     ) -> Iterator[list[bytes]]:
         """A completed segment's entries in order, in lists of up to `chunk` (one sequential
         pass: what uploading a local segment to object storage as blocks reads)."""
