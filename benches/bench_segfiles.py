@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 from woodpecker_idem._core import encode_entry
 from woodpecker_idem.client.client import connect
 from woodpecker_idem.logstore.engine import LogStoreEngine
@@ -37,6 +39,7 @@ TARGET_READ_PER_S = 300_000
 PAYLOAD = b"x" * 1024
 
 
+@pytest.mark.timeout(1800)  # 100,000 durable writes: minutes on a loaded shared machine
 def test_sync_writes_files_and_read_back(benchmark):
     with tempfile.TemporaryDirectory(dir=os.environ.get("WP_BENCH_DIR")) as tmp:
         client = connect(tmp, {"append.linger_ms": 0})
