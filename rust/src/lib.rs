@@ -7,6 +7,7 @@
 #![deny(unsafe_code)] // one exception, proven sound where it is: md5x::digest_many
 
 pub mod args;
+pub mod arrow_keys;
 pub mod entry;
 pub mod errors;
 pub mod fileput;
@@ -14,6 +15,7 @@ pub mod hasher;
 pub mod keys;
 pub mod md5x;
 pub mod py;
+pub mod py_arrow;
 pub mod py_entry;
 pub mod py_fileput;
 pub mod py_hasher;
@@ -42,6 +44,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_entry::count_records, m)?)?;
     m.add_function(wrap_pyfunction!(py_entry::concat, m)?)?;
     m.add_function(wrap_pyfunction!(py_fileput::put_file, m)?)?;
+    py_arrow::register(m)?;
     m.add("KEY_SIZE", keys::KEY_LEN)?;
     m.add("SNAPSHOT_FORMAT_VERSION", snapshot::FORMAT_VERSION)?;
     Ok(())
