@@ -17,18 +17,26 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .._core import DedupWindow, content_keys, encode_new_entries, explicit_keys
+from .._core import (
+    DedupWindow,
+    arrow_rows,
+    content_keys,
+    encode_new_entries,
+    explicit_keys,
+)
 from ..client.futures import WriteFuture
 from ..client.segment import PendingEntry
 from ..client.workers import resolve
 from ..client.writer import LogWriter, coerce_message
 from ..errors import (
     InvalidArgumentError,
+    PayloadTooLargeError,
     WriterClosedError,
     WriterFencedError,
 )
 from ..types import LogMessageId, WriteMessage, WriteResult
-from .intake import ADMIT_AT, ADMIT_MIN, OVERHEAD, Intake, IntakeBatch
+from .batch import BatchCompletion
+from .intake import ADMIT_AT, ADMIT_MIN, OVERHEAD, TIMESTAMP_TYPECODE, Intake, IntakeBatch
 from .recovery import RecoveryReport, rebuild_window
 from .snapshot import SnapshotSource, Snapshotter
 
@@ -353,39 +361,76 @@ class IdempotentLogWriter(LogWriter):
         ids: Sequence[str | bytes] | None = None,
         timeout: float | None = None,
     ) -> WriteManyResult:
-        """Write a batch; one window pass, columnar results. Raises the first failure."""
+        """Write a batch; one window pass, columnar results. Every payload and id is checked
+        before anything is queued; raises the first row's failure."""
         if ids is not None and len(ids) != len(payloads):
             raise InvalidArgumentError(f"ids has {len(ids)} items but payloads has {len(payloads)}")
-        keys = content_keys(payloads) if ids is None else explicit_keys(ids)
-        futures: list[tuple[int, Future]] = []
-        resolved: list = []
-        with self._lock:
-            self._check_open_locked()
-            status, segs, ents = self._window.get_many(keys, self._clock.now_ms())
-            seg_ids = array("q")
-            seg_ids.frombytes(segs)
-            entry_ids = array("q")
-            entry_ids.frombytes(ents)
-            duplicate = bytearray(b"\x01" * len(payloads))
-            committed = status.count(2)
-            self._duplicates += committed
-            if committed != len(payloads):
-                for i in range(len(payloads)):
-                    if status[i] == 2:
-                        continue
-                    payload, props = coerce_message(payloads[i], None, self._max_entry_bytes)
-                    future: Future = WriteFuture()
-                    key = keys[16 * i : 16 * i + 16]  # hashed once, above
-                    done = self._queue_locked(payload, props, None, future, key)
-                    if done:
-                        resolved.extend(done)
-                    futures.append((i, future))
-        resolve(resolved)
-        for i, future in futures:
-            result = future.result(timeout)
-            seg_ids[i], entry_ids[i] = result.message_id
-            duplicate[i] = result.duplicate
-        return WriteManyResult(seg_ids, entry_ids, duplicate)
+        limit = self._max_entry_bytes
+        checked = [coerce_message(p, None, limit)[0] for p in payloads]
+        keys = content_keys(checked) if ids is None else explicit_keys(ids)
+        return self._write_keyed(checked, keys, timeout)
+
+    def write_arrow(
+        self,
+        data: object,
+        *,
+        key_column: str | object | None = None,
+        payload_column: str | None = None,
+        exclude_columns: Sequence[str] = (),
+        timeout: float | None = None,
+    ) -> WriteManyResult:
+        """Write every row of Arrow data (a pyarrow/polars RecordBatch or Table, or a binary
+        column of payloads): keys are computed in Rust from the Arrow buffers, the whole batch is
+        validated before anything is queued, and the call completes once, with columnar results.
+
+        Payload: the `payload_column` (binary or string) as is, else the canonical JSON of the row
+        (without `exclude_columns`). Key: the explicit id in `key_column` (a column name, or an
+        Arrow column beside a payload column: string, binary or integer), else the payload's
+        content key.
+        """
+        payloads, keys = arrow_rows(
+            data, key=key_column, payload=payload_column, exclude=list(exclude_columns)
+        )
+        limit = self._max_entry_bytes
+        if payloads and max(map(len, payloads)) > limit:
+            row = next(i for i, p in enumerate(payloads) if len(p) > limit)
+            raise PayloadTooLargeError(
+                f"row {row}: payload is {len(payloads[row])} bytes; append.max_entry_bytes "
+                f"allows {limit}; nothing of the batch was written"
+            )
+        return self._write_keyed(payloads, keys, timeout)
+
+    def _write_keyed(self, payloads: list[bytes], keys: bytes, timeout: float | None):
+        """Queue checked payloads with their keys in chunks (backpressure between chunks), in
+        order after any writes already queued; every row reports into one BatchCompletion.
+        The batch calls' only contact with the intake and admission."""
+        n = len(payloads)
+        done = BatchCompletion(n)
+        chunk = max(1, min(8192, self._max_inflight_entries // 2))
+        for start in range(0, n, chunk):
+            stop = min(n, start + chunk)
+            part = payloads[start:stop]
+            nbytes = sum(map(len, part)) + OVERHEAD * len(part)
+            with self._lock:
+                self._check_open_locked()
+                resolved = self._admit_locked(self._intake.take()) if self._intake.futures else []
+                self._wait_for_room_locked(nbytes)
+                now = self._clock.now_ms()
+                batch = IntakeBatch(
+                    part,
+                    [None] * len(part),
+                    done.slots(start, stop),
+                    array(TIMESTAMP_TYPECODE, [now]) * len(part),
+                    nbytes,
+                    keys[16 * start : 16 * stop],
+                    time.monotonic(),
+                )
+                self._inflight_entries += len(part)  # admission counts them out again
+                self._inflight_bytes += nbytes
+                resolved += self._admit_locked(batch)
+            resolve(resolved)
+        done.wait(timeout)
+        return WriteManyResult(done.segment_ids, done.entry_ids, done.duplicate)
 
     # --- hooks from LogWriter (lock held) ------------------------------------------------------
 
