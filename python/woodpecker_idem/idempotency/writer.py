@@ -10,6 +10,7 @@ The window is rebuilt (snapshot + gap) before the writer accepts anything.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from array import array
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from ..errors import (
     PayloadTooLargeError,
     WriterClosedError,
     WriterFencedError,
+    WriterForkedError,
 )
 from ..types import LogMessageId, WriteMessage, WriteResult
 from .batch import BatchCompletion
@@ -88,6 +90,7 @@ class IdempotentLogWriter(LogWriter):
         self._new_keys = 0
         self._duplicates = 0
         self._intake = Intake()
+        self._pid = os.getpid()  # its threads and locks exist in this process only
         self.recovery: RecoveryReport | None = None
         self._snapshotter: Snapshotter | None = None
         super().__init__(handle)  # takes over, completes segments, rebuilds the window, opens one
@@ -144,6 +147,7 @@ class IdempotentLogWriter(LogWriter):
         properties: dict[str, str] | None = None,
         idempotency_id: str | bytes | None = None,
     ) -> Future[WriteResult]:
+        self._check_process()
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
         future: Future[WriteResult] = WriteFuture()
         with self._lock:
@@ -342,6 +346,7 @@ class IdempotentLogWriter(LogWriter):
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every write queued before this call is committed or failed."""
+        self._check_process()
         with self._lock:
             resolved = self._admit_locked(self._intake.take()) if self._intake.futures else None
         if resolved:
@@ -349,6 +354,7 @@ class IdempotentLogWriter(LogWriter):
         super().flush(timeout)
 
     def close(self, timeout: float | None = 30.0) -> None:
+        self._check_process()
         super().close(timeout)
         with self._lock:  # writes queued during the close: nobody will admit them
             futures = self._intake.drop()
@@ -368,6 +374,7 @@ class IdempotentLogWriter(LogWriter):
         limit = self._max_entry_bytes
         checked = [coerce_message(p, None, limit)[0] for p in payloads]
         keys = content_keys(checked) if ids is None else explicit_keys(ids)
+        self._check_process()
         return self._write_keyed(checked, keys, timeout)
 
     def write_arrow(
@@ -391,6 +398,17 @@ class IdempotentLogWriter(LogWriter):
         payloads, keys = arrow_rows(
             data, key=key_column, payload=payload_column, exclude=list(exclude_columns)
         )
+        return self.write_keyed(payloads, keys, timeout)
+
+    def write_keyed(
+        self, payloads: list[bytes], keys: bytes, timeout: float | None = None
+    ) -> WriteManyResult:
+        """Write payloads whose 16-byte keys were computed already (N*16 bytes, by the `_core`
+        key functions, e.g. `arrow_rows`); checked whole before anything is queued."""
+        self._check_process()
+        n = len(payloads)
+        if len(keys) != 16 * n:
+            raise InvalidArgumentError(f"keys has {len(keys)} bytes; {n} payloads need {16 * n}")
         limit = self._max_entry_bytes
         if payloads and max(map(len, payloads)) > limit:
             row = next(i for i, p in enumerate(payloads) if len(p) > limit)
@@ -399,6 +417,14 @@ class IdempotentLogWriter(LogWriter):
                 f"allows {limit}; nothing of the batch was written"
             )
         return self._write_keyed(payloads, keys, timeout)
+
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:
+            raise WriterForkedError(
+                f"writer of log {self.log_id} was opened in process {self._pid} and used in "
+                f"process {os.getpid()} (a fork): its threads do not exist here; open a client "
+                "and writer in this process"
+            )
 
     def _write_keyed(self, payloads: list[bytes], keys: bytes, timeout: float | None):
         """Queue checked payloads with their keys in chunks (backpressure between chunks), in
