@@ -196,24 +196,10 @@ def test_a_different_partition_count_is_refused_with_what_to_do(spark, tmp_path)
         )
 
 
-def test_rows_without_or_with_a_wrong_route_are_refused(spark, tmp_path):  # noqa: F811
-    from pyspark.sql import functions as F
-
-    with pytest.raises(Exception, match="RowsNotPreparedError|prepare"):
+def test_rows_without_a_route_are_refused_before_any_task(spark, tmp_path):  # noqa: F811
+    """(Rows with a wrong route fail their task: tests/test_spark_tasks.py.)"""
+    with pytest.raises(Exception, match="_woodpecker_route column: call woodpecker_idem.spark"):
         save(orders(spark, 10), tmp_path, idempotencyKey="order_id")
-    tampered = prepare(orders(spark, 50), "order_id", P).withColumn(
-        ROUTE_COLUMN, (F.col(ROUTE_COLUMN) + 1) % P
-    )
-    with pytest.raises(Exception, match="routes to .* call woodpecker_idem.spark.prepare"):
-        save(tampered, tmp_path, idempotencyKey="order_id")
-    client = connect(tmp_path)
-    try:
-        for p in range(P):
-            reader = client.open_log(f"orders-{p}").open_reader()
-            assert list(reader) == []  # nothing of a refused batch was written
-            reader.close()
-    finally:
-        client.close()
 
 
 def test_polars_style_arrow_in_and_out(spark):  # noqa: F811
