@@ -209,3 +209,59 @@ def test_polars_style_arrow_in_and_out(spark):  # noqa: F811
     assert arrow_explicit_keys(batch.column("k")) == arrow_explicit_keys(
         pa.array([str(i) for i in range(5)])
     )
+
+
+def test_a_streaming_query_failed_mid_batch_and_restarted_keeps_every_key_once(spark, tmp_path):  # noqa: F811
+    import pyarrow.parquet as pq
+
+    source, marker = tmp_path / "in", tmp_path / "fail-now"
+    source.mkdir()
+    for n, (start, stop) in enumerate([(0, 600), (500, 1100)]):  # the second overlaps the first
+        ids = pa.array(range(start, stop), pa.int64())
+        note = pa.array(["x" * 100] * len(ids))  # rows big enough to leave the JVM's buffers
+        pq.write_table(pa.table({"order_id": ids, "note": note}), source / f"part-{n}.parquet")
+    marker.touch()
+
+    def fail_while_marked(batches):
+        import time
+
+        seen = 0
+        for b in batches:
+            if marker.exists() and seen >= 200:
+                time.sleep(2)  # the sink writes what reached it; every attempt fails
+                raise RuntimeError("injected failure mid-batch")
+            seen += b.num_rows
+            yield b
+
+    def start():
+        stream = spark.readStream.schema("order_id bigint, note string")
+        stream = stream.option("maxFilesPerTrigger", 1)
+        prepared = prepare(stream.parquet(str(source)), "order_id", 2)
+        return (
+            prepared.mapInArrow(fail_while_marked, prepared.schema)
+            .writeStream.format("woodpecker")
+            .option("log", "stream")
+            .option("partitions", 2)
+            .option("idempotencyKey", "order_id")
+            .option("dataDir", str(tmp_path))
+            .option("reportFile", str(tmp_path / "reports.jsonl"))
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    query = start()
+    with pytest.raises(Exception, match="injected failure"):
+        query.awaitTermination(180)
+    client = connect(tmp_path)
+    written_before = sum(len(list(client.open_log(f"stream-{p}").open_reader())) for p in range(2))
+    client.close()
+    assert 0 < written_before < 600  # a prefix of the first micro-batch
+    marker.unlink()
+    query = start()  # from the checkpoint: micro-batch 0 is replayed, then 1
+    query.awaitTermination(180)
+    assert query.exception() is None
+    batches = {r["batch_id"]: r for r in reports(tmp_path)}
+    assert batches[0]["rows"] == 600 and batches[0]["duplicates"] == written_before
+    assert batches[1]["rows"] == 600 and batches[1]["duplicates"] == 100
+    judge(tmp_path, "stream", order_keys(0, 1100), partitions=2)

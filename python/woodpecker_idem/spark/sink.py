@@ -24,6 +24,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
+    DataSourceStreamArrowWriter,
     InputPartition,
     WriterCommitMessage,
 )
@@ -316,6 +317,29 @@ def report_commit(
     return report
 
 
+class WoodpeckerStreamWriter(DataSourceStreamArrowWriter):
+    """Structured Streaming sink. A micro-batch replayed after a stop or crash (from the query's
+    checkpoint) is written again by fresh task attempts: the rows it had committed come back as
+    duplicates, so the log keeps every key once."""
+
+    def __init__(self, opts: SinkOptions):
+        self.opts = opts
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WoodpeckerCommitMessage:
+        return WoodpeckerArrowWriter(self.opts).write(iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        report_commit(self.opts, messages, batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        log.warning(
+            "woodpecker micro-batch %d to %s aborted; restarting the query replays it and the "
+            "log keeps every key once",
+            batchId,
+            self.opts.log,
+        )
+
+
 class WoodpeckerReader(DataSourceReader):
     """One Spark partition per log of the group: payload, key, segment, entry, timestamp."""
 
@@ -396,6 +420,9 @@ class WoodpeckerDataSource(DataSource):
         finally:
             client.close()
         return WoodpeckerArrowWriter(opts)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> WoodpeckerStreamWriter:  # noqa: N802
+        return WoodpeckerStreamWriter(self.writer(schema, overwrite).opts)
 
     def reader(self, schema: StructType) -> WoodpeckerReader:
         return WoodpeckerReader(SinkOptions.parse(self.options, need_partitions=False))
