@@ -265,3 +265,20 @@ def test_a_streaming_query_failed_mid_batch_and_restarted_keeps_every_key_once(s
     assert batches[0]["rows"] == 600 and batches[0]["duplicates"] == written_before
     assert batches[1]["rows"] == 600 and batches[1]["duplicates"] == 100
     judge(tmp_path, "stream", order_keys(0, 1100), partitions=2)
+
+
+def test_foreach_partition_helper_and_key_udf(spark, tmp_path):  # noqa: F811
+    from woodpecker_idem.spark import idempotency_key, write_partition
+
+    df = orders(spark, 300)
+    keys = df.select(idempotency_key("order_id").alias("k")).toArrow().column("k").to_pylist()
+    assert keys == [explicit_key(str(i)) for i in range(300)]
+    data_dir = str(tmp_path)
+
+    def write(rows):
+        write_partition(rows, log="fe", partitions=3, key="order_id", data_dir=data_dir)
+
+    prepared = prepare(df, "order_id", 3)
+    prepared.foreachPartition(write)
+    prepared.foreachPartition(write)  # again: all duplicates
+    judge(tmp_path, "fe", order_keys(0, 300), partitions=3)

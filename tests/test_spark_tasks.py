@@ -207,3 +207,24 @@ def test_a_writer_used_in_a_forked_child_fails_clearly(tmp_path):
     writer.write(b"after")  # the parent's writer is unaffected
     writer.close()
     client.close()
+
+
+def test_write_partition_takes_rows_or_batches(tmp_path):
+    from woodpecker_idem.spark import write_partition
+
+    batches = prepared_batches(0, 300)
+    rows = [r for b in batches for r in b.to_pylist()]  # dicts, as Spark Rows' asDict() gives
+    kwargs = {"log": "orders", "partitions": P, "key": "order_id", "data_dir": str(tmp_path)}
+    first = write_partition(rows[:200], **kwargs, chunk_rows=64)
+    assert (first.rows, first.written, first.duplicates) == (200, 200, 0)
+    again = write_partition(iter(batches), **kwargs)
+    assert (again.rows, again.written, again.duplicates) == (300, 100, 200)
+    assert_exactly_once(tmp_path, {explicit_key(str(i)) for i in range(300)})
+
+
+def test_the_spark_route_expression_uses_the_explicit_key_domain():
+    import hashlib
+
+    from woodpecker_idem.spark.routing import EXPLICIT_DOMAIN
+
+    assert hashlib.md5(EXPLICIT_DOMAIN + b"order-7").digest() == explicit_key("order-7")

@@ -14,6 +14,15 @@ from typing import TYPE_CHECKING
 
 from .routing import ROUTE_COLUMN, prepare
 
+
+def __getattr__(name: str):  # the sink and UDF import pyspark: only when asked for
+    if name in ("write_partition", "idempotency_key"):
+        from . import functions
+
+        return getattr(functions, name)
+    raise AttributeError(name)
+
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -25,4 +34,4 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(WoodpeckerDataSource)
 
 
-__all__ = ["ROUTE_COLUMN", "prepare", "register"]
+__all__ = ["ROUTE_COLUMN", "idempotency_key", "prepare", "register", "write_partition"]
