@@ -133,14 +133,14 @@ def crc32c(data: Buffer, value: int = 0) -> int:
 
 # --- keys over Arrow data (Spark, polars, Kafka batches) -------------------------------------
 #
-# `ArrowData` is any object exporting the Arrow PyCapsule interface: `__arrow_c_array__` (pyarrow
+# `_ArrowData` is any object exporting the Arrow PyCapsule interface: `__arrow_c_array__` (pyarrow
 # Array, RecordBatch) or `__arrow_c_stream__` (ChunkedArray, Table, polars objects). It is read
 # zero-copy; keys, routes and JSON are computed with the GIL released. Row numbers in errors count
 # across chunks from 0.
 
-ArrowData = Any
+_ArrowData = Any  # private: not a runtime name
 
-def arrow_explicit_keys(column: ArrowData) -> bytes:
+def arrow_explicit_keys(column: _ArrowData) -> bytes:
     """Explicit keys (as `explicit_key`) of a key column, N*16 bytes.
 
     string -> its UTF-8 bytes, binary -> as is, any integer type -> its decimal text (`7`, `-12`),
@@ -151,7 +151,7 @@ def arrow_explicit_keys(column: ArrowData) -> bytes:
         InvalidTypeError: not Arrow data, or a column of another type.
     """
 
-def arrow_content_keys(column: ArrowData) -> bytes:
+def arrow_content_keys(column: _ArrowData) -> bytes:
     """Content keys (MD5 of the value bytes, as `content_key`) of a binary or string column.
 
     Raises:
@@ -159,7 +159,7 @@ def arrow_content_keys(column: ArrowData) -> bytes:
         InvalidTypeError: not Arrow data, or a column of another type.
     """
 
-def arrow_canonical_json(batch: ArrowData, exclude: Sequence[str] = ()) -> list[bytes]:
+def arrow_canonical_json(batch: _ArrowData, exclude: Sequence[str] = ()) -> list[bytes]:
     """Canonical JSON of each row of a record batch or table (columns in `exclude` left out).
 
     The format (identical in every process, whatever the column types): fields sorted by the UTF-8
@@ -177,9 +177,9 @@ def arrow_canonical_json(batch: ArrowData, exclude: Sequence[str] = ()) -> list[
     """
 
 def arrow_rows(
-    data: ArrowData,
+    data: _ArrowData,
     *,
-    key: str | ArrowData | None = None,
+    key: str | _ArrowData | None = None,
     payload: str | None = None,
     exclude: Sequence[str] = (),
 ) -> tuple[list[bytes], bytes]:
@@ -206,7 +206,7 @@ def route_keys(keys: Buffer, partitions: int) -> bytes:
     """
 
 def arrow_first_misrouted(
-    keys: Buffer, partitions: int, routes: ArrowData
+    keys: Buffer, partitions: int, routes: _ArrowData
 ) -> tuple[int, int | None, int] | None:
     """The first row whose route column disagrees with its key's route, as (row, found, expected)
     (`found` None for a null), or None when every row is routed right.
