@@ -13,6 +13,8 @@ from array import array
 from ..errors import WriteTimeoutError
 from ..types import WriteResult
 
+_COMMITTED_TO_ONE = bytes(1 if b == 2 else 0 for b in range(256))
+
 
 class BatchCompletion:
     """Columnar outcomes of a batch of N rows; `wait` returns once every row has one."""
@@ -32,6 +34,22 @@ class BatchCompletion:
 
     def slots(self, start: int, stop: int) -> list[RowSlot]:
         return [RowSlot(self, i) for i in range(start, stop)]
+
+    def answer_committed(self, start: int, status: bytes, segments: bytes, entries: bytes) -> int:
+        """Rows start.. whose keys the window holds committed (status 2, from `get_many`) are
+        duplicates at the ids given, set in bulk; returns how many. The other rows' ids are
+        overwritten when they settle."""
+        stop = start + len(status)
+        committed = status.count(2)
+        if committed:
+            self.segment_ids[start:stop] = array("q", segments)
+            self.entry_ids[start:stop] = array("q", entries)
+            self.duplicate[start:stop] = status.translate(_COMMITTED_TO_ONE)
+            with self._lock:
+                self._left -= committed
+                if self._left == 0:
+                    self._done.set()
+        return committed
 
     def settle(self, slot: RowSlot, result: WriteResult | None, exc: BaseException | None) -> None:
         """A row's outcome (once: later calls for the same row are ignored, like a Future's)."""

@@ -37,7 +37,7 @@ from ..errors import (
     WriterForkedError,
 )
 from ..types import LogMessageId, WriteMessage, WriteResult
-from .batch import BatchCompletion
+from .batch import BatchCompletion, RowSlot
 from .intake import ADMIT_AT, ADMIT_MIN, OVERHEAD, TIMESTAMP_TYPECODE, Intake, IntakeBatch
 from .recovery import RecoveryReport, rebuild_window
 from .snapshot import SnapshotSource, Snapshotter
@@ -436,24 +436,37 @@ class IdempotentLogWriter(LogWriter):
         for start in range(0, n, chunk):
             stop = min(n, start + chunk)
             part = payloads[start:stop]
-            nbytes = sum(map(len, part)) + OVERHEAD * len(part)
+            part_keys = keys[16 * start : 16 * stop]
             with self._lock:
                 self._check_open_locked()
                 resolved = self._admit_locked(self._intake.take()) if self._intake.futures else []
-                self._wait_for_room_locked(nbytes)
-                now = self._clock.now_ms()
-                batch = IntakeBatch(
-                    part,
-                    [None] * len(part),
-                    done.slots(start, stop),
-                    array(TIMESTAMP_TYPECODE, [now]) * len(part),
-                    nbytes,
-                    keys[16 * start : 16 * stop],
-                    time.monotonic(),
-                )
-                self._inflight_entries += len(part)  # admission counts them out again
-                self._inflight_bytes += nbytes
-                resolved += self._admit_locked(batch)
+                # keys committed in the window are answered in bulk, without queueing
+                status, segs, ents = self._window.get_many(part_keys, self._clock.now_ms())
+                committed = done.answer_committed(start, status, segs, ents)
+                self._duplicates += committed
+                if committed:
+                    rows = [i for i, code in enumerate(status) if code != 2]
+                    part = [part[i] for i in rows]
+                    part_keys = b"".join([part_keys[16 * i : 16 * i + 16] for i in rows])
+                    slots = [RowSlot(done, start + i) for i in rows]
+                else:
+                    slots = done.slots(start, stop)
+                if part:
+                    nbytes = sum(map(len, part)) + OVERHEAD * len(part)
+                    self._wait_for_room_locked(nbytes)
+                    now = self._clock.now_ms()
+                    batch = IntakeBatch(
+                        part,
+                        [None] * len(part),
+                        slots,
+                        array(TIMESTAMP_TYPECODE, [now]) * len(part),
+                        nbytes,
+                        part_keys,
+                        time.monotonic(),
+                    )
+                    self._inflight_entries += len(part)  # admission counts them out again
+                    self._inflight_bytes += nbytes
+                    resolved += self._admit_locked(batch)
             resolve(resolved)
         done.wait(timeout)
         return WriteManyResult(done.segment_ids, done.entry_ids, done.duplicate)
