@@ -47,6 +47,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Bumped in every forked child: a writer made before the fork sees it changed (cheaper per write
+# than comparing os.getpid()).
+_fork_generation = 0
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 def _i64(column: bytes, i: int) -> int:
     return int.from_bytes(column[8 * i : 8 * i + 8], "little", signed=True)
@@ -91,6 +103,7 @@ class IdempotentLogWriter(LogWriter):
         self._duplicates = 0
         self._intake = Intake()
         self._pid = os.getpid()  # its threads and locks exist in this process only
+        self._generation = _fork_generation
         self.recovery: RecoveryReport | None = None
         self._snapshotter: Snapshotter | None = None
         super().__init__(handle)  # takes over, completes segments, rebuilds the window, opens one
@@ -419,7 +432,7 @@ class IdempotentLogWriter(LogWriter):
         return self._write_keyed(payloads, keys, timeout)
 
     def _check_process(self) -> None:
-        if os.getpid() != self._pid:
+        if _fork_generation != self._generation:
             raise WriterForkedError(
                 f"writer of log {self.log_id} was opened in process {self._pid} and used in "
                 f"process {os.getpid()} (a fork): its threads do not exist here; open a client "
