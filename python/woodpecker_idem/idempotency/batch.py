@@ -76,7 +76,8 @@ class BatchCompletion:
                 left = self._left
             raise WriteTimeoutError(
                 f"{left} of {len(self.entry_ids)} rows not acknowledged within {timeout:g} s; "
-                "they stay pending: retry the batch (rows already written come back as duplicates)"
+                "they are still pending and being retried: retry the batch (a retry joins them; "
+                "rows already written come back as duplicates)"
             )
         if self.error is not None:
             row, exc = self.error
