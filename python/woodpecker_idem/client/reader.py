@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..errors import CorruptEntryError, EntryTruncatedError, NodeUnavailableError
-from ..logstore.blocks import decode_entry
 from ..meta.base import SegmentMeta
 from ..types import LogMessage, LogMessageId, SegmentState
+from .replicas import ReplicaFault, read_entries
 
 if TYPE_CHECKING:
     from .log import LogHandle
@@ -21,7 +21,11 @@ POLL_MAX_S = 0.2
 
 
 class LogReader:
-    """Iterate a log from a position; `read_next(timeout)` blocks for new entries (tail mode)."""
+    """Iterate a log from a position; `read_next(timeout)` blocks for new entries (tail mode).
+
+    A replica that is down, lagging or corrupt is skipped for another one; corrupt ones are
+    counted in `corrupt_replica_reads` (the latest in `last_replica_fault`) and logged.
+    """
 
     def __init__(self, handle: LogHandle, start: str | LogMessageId = "earliest"):
         self._handle = handle
@@ -30,6 +34,8 @@ class LogReader:
         self.log_id = handle.log_id
         self._buffer: deque[LogMessage] = deque()
         self._segments: list[SegmentMeta] = []
+        self.corrupt_replica_reads = 0
+        self.last_replica_fault: ReplicaFault | None = None
         self._pos = self._start_position(start)
 
     def _start_position(self, start: str | LogMessageId) -> LogMessageId:
@@ -101,7 +107,7 @@ class LogReader:
         for node in seg.nodes:
             try:
                 held, lac = self._transport.last_add_confirmed(node, seg.log_id, seg.segment_id)
-            except NodeUnavailableError:
+            except (NodeUnavailableError, CorruptEntryError):  # another replica may answer
                 continue
             # With aq == 1 every stored entry is committed; otherwise trust the piggybacked LAC.
             best = max(best, held if seg.aq == 1 else lac)
@@ -129,36 +135,20 @@ class LogReader:
 
     def _read(self, seg: SegmentMeta, last: int) -> None:
         want = min(READ_BATCH, last - self._pos.entry_id + 1)
-        errors = []
-        for node in seg.nodes:
-            try:
-                raw = self._transport.read(
-                    node, seg.log_id, seg.segment_id, self._pos.entry_id, want
+        first = self._pos.entry_id
+        entries = read_entries(self._transport, seg, first, want, self._on_corrupt)
+        for i, entry in enumerate(entries):
+            self._buffer.append(
+                LogMessage(
+                    LogMessageId(seg.segment_id, first + i),
+                    entry.payload,
+                    dict(entry.properties),
+                    entry.timestamp_ms,
+                    entry.idempotency_key or None,
                 )
-            except NodeUnavailableError as exc:
-                errors.append(str(exc))
-                continue
-            if not raw:
-                continue
-            for i, data in enumerate(raw):
-                mid = LogMessageId(seg.segment_id, self._pos.entry_id + i)
-                entry = decode_entry(data, f"log {self.log_id} entry {mid}")
-                if (entry.segment_id, entry.entry_id) != mid:
-                    raise CorruptEntryError(
-                        f"log {self.log_id} entry {mid}: stored entry says "
-                        f"{entry.segment_id}:{entry.entry_id}"
-                    )
-                self._buffer.append(
-                    LogMessage(
-                        mid,
-                        entry.payload,
-                        dict(entry.properties),
-                        entry.timestamp_ms,
-                        entry.idempotency_key or None,
-                    )
-                )
-            self._pos = LogMessageId(seg.segment_id, self._pos.entry_id + len(raw))
-            return
-        raise NodeUnavailableError(
-            f"log {self.log_id}: no node could serve {self._pos} ({errors or 'entries missing'})"
-        )
+            )
+        self._pos = LogMessageId(seg.segment_id, first + len(entries))
+
+    def _on_corrupt(self, fault: ReplicaFault) -> None:
+        self.corrupt_replica_reads += 1
+        self.last_replica_fault = fault

@@ -10,7 +10,12 @@ import dataclasses
 import logging
 
 from .._core import concat
-from ..errors import NodeUnavailableError, QuorumUnavailableError, SegmentFencedError
+from ..errors import (
+    CorruptEntryError,
+    NodeUnavailableError,
+    QuorumUnavailableError,
+    SegmentFencedError,
+)
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
 from ..types import SegmentState
@@ -41,8 +46,8 @@ def recover_segment(
     for node in seg.nodes:
         try:
             replies[node] = transport.fence(node, seg.log_id, seg.segment_id)[0]
-        except (NodeUnavailableError, SegmentFencedError) as exc:
-            errors[node] = str(exc)
+        except (NodeUnavailableError, SegmentFencedError, CorruptEntryError) as exc:
+            _skipped(seg, node, exc, errors)
     if len(replies) < needed:
         raise QuorumUnavailableError(
             f"segment {seg.log_id}/{seg.segment_id}: {len(replies)} of {seg.es} nodes answered the "
@@ -55,8 +60,8 @@ def recover_segment(
         for node in list(replies):
             try:
                 chunks[node] = transport.read(node, seg.log_id, seg.segment_id, entry, READ_CHUNK)
-            except NodeUnavailableError as exc:
-                errors[node] = str(exc)
+            except (NodeUnavailableError, CorruptEntryError) as exc:  # the others may serve it
+                _skipped(seg, node, exc, errors)
                 del replies[node]
         if len(replies) < needed:
             raise QuorumUnavailableError(
@@ -87,6 +92,19 @@ def recover_segment(
     if copied:
         log.info("segment %s/%s: recovery copied %d entries", seg.log_id, seg.segment_id, copied)
     return seal(meta, epoch, seg, last, now_ms)
+
+
+def _skipped(seg: SegmentMeta, node: str, exc: Exception, errors: dict[str, str]) -> None:
+    """A node that cannot take part: down, fenced by someone else, or holding corrupt bytes."""
+    errors[node] = str(exc)
+    if isinstance(exc, CorruptEntryError):
+        log.warning(
+            "segment %s/%s: replica on %s is corrupt (%s); completing from the others",
+            seg.log_id,
+            seg.segment_id,
+            node,
+            exc,
+        )
 
 
 def _copy(

@@ -2,7 +2,10 @@
 
 Newest valid snapshot (older one if corrupt), then the gap: entries after each watermark and whole
 segments the snapshot does not know, then time eviction. Entries carry their key, so nothing is
-re-hashed.
+re-hashed. The window is the writer's own (8.5): a snapshot taken under a smaller duration or
+capacity lacks keys the writer's window holds, so those are read back from the log first. Entries
+go in in log order (back-fill, snapshot, gap), so the same log gives the same window with or
+without a snapshot. Reads skip a down, lagging or corrupt replica for another one (8.6).
 """
 
 from __future__ import annotations
@@ -10,20 +13,24 @@ from __future__ import annotations
 import logging
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from .._core import DedupWindow
-from ..errors import NodeUnavailableError
-from ..logstore.blocks import decode_entry
+from .._core import DedupWindow, Snapshot
+from .._proto.logstore_pb2 import LogEntry
+from ..client.keyarchive import load_archive
+from ..client.replicas import ReplicaFault, read_entries
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
 from ..objectstore.base import ObjectStore
-from ..types import SegmentState
+from ..types import LogMessageId, SegmentState
 from .snapshot import load_newest
 
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 2000
+
+Span = tuple[SegmentMeta, int, int]  # a segment and the entry ids to read, first..last
 
 
 @dataclass(frozen=True)
@@ -32,9 +39,11 @@ class RecoveryReport:
     snapshot_key_count: int  # keys loaded from the snapshot
     snapshot_age_ms: int | None  # None: no snapshot
     corrupt_snapshots: int
-    entries_replayed: int
+    entries_replayed: int  # entries read from the log (back-fill and gap)
     segments_replayed: int
     window_size: int
+    entries_backfilled: int = 0  # read before the snapshot's coverage: its window was smaller
+    corrupt_replicas: tuple[ReplicaFault, ...] = ()  # skipped for another replica
 
 
 def rebuild_window(
@@ -52,29 +61,26 @@ def rebuild_window(
     """
     started = time.perf_counter()
     snap, corrupt = load_newest(objects, log_id)
-    loaded = 0
-    watermarks: dict[int, int] = {}
-    if snap is not None:
-        loaded = snap.load_into(window)
-        watermarks = dict(snap.watermarks)
     horizon = now_ms - window.window_ms
-    replayed = 0
-    segments = 0
-    covered: dict[int, int] = {}
-    for seg in meta.list_segments(log_id):
-        if seg.state not in (SegmentState.COMPLETED, SegmentState.SEALED):
-            continue  # TRUNCATED segments are older than any window (seed case 5)
-        if seg.segment_id in watermarks:
-            start = watermarks[seg.segment_id] + 1
-        elif 0 < seg.completed_ms <= horizon:
-            continue  # every entry is older than the window (seed case 4)
-        else:
-            start = 0  # a segment the snapshot does not know (seed case 6)
-        if start <= seg.last_entry_id:
-            replayed += _replay(window, transport, seg, start)
-            segments += 1
-        if seg.completed_ms == 0 or seg.completed_ms > horizon:
-            covered[seg.segment_id] = seg.last_entry_id
+    # the keys of a TRUNCATED segment come from what truncation kept (docs/semantics.md)
+    segments = [s for s in meta.list_segments(log_id) if s.state is not SegmentState.ACTIVE]
+    # a segment completed at or before the horizon holds only entries older than the window
+    young = {s.segment_id for s in segments if not 0 < s.completed_ms <= horizon}
+    if snap is None:
+        before: list[Span] = []
+        after = [(s, 0, s.last_entry_id) for s in segments if s.segment_id in young]
+    else:
+        before, after = _plan(snap, segments, young, window)
+    faults: dict[tuple[str, int, str], ReplicaFault] = {}
+
+    def on_corrupt(fault: ReplicaFault) -> None:
+        faults.setdefault((fault.node, fault.segment_id, fault.error), fault)
+
+    backfilled = sum(_replay(window, transport, objects, span, on_corrupt) for span in before)
+    loaded = snap.load_into(window) if snap is not None else 0
+    replayed = backfilled + sum(
+        _replay(window, transport, objects, span, on_corrupt) for span in after
+    )
     window.evict(now_ms)
     report = RecoveryReport(
         seconds=time.perf_counter() - started,
@@ -82,46 +88,96 @@ def rebuild_window(
         snapshot_age_ms=None if snap is None else now_ms - snap.timestamp_ms,
         corrupt_snapshots=corrupt,
         entries_replayed=replayed,
-        segments_replayed=segments,
+        segments_replayed=len({span[0].segment_id for span in before + after}),
         window_size=len(window),
+        entries_backfilled=backfilled,
+        corrupt_replicas=tuple(faults.values()),
     )
+    covered = {s.segment_id: s.last_entry_id for s in segments if s.segment_id in young}
     return report, covered
 
 
-def _replay(window: DedupWindow, transport: LogStoreTransport, seg: SegmentMeta, start: int) -> int:
-    """Add the keyed entries of `seg` from `start` to its end as committed; returns entries read."""
-    entry = start
-    count = 0
-    while entry <= seg.last_entry_id:
-        want = min(READ_CHUNK, seg.last_entry_id - entry + 1)
-        raw = _read_any(transport, seg, entry, want)
-        keys = bytearray()
-        segs, ids, stamps = array("q"), array("q"), array("q")
-        for i, data in enumerate(raw):
-            e = decode_entry(data, f"log {seg.log_id} entry {seg.segment_id}:{entry + i}")
-            if len(e.idempotency_key) == 16:
-                keys += e.idempotency_key
-                segs.append(seg.segment_id)
-                ids.append(entry + i)
-                stamps.append(e.timestamp_ms)
-        if keys:
-            window.add_committed_many(bytes(keys), segs, ids, stamps)
-        entry += len(raw)
-        count += len(raw)
-    return count
+def _plan(
+    snap: Snapshot, segments: list[SegmentMeta], young: set[int], window: DedupWindow
+) -> tuple[list[Span], list[Span]]:
+    """What to read before loading the snapshot (back-fill) and after it (the gap).
 
+    The gap: entries after each watermark, and whole segments newer than every segment the
+    snapshot knows (seed cases 1, 4, 6). A segment older than that which the snapshot does not
+    know was out of the window of the writer that took it.
 
-def _read_any(transport: LogStoreTransport, seg: SegmentMeta, entry: int, want: int) -> list[bytes]:
-    errors = []
-    for node in seg.nodes:
-        try:
-            raw = transport.read(node, seg.log_id, seg.segment_id, entry, want)
-        except NodeUnavailableError as exc:
-            errors.append(str(exc))
+    The back-fill, only when the snapshot's window is smaller than the writer's: the entries
+    the snapshot covers (up to its watermarks) that precede its oldest entry, where the keys it
+    evicted under its own bounds lie.
+    """
+    marks = snap.watermarks
+    newest = max(marks, default=-1)
+    after: list[Span] = []
+    for s in segments:
+        if s.segment_id in marks:
+            start = marks[s.segment_id] + 1
+        elif s.segment_id > newest and s.segment_id in young:
+            start = 0
+        else:
             continue
-        if raw:
-            return raw
-    raise NodeUnavailableError(
-        f"log {seg.log_id}: no node could serve {seg.segment_id}:{entry} during window recovery "
-        f"({errors or 'entries missing'})"
-    )
+        if start <= s.last_entry_id:
+            after.append((s, start, s.last_entry_id))
+    before: list[Span] = []
+    if snap.window_ms >= window.window_ms and snap.window_max_keys >= window.max_keys:
+        return before, after
+    oldest = min((LogMessageId(seg, entry) for _, seg, entry, _ in snap.entries()), default=None)
+    for s in segments:
+        if s.segment_id > newest or s.segment_id not in young:
+            continue
+        if oldest is not None and s.segment_id > oldest.segment_id:
+            break
+        end = min(marks.get(s.segment_id, s.last_entry_id), s.last_entry_id)
+        if oldest is not None and s.segment_id == oldest.segment_id:
+            end = min(end, oldest.entry_id - 1)
+        if end >= 0:
+            before.append((s, 0, end))
+    if before:
+        log.info(
+            "log %s: the snapshot's window (%d ms, %d keys) is smaller than the writer's "
+            "(%d ms, %d keys); reading %d segments back to fill it",
+            snap.log_id,
+            snap.window_ms,
+            snap.window_max_keys,
+            window.window_ms,
+            window.max_keys,
+            len(before),
+        )
+    return before, after
+
+
+def _replay(
+    window: DedupWindow,
+    transport: LogStoreTransport,
+    objects: ObjectStore,
+    span: Span,
+    on_corrupt: Callable[[ReplicaFault], None],
+) -> int:
+    """Add the keyed entries of a span as committed, in log order; returns entries read."""
+    seg, entry, last = span
+    if seg.state is SegmentState.TRUNCATED:  # its entries are gone: only keys were kept
+        kept = [e for e in load_archive(objects, seg) if entry <= e.entry_id <= last]
+        _add(window, kept)
+        return len(kept)
+    while entry <= last:
+        entries = read_entries(transport, seg, entry, min(READ_CHUNK, last - entry + 1), on_corrupt)
+        _add(window, entries)
+        entry += len(entries)
+    return last - span[1] + 1
+
+
+def _add(window: DedupWindow, entries: list[LogEntry]) -> None:
+    keys = bytearray()
+    segs, ids, stamps = array("q"), array("q"), array("q")
+    for e in entries:
+        if len(e.idempotency_key) == 16:
+            keys += e.idempotency_key
+            segs.append(e.segment_id)
+            ids.append(e.entry_id)
+            stamps.append(e.timestamp_ms)
+    if keys:
+        window.add_committed_many(bytes(keys), segs, ids, stamps)

@@ -113,14 +113,17 @@ class IdempotentLogWriter(LogWriter):
         self.recovery = report
         log.info(
             "log %s: window rebuilt in %.3f s: %d keys from snapshot (age %s ms), %d entries "
-            "replayed from %d segments, %d corrupt snapshots",
+            "replayed from %d segments (%d read back for a window larger than the snapshot's), "
+            "%d corrupt snapshots, %d corrupt replicas skipped",
             self.log_id,
             report.seconds,
             report.snapshot_key_count,
             report.snapshot_age_ms,
             report.entries_replayed,
             report.segments_replayed,
+            report.entries_backfilled,
             report.corrupt_snapshots,
+            len(report.corrupt_replicas),
         )
 
     # --- writing -----------------------------------------------------------------------------
@@ -474,6 +477,7 @@ class IdempotentLogWriter(LogWriter):
             "recovery_seconds": r.seconds if r else None,
             "recovery_snapshot_age_ms": r.snapshot_age_ms if r else None,
             "recovery_entries_replayed": r.entries_replayed if r else 0,
+            "recovery_corrupt_replicas": len(r.corrupt_replicas) if r else 0,
         }
 
     @property

@@ -1,0 +1,124 @@
+"""Reading a segment's entries from whichever replica holds them intact (DESIGN.md section 8.6).
+
+The LogReader and window recovery both read through `read_entries`, so they skip the same
+replicas: one that is down, one that lags (holds fewer entries: it answers a short list or none)
+and one that is corrupt (a checksum, a block or an entry that does not parse, or an entry stored
+at the wrong position). A corrupt replica is logged with its node and position and handed to the
+caller's `on_corrupt`, so readers and recovery can count and report it. A read fails only when no
+replica can serve the position, with an error naming the position and each node's problem.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .._proto.logstore_pb2 import LogEntry
+from ..errors import CorruptEntryError, NodeUnavailableError
+from ..logstore.transport import LogStoreTransport
+from ..meta.base import SegmentMeta
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaFault:
+    """A replica that held corrupt bytes somewhere in entries `first_entry_id..last_entry_id`
+    (the node's message, `error`, names the exact entry or block)."""
+
+    node: str
+    log_id: int
+    segment_id: int
+    first_entry_id: int
+    last_entry_id: int
+    error: str
+
+
+def read_entries(
+    transport: LogStoreTransport,
+    seg: SegmentMeta,
+    entry_id: int,
+    want: int,
+    on_corrupt: Callable[[ReplicaFault], None] | None = None,
+) -> list[LogEntry]:
+    """Between 1 and `want` consecutive entries of `seg` from `entry_id`, decoded and checked.
+
+    Replicas are tried in ensemble order. When every replica fails and one of them was corrupt,
+    the read is retried over fewer entries (halving): a replica corrupt further on can still
+    serve the entries before its damage. Raises `CorruptEntryError` when no replica is down and
+    none holds `entry_id` intact, else `NodeUnavailableError` (a node that is back may serve it).
+    """
+    seen: set[tuple[str, str]] = set()  # each corruption is reported once, however often hit
+    while True:
+        problems: dict[str, str] = {}
+        corrupt = unavailable = False
+        for node in seg.nodes:
+            try:
+                raw = transport.read(node, seg.log_id, seg.segment_id, entry_id, want)
+                entries = _decode(node, seg, entry_id, raw)
+            except NodeUnavailableError as exc:
+                problems[node] = f"unavailable: {exc}"
+                unavailable = True
+                continue
+            except CorruptEntryError as exc:
+                problems[node] = f"corrupt: {exc}"
+                corrupt = True
+                if (node, str(exc)) not in seen:
+                    seen.add((node, str(exc)))
+                    _report(node, seg, entry_id, want, exc, on_corrupt)
+                continue
+            if entries:
+                return entries
+            problems[node] = "does not hold it"
+        if corrupt and want > 1:
+            want //= 2
+            continue
+        detail = "; ".join(f"{node}: {text}" for node, text in problems.items())
+        where = f"log {seg.log_id} entry {seg.segment_id}:{entry_id}"
+        if corrupt and not unavailable:
+            raise CorruptEntryError(f"{where}: no replica holds it intact ({detail})")
+        raise NodeUnavailableError(f"{where}: no replica could serve it ({detail})")
+
+
+def _report(
+    node: str,
+    seg: SegmentMeta,
+    entry_id: int,
+    want: int,
+    exc: CorruptEntryError,
+    on_corrupt: Callable[[ReplicaFault], None] | None,
+) -> None:
+    fault = ReplicaFault(node, seg.log_id, seg.segment_id, entry_id, entry_id + want - 1, str(exc))
+    log.warning(
+        "log %s segment %s: replica on %s is corrupt within entries %s..%s (%s); "
+        "trying another replica",
+        seg.log_id,
+        seg.segment_id,
+        node,
+        fault.first_entry_id,
+        fault.last_entry_id,
+        exc,
+    )
+    if on_corrupt is not None:
+        on_corrupt(fault)
+
+
+def _decode(node: str, seg: SegmentMeta, first: int, raw: list[bytes]) -> list[LogEntry]:
+    """Parse a replica's answer; an entry that does not parse or sits at the wrong position
+    makes the whole answer corrupt."""
+    entries = []
+    parse = LogEntry.FromString
+    for i, data in enumerate(raw):
+        try:
+            entry = parse(data)
+        except Exception as exc:  # protobuf raises DecodeError; be strict about anything
+            where = f"{node}: log {seg.log_id} entry {seg.segment_id}:{first + i}"
+            raise CorruptEntryError(f"{where}: unparseable entry ({exc})") from exc
+        if entry.entry_id != first + i or entry.segment_id != seg.segment_id:
+            raise CorruptEntryError(
+                f"{node}: log {seg.log_id} entry {seg.segment_id}:{first + i}: stored entry says "
+                f"{entry.segment_id}:{entry.entry_id}"
+            )
+        entries.append(entry)
+    return entries
