@@ -72,10 +72,12 @@ class CountingFaults(FaultInjectingTransport):
             self.refused["ack_lost" if "lost (injected)" in str(exc) else "node_down"] += 1
             raise
 
-    def add_entries(self, node_id, log_id, segment_id, first_entry_id, frame, lac=-1,
-                    recovery=False):
-        return self._count(super().add_entries, node_id, log_id, segment_id, first_entry_id,
-                           frame, lac, recovery)
+    def add_entries(
+        self, node_id, log_id, segment_id, first_entry_id, frame, lac=-1, recovery=False
+    ):
+        return self._count(
+            super().add_entries, node_id, log_id, segment_id, first_entry_id, frame, lac, recovery
+        )
 
     def fence(self, node_id, log_id, segment_id):
         return self._count(super().fence, node_id, log_id, segment_id)
@@ -132,8 +134,10 @@ def inject(faults: CountingFaults, meta: FlakyMeta, rng: random.Random, stop: th
             stop.wait(rng.uniform(0.2, 1.5))
             for node in nodes:
                 faults.heal_node(node)
-        say(f"E node_down={faults.refused['node_down']} ack_lost={faults.refused['ack_lost']} "
-            f"meta_down={meta.refused}")
+        say(
+            f"E node_down={faults.refused['node_down']} ack_lost={faults.refused['ack_lost']} "
+            f"meta_down={meta.refused}"
+        )
     faults.heal_all()
     meta.down.clear()
 
@@ -151,14 +155,17 @@ def main() -> int:
     args = p.parse_args()
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent asks before a kill
     rng = random.Random(args.seed)
-    client = wp.connect(args.data_dir, {
-        "quorum.es": args.es,
-        "append.timeout_ms": 1000,
-        "append.linger_ms": 2,
-        "segment.max_entries": 200,
-        "idempotency.snapshot_interval_s": 0.5,
-        "idempotency.snapshot_threshold": 100,
-    })
+    client = wp.connect(
+        args.data_dir,
+        {
+            "quorum.es": args.es,
+            "append.timeout_ms": 1000,
+            "append.linger_ms": 2,
+            "segment.max_entries": 200,
+            "idempotency.snapshot_interval_s": 0.5,
+            "idempotency.snapshot_threshold": 100,
+        },
+    )
     faults = CountingFaults(client.transport)
     client.transport = faults
     meta = FlakyMeta(client.meta)
@@ -168,8 +175,11 @@ def main() -> int:
     if args.faults:
         injector = threading.Thread(target=inject, args=(faults, meta, rng, stop), daemon=True)
         injector.start()
-    log = retry_call(lambda: client.open_log("campaign", create=True),
-                     lambda e: isinstance(e, StorageUnavailableError), Backoff(budget_s=60))
+    log = retry_call(
+        lambda: client.open_log("campaign", create=True),
+        lambda e: isinstance(e, StorageUnavailableError),
+        Backoff(budget_s=60),
+    )
     deadline = time.monotonic() + args.seconds
     writer = None
     opened_at = 0.0
@@ -182,14 +192,19 @@ def main() -> int:
         return w
 
     while time.monotonic() < deadline:
-        if writer is None or (args.takeover_every and
-                              time.monotonic() - opened_at > args.takeover_every):
+        if writer is None or (
+            args.takeover_every and time.monotonic() - opened_at > args.takeover_every
+        ):
             if writer is not None:
                 leftover.append(writer)  # not closed: the takeover fences it
             try:
-                writer = retry_call(open_writer, lambda e: isinstance(e, WoodpeckerError)
-                                    and not isinstance(e, WriterFencedError),
-                                    Backoff(max_s=0.5, budget_s=30))
+                writer = retry_call(
+                    open_writer,
+                    lambda e: (
+                        isinstance(e, WoodpeckerError) and not isinstance(e, WriterFencedError)
+                    ),
+                    Backoff(max_s=0.5, budget_s=30),
+                )
             except WoodpeckerError as exc:
                 say(f"X {type(exc).__name__}")
                 writer = None
@@ -202,8 +217,9 @@ def main() -> int:
         fenced = False
         for name in names:
             try:
-                sent.append((name, writer.write_async(f"{args.tag}:{name}".encode(),
-                                                      idempotency_id=name)))
+                sent.append(
+                    (name, writer.write_async(f"{args.tag}:{name}".encode(), idempotency_id=name))
+                )
             except WoodpeckerError as exc:
                 fenced |= isinstance(exc, WriterFencedError)
                 say(f"F {name} 0 {now()} {type(exc).__name__}")
@@ -217,11 +233,12 @@ def main() -> int:
                 continue
             except WoodpeckerError as exc:
                 fenced |= isinstance(exc, WriterFencedError)
-                say(f"F {name} {int(isinstance(exc, TimeoutError))} {now()} "
-                    f"{type(exc).__name__}")
+                say(f"F {name} {int(isinstance(exc, TimeoutError))} {now()} {type(exc).__name__}")
                 continue
-            say(f"A {name} {r.message_id.segment_id} {r.message_id.entry_id} "
-                f"{int(r.duplicate)} {now()}")
+            say(
+                f"A {name} {r.message_id.segment_id} {r.message_id.entry_id} "
+                f"{int(r.duplicate)} {now()}"
+            )
         if fenced:
             leftover.append(writer)
             writer = None
@@ -237,8 +254,10 @@ def main() -> int:
     for name, fut in waiting:
         if not fut.done():
             say(f"H {name}")
-    say(f"E node_down={faults.refused['node_down']} ack_lost={faults.refused['ack_lost']} "
-        f"meta_down={meta.refused}")
+    say(
+        f"E node_down={faults.refused['node_down']} ack_lost={faults.refused['ack_lost']} "
+        f"meta_down={meta.refused}"
+    )
     client.close()
     say("D")
     return 0

@@ -27,11 +27,14 @@ from woodpecker_idem.clock import SYSTEM_CLOCK
 def main() -> None:
     data_dir, n = sys.argv[1], int(sys.argv[2])
     chunk = int(sys.argv[3]) if len(sys.argv) > 3 else 16
-    client = wp.connect(data_dir, {
-        "idempotency.snapshot_interval_s": 0.2,
-        "idempotency.snapshot_threshold": 40,
-        "segment.max_entries": 150,  # several segments per run
-    })
+    client = wp.connect(
+        data_dir,
+        {
+            "idempotency.snapshot_interval_s": 0.2,
+            "idempotency.snapshot_threshold": 40,
+            "segment.max_entries": 150,  # several segments per run
+        },
+    )
     log = client.open_log("sigkill", create=True)
     writer = log.open_writer(idempotent=True, window_duration_s=3600, window_max_keys=100_000)
     out = sys.stdout
@@ -46,8 +49,10 @@ def main() -> None:
         futures = [writer.write_async(f"payload of {k}".encode(), idempotency_id=k) for k in names]
         for name, fut in zip(names, futures, strict=True):
             r = fut.result(60)
-            out.write(f"A {name} {r.message_id.segment_id} {r.message_id.entry_id} "
-                      f"{int(r.duplicate)} {SYSTEM_CLOCK.now_ms()} {time.monotonic_ns()}\n")
+            out.write(
+                f"A {name} {r.message_id.segment_id} {r.message_id.entry_id} "
+                f"{int(r.duplicate)} {SYSTEM_CLOCK.now_ms()} {time.monotonic_ns()}\n"
+            )
             out.flush()
     writer.close()
     client.close()

@@ -9,9 +9,19 @@ import sys
 
 def test_demo_runs_and_the_checker_passes(tmp_path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "woodpecker_idem", "demo", "--records", "900",
-         "--data-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "woodpecker_idem",
+            "demo",
+            "--records",
+            "900",
+            "--data-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "checker: PASS" in out.stdout

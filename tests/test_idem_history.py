@@ -52,13 +52,25 @@ def msg(seg: int, entry: int, key: bytes | None, ts: int = 0, payload: bytes = b
     return LogMessage(LogMessageId(seg, entry), payload, {}, T0 + ts, key)
 
 
-def ok(h: History, key: bytes | None, seg: int, entry: int, dup: bool = False,
-       t: tuple[int, int] = (0, 1), payload: bytes = b"p") -> None:
+def ok(
+    h: History,
+    key: bytes | None,
+    seg: int,
+    entry: int,
+    dup: bool = False,
+    t: tuple[int, int] = (0, 1),
+    payload: bytes = b"p",
+) -> None:
     h.ok(key, payload, WriteResult(LogMessageId(seg, entry), dup), at(t[0]), at(t[1]))
 
 
-def failed(h: History, key: bytes | None, t: tuple[int, int], payload: bytes = b"p",
-           error: BaseException | None = None) -> None:
+def failed(
+    h: History,
+    key: bytes | None,
+    t: tuple[int, int],
+    payload: bytes = b"p",
+    error: BaseException | None = None,
+) -> None:
     h.failed(key, payload, error or RuntimeError("x"), at(t[0]), at(t[1]))
 
 
@@ -86,8 +98,12 @@ def test_clean_history_passes():
     ok(h, K("a"), 0, 0, dup=True, t=(4, 5))
     failed(h, K("c"), (6, 7))  # a failed attempt may or may not have landed
     ok(h, None, 0, 3, t=(8, 9), payload=b"plain")  # a plain write (no key)
-    log = [msg(0, 0, K("a")), msg(0, 1, K("b"), 2), msg(0, 2, K("c"), 6),
-           msg(0, 3, None, 8, b"plain")]
+    log = [
+        msg(0, 0, K("a")),
+        msg(0, 1, K("b"), 2),
+        msg(0, 2, K("c"), 6),
+        msg(0, 3, None, 8, b"plain"),
+    ]
     v = passes(h, log)
     assert v.acknowledged_keys == 3 and v.duplicates_returned == 1
     assert v.entries == 4 and v.keyed_entries == 3
@@ -199,8 +215,7 @@ def test_kind_a_capacity_counts_committed_keys_only():
         failed(h, K("K"), (20, 25), error=WriteTimeoutError("pending"))
         return h
 
-    log = [msg(0, 0, K("K")), msg(0, 1, K("b"), 10), msg(0, 2, K("c"), 10),
-           msg(0, 3, K("K"), 20)]
+    log = [msg(0, 0, K("K")), msg(0, 1, K("b"), 10), msg(0, 2, K("c"), 10), msg(0, 3, K("K"), 20)]
     fails_with(history(False), log, DUPLICATE, max_keys=2)
     # corrected: b and c were acknowledged (committed) before K's second call: K was evicted
     v = passes(history(True), log, max_keys=2)

@@ -124,16 +124,23 @@ def test_s3_frozen_during_a_snapshot_write(tmp_path: Path, s3_env):
             client = wp.connect(tmp_path, cfg, transport=InProcessTransport({"node-0": node}))
             client.objects.close()  # short timeouts, so a frozen put fails within seconds
             client.objects = open_object_store(
-                "s3", endpoint_url=server.endpoint_url, bucket=bucket, root="woodpecker",
-                connect_timeout_s=1.0, read_timeout_s=1.0, retry_budget_s=3.0)
+                "s3",
+                endpoint_url=server.endpoint_url,
+                bucket=bucket,
+                root="woodpecker",
+                connect_timeout_s=1.0,
+                read_timeout_s=1.0,
+                retry_budget_s=3.0,
+            )
             return client
 
         client = open_client()
         c2 = None
         try:
             log = client.create_log("frozen")
-            w = log.open_writer(idempotent=True, window_duration_s=WINDOW_S,
-                                window_max_keys=MAX_KEYS)
+            w = log.open_writer(
+                idempotent=True, window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS
+            )
             write_keys(history, w, [f"k-{i}" for i in range(50)], "a")
             wait_for(lambda: w.metrics_snapshot()["snapshot_writes"] >= 1, "a first snapshot")
             before = w.metrics_snapshot()
@@ -144,23 +151,32 @@ def test_s3_frozen_during_a_snapshot_write(tmp_path: Path, s3_env):
                 during = write_keys(history, w, [f"k-{i}" for i in range(50, 350)], "a")
                 writes_s = time.monotonic() - frozen_at
                 assert len(during) == 300 and writes_s < 3.0, (
-                    f"writes stalled behind the frozen snapshot store ({writes_s:.1f} s)")
-                wait_for(lambda: w.metrics_snapshot()["snapshot_failures"]
-                         > before["snapshot_failures"], "a failed snapshot write", timeout=20)
+                    f"writes stalled behind the frozen snapshot store ({writes_s:.1f} s)"
+                )
+                wait_for(
+                    lambda: w.metrics_snapshot()["snapshot_failures"] > before["snapshot_failures"],
+                    "a failed snapshot write",
+                    timeout=20,
+                )
                 assert w.metrics_snapshot()["snapshot_writes"] == before["snapshot_writes"]
                 write_keys(history, w, [f"k-{i}" for i in range(350, 400)], "a")
             finally:
                 server.thaw()
-            wait_for(lambda: w.metrics_snapshot()["snapshot_writes"] > before["snapshot_writes"],
-                     "a snapshot after the thaw", timeout=30)
+            wait_for(
+                lambda: w.metrics_snapshot()["snapshot_writes"] > before["snapshot_writes"],
+                "a snapshot after the thaw",
+                timeout=30,
+            )
             newest = wp.decode_snapshot(
-                client.objects.get(list_snapshots(client.objects, log.log_id)[-1]))
+                client.objects.get(list_snapshots(client.objects, log.log_id)[-1])
+            )
             assert len(newest.entries()) >= 350, "the snapshot after the thaw misses keys"
 
             c2 = open_client()  # crash + takeover (w is abandoned, not closed)
             log2 = c2.open_log("frozen")
-            w2 = log2.open_writer(idempotent=True, window_duration_s=WINDOW_S,
-                                  window_max_keys=MAX_KEYS)
+            w2 = log2.open_writer(
+                idempotent=True, window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS
+            )
             assert w2.recovery.snapshot_key_count >= 350, w2.recovery
             assert w2.recovery.window_size == 400, w2.recovery
             again = write_keys(history, w2, [f"k-{i}" for i in range(400)], "b")

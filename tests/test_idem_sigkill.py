@@ -51,16 +51,25 @@ def _stamp() -> Stamp:
     return Stamp(wp.clock.SYSTEM_CLOCK.now_ms(), time.monotonic_ns())
 
 
-def run_round(data_dir: Path, n: int, kill_after_new: int | None, kill_delay: float | None,
-              timeout: float = 90.0) -> Round:
+def run_round(
+    data_dir: Path,
+    n: int,
+    kill_after_new: int | None,
+    kill_delay: float | None,
+    timeout: float = 90.0,
+) -> Round:
     """Start a producer. Kill it once `kill_after_new` acks of new writes were read (0: as soon as
     it announced new writes), or `kill_delay` seconds after its start; with neither, let it
     finish. Then read everything it printed."""
     env = dict(os.environ)
     # the child imports the same woodpecker_idem as this process (the installed wheel in CI)
     env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT, env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen([sys.executable, str(HERE / "idemproc.py"), str(data_dir), str(n)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "idemproc.py"), str(data_dir), str(n)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     assert proc.stdout is not None and proc.stderr is not None
     rnd = Round()
     fd = proc.stdout.fileno()
@@ -79,8 +88,9 @@ def run_round(data_dir: Path, n: int, kill_after_new: int | None, kill_delay: fl
             bursts_of_new += new > 0
         elif parts[0] == "A":
             name, seg, entry, dup = parts[1], int(parts[2]), int(parts[3]), parts[4] == "1"
-            rnd.acks.append((name, LogMessageId(seg, entry), dup, Stamp(int(parts[5]),
-                                                                          int(parts[6]))))
+            rnd.acks.append(
+                (name, LogMessageId(seg, entry), dup, Stamp(int(parts[5]), int(parts[6])))
+            )
             if not dup and not rnd.killed:
                 rnd.new_acks_before_kill += 1
 
@@ -88,8 +98,11 @@ def run_round(data_dir: Path, n: int, kill_after_new: int | None, kill_delay: fl
         while True:
             if not rnd.killed and (
                 (kill_delay is not None and time.monotonic() - started >= kill_delay)
-                or (kill_after_new is not None and bursts_of_new
-                    and rnd.new_acks_before_kill >= kill_after_new)
+                or (
+                    kill_after_new is not None
+                    and bursts_of_new
+                    and rnd.new_acks_before_kill >= kill_after_new
+                )
             ):
                 os.kill(proc.pid, signal.SIGKILL)
                 rnd.killed = True
@@ -152,23 +165,36 @@ def test_sigkill_rounds_every_key_exactly_once(tmp_path: Path, n: int, kills: in
             aimed += 1
             landed += bool(r.killed and in_flight_new)
         new_acks = sum(not dup for _, _, dup, _ in r.acks)
-        print(f"round {rnd}: kill_after_new={kill_after} delay={delay} acks={len(r.acks)} "
-              f"new acks read before the kill={r.new_acks_before_kill}, drained after it="
-              f"{new_acks - r.new_acks_before_kill}; "
-              f"new writes in flight at the kill={len(in_flight_new)} killed={r.killed}")
+        print(
+            f"round {rnd}: kill_after_new={kill_after} delay={delay} acks={len(r.acks)} "
+            f"new acks read before the kill={r.new_acks_before_kill}, drained after it="
+            f"{new_acks - r.new_acks_before_kill}; "
+            f"new writes in flight at the kill={len(in_flight_new)} killed={r.killed}"
+        )
         if last:
             assert len(r.acks) == n, f"seed {seed}: final round acknowledged {len(r.acks)} of {n}"
         for name, mid, dup, end in r.acks:
-            history.ok(explicit_key(name), f"payload of {name}".encode(), WriteResult(mid, dup),
-                       r.sent[name], end)
+            history.ok(
+                explicit_key(name),
+                f"payload of {name}".encode(),
+                WriteResult(mid, dup),
+                r.sent[name],
+                end,
+            )
             assert acked.setdefault(name, mid) == mid, f"seed {seed}: {name} moved to {mid}"
             if not dup:
                 assert name not in created, (
-                    f"seed {seed}: {name} created twice (rounds {created[name]} and {rnd})")
+                    f"seed {seed}: {name} created twice (rounds {created[name]} and {rnd})"
+                )
                 created[name] = rnd
         for name in r.in_flight():  # sent, never answered: it may or may not have landed
-            history.failed(explicit_key(name), f"payload of {name}".encode(), "SIGKILL",
-                           r.sent[name], r.kill_at)
+            history.failed(
+                explicit_key(name),
+                f"payload of {name}".encode(),
+                "SIGKILL",
+                r.sent[name],
+                r.kill_at,
+            )
         if last:
             break
         rnd += 1
@@ -183,6 +209,9 @@ def test_sigkill_rounds_every_key_exactly_once(tmp_path: Path, n: int, kills: in
     assert verdict.ok, f"seed {seed}: {verdict.summary()}"
     keyed = [m.idempotency_key for m in msgs if m.idempotency_key]
     assert sorted(keyed) == sorted(explicit_key(f"k-{i}") for i in range(n)), (
-        f"seed {seed}: {len(keyed)} keyed entries for {n} keys")
-    print(f"seed {seed}: {landed} of {aimed} aimed kills landed on new writes in flight; "
-          f"{verdict.summary()}")
+        f"seed {seed}: {len(keyed)} keyed entries for {n} keys"
+    )
+    print(
+        f"seed {seed}: {landed} of {aimed} aimed kills landed on new writes in flight; "
+        f"{verdict.summary()}"
+    )

@@ -39,8 +39,13 @@ from woodpecker_idem.logstore.transport import FaultInjectingTransport
 
 KEYS = [f"key-{i}" for i in range(6)]
 WINDOW_MS = 5_000
-EXPECTED = (WriteTimeoutError, SegmentClosedError, QuorumUnavailableError, TimeoutError,
-            concurrent.futures.TimeoutError)
+EXPECTED = (
+    WriteTimeoutError,
+    SegmentClosedError,
+    QuorumUnavailableError,
+    TimeoutError,
+    concurrent.futures.TimeoutError,
+)
 WAIT_S = 0.5  # how long one attempt waits for its outcome
 
 
@@ -52,14 +57,18 @@ class IdempotencyMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="wp-stateful-")
         self.clock = ManualClock()
-        self.client = wp.connect(self.dir, {
-            "quorum.es": self.ES,
-            "append.timeout_ms": 300,
-            "append.max_retries": 2,
-            "append.linger_ms": 1,
-            "idempotency.snapshot_interval_s": 0.3,
-            "idempotency.snapshot_threshold": 8,
-        }, clock=self.clock)
+        self.client = wp.connect(
+            self.dir,
+            {
+                "quorum.es": self.ES,
+                "append.timeout_ms": 300,
+                "append.max_retries": 2,
+                "append.linger_ms": 1,
+                "idempotency.snapshot_interval_s": 0.3,
+                "idempotency.snapshot_threshold": 8,
+            },
+            clock=self.clock,
+        )
         self.faults = FaultInjectingTransport(self.client.transport)
         self.client.transport = self.faults
         self.nodes = self.faults.node_ids
@@ -82,14 +91,18 @@ class IdempotencyMachine(RuleBasedStateMachine):
     def _open(self):
         for _ in range(20):
             try:
-                return self.log.open_writer(idempotent=True, window_duration_s=WINDOW_MS / 1000,
-                                            window_max_keys=self.MAX_KEYS)
+                return self.log.open_writer(
+                    idempotent=True,
+                    window_duration_s=WINDOW_MS / 1000,
+                    window_max_keys=self.MAX_KEYS,
+                )
             except (NodeUnavailableError, QuorumUnavailableError):
                 time.sleep(0.05)  # a recovery copy's ack was lost: the takeover is retried
         self.faults.heal_all()
         self.down.clear()
-        return self.log.open_writer(idempotent=True, window_duration_s=WINDOW_MS / 1000,
-                                    window_max_keys=self.MAX_KEYS)
+        return self.log.open_writer(
+            idempotent=True, window_duration_s=WINDOW_MS / 1000, window_max_keys=self.MAX_KEYS
+        )
 
     def _certain(self, name: str) -> tuple[wp.LogMessageId, int] | None:
         """The id of `name` if it is certainly in the window now: acknowledged as created,
@@ -97,7 +110,7 @@ class IdempotencyMachine(RuleBasedStateMachine):
         known = self.created.get(name)
         if known is None or self.clock.now_ms() - known[1] >= WINDOW_MS:
             return None
-        since = self.attempted[known[2]:]
+        since = self.attempted[known[2] :]
         if len(set(since) - {name}) >= self.MAX_KEYS:
             return None
         return known[:2]
@@ -134,8 +147,11 @@ class IdempotencyMachine(RuleBasedStateMachine):
             return
         if result.message_id in self.created_ids:
             self.violations.append(f"{result.message_id} acknowledged as created twice")
-        event("write created a new entry" if name not in self.created
-              else "key rewritten after leaving the window")
+        event(
+            "write created a new entry"
+            if name not in self.created
+            else "key rewritten after leaving the window"
+        )
         self.created_ids.add(result.message_id)
         self.created[name] = (result.message_id, start.ms, pos)
 
@@ -143,8 +159,11 @@ class IdempotencyMachine(RuleBasedStateMachine):
 
     @rule(name=st.sampled_from(KEYS))
     def write(self, name: str) -> None:
-        self._record(name, name.encode(), lambda: self.writer.write(
-            name.encode(), idempotency_id=name, timeout=WAIT_S))
+        self._record(
+            name,
+            name.encode(),
+            lambda: self.writer.write(name.encode(), idempotency_id=name, timeout=WAIT_S),
+        )
 
     @precondition(lambda self: self.failed_keys)
     @rule(data=st.data())
@@ -174,8 +193,14 @@ class IdempotencyMachine(RuleBasedStateMachine):
         payload = b"f-" + name.encode()
         start = self._begin(name)[0]
         try:
-            self.outstanding.append((explicit_key(name), payload, start, self.writer.write_async(
-                payload, idempotency_id=name)))
+            self.outstanding.append(
+                (
+                    explicit_key(name),
+                    payload,
+                    start,
+                    self.writer.write_async(payload, idempotency_id=name),
+                )
+            )
         except EXPECTED as exc:
             self.history.failed(explicit_key(name), payload, exc, start)
 
@@ -227,7 +252,8 @@ class IdempotencyMachine(RuleBasedStateMachine):
                 continue
             got = self.writer.window.get(explicit_key(name), self.clock.now_ms())
             assert got is not None and (got.segment_id, got.entry_id) == tuple(known[0]), (
-                f"{name} acknowledged at {known[0]} and certainly in the window, window has {got}")
+                f"{name} acknowledged at {known[0]} and certainly in the window, window has {got}"
+            )
 
     @invariant()
     def no_key_acknowledged_twice(self) -> None:
@@ -245,8 +271,9 @@ class IdempotencyMachine(RuleBasedStateMachine):
             t0 = time.monotonic()
             for key, payload, start, fut in self.outstanding:
                 try:
-                    self.history.ok(key, payload, fut.result(max(0.1, 5 - (time.monotonic() - t0))),
-                                    start)
+                    self.history.ok(
+                        key, payload, fut.result(max(0.1, 5 - (time.monotonic() - t0))), start
+                    )
                 except Exception as exc:
                     self.history.failed(key, payload, exc, start)
             self.writer.close(timeout=10)
@@ -260,8 +287,9 @@ class IdempotencyMachine(RuleBasedStateMachine):
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-SETTINGS = settings(max_examples=12, stateful_step_count=25, deadline=None,
-                    suppress_health_check=list(HealthCheck))
+SETTINGS = settings(
+    max_examples=12, stateful_step_count=25, deadline=None, suppress_health_check=list(HealthCheck)
+)
 SLOW = settings(SETTINGS, max_examples=100, stateful_step_count=50)
 
 

@@ -19,7 +19,10 @@ def test_config_table_is_generated_from_keys() -> None:
 
 
 def test_setup_commands_are_the_scripts_ci_runs() -> None:
-    commands = [line.strip() for line in README.read_text().splitlines()
-                if line.startswith("    ./scripts/")]
+    commands = [
+        line.strip()
+        for line in README.read_text().splitlines()
+        if line.startswith("    ./scripts/")
+    ]
     assert commands == ["./scripts/demo", "./scripts/test", "./scripts/test -m slow"]
     assert "./scripts/test" in (ROOT / ".ci" / "run").read_text()
