@@ -310,10 +310,12 @@ TestIdempotencyEs3.settings = SETTINGS
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 class TestIdempotencyEs1Slow(Es1Machine.TestCase):
     settings = SLOW
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 class TestIdempotencyEs3Slow(Es3Machine.TestCase):
     settings = SLOW
