@@ -135,7 +135,7 @@ def run_round(
 
 PROFILES = [
     pytest.param(800, 11, id="default"),
-    pytest.param(4000, 100, id="slow", marks=[pytest.mark.slow, pytest.mark.timeout(1800)]),
+    pytest.param(6000, 100, id="slow", marks=[pytest.mark.slow, pytest.mark.timeout(1800)]),
 ]
 
 
