@@ -55,8 +55,9 @@ class WriteRun:
     def __init__(self, client, kind: str, tag: str):
         self.log = client.open_log(f"bench-{tag}", create=True)
         self.writer = self.log.open_writer(idempotent=kind != "plain")
-        self.payloads = [(b"%s-%08d-" % (tag.encode(), i)).ljust(PAYLOAD, b"x")
-                         for i in range(N_WRITES)]
+        self.payloads = [
+            (b"%s-%08d-" % (tag.encode(), i)).ljust(PAYLOAD, b"x") for i in range(N_WRITES)
+        ]
         self.ids = [f"{tag}-order-{i}" for i in range(N_WRITES)] if kind == "explicit" else None
 
     def run(self) -> tuple[float, float]:
@@ -200,7 +201,7 @@ def test_write_many_duplicates_per_second(benchmark, tmp_path: Path):
     payloads = [b"v%d" % i for i in range(DUP_BATCH)]
     small = [b"payload-%08d" % i for i in range(DUP_BATCH)]  # content keys, 16 B payloads
     for s in range(0, DUP_BATCH, 10_000):
-        w.write_many(small[s:s + 10_000])
+        w.write_many(small[s : s + 10_000])
 
     def by_ids():
         res = w.write_many(payloads, ids)

@@ -35,8 +35,14 @@ def test_record_parses_as_the_protobuf_entry(seg, entry, ts, payload, props, key
     assert parsed.idempotency_key == (key or b"")
     # byte-identical to protobuf's own serializer when there is at most one property
     if len(props) <= 1:
-        expected = LogEntry(segment_id=seg, entry_id=entry, timestamp_ms=ts, payload=payload,
-                            properties=props, idempotency_key=key or b"")
+        expected = LogEntry(
+            segment_id=seg,
+            entry_id=entry,
+            timestamp_ms=ts,
+            payload=payload,
+            properties=props,
+            idempotency_key=key or b"",
+        )
         assert body == expected.SerializeToString()
 
 

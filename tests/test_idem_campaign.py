@@ -271,14 +271,6 @@ def _no_hangs(report: Report) -> None:
         raise HangError(f"{len(report.hangs)} writes pending after close(): {report.hangs[:5]}")
 
 
-# Known defect, owned by the `liveness` branch (issue 11 items 2-3): under storage and metadata
-# outages plus takeovers, write_async futures stay pending after close(). Remove the mark when
-# that branch is merged (strict: an unexpected pass fails, so the mark cannot outlive the bug).
-KNOWN_HANG = pytest.mark.xfail(
-    raises=HangError, strict=True, reason="futures pending after close() (issue 11 items 2-3)"
-)
-
-
 def test_two_processes_race_the_same_keys(tmp_path: Path) -> None:
     """Two processes open idempotent writers on one log at once, taking it over from each other
     every ~0.7 s while resending the same 300 keys: the fenced one fails with WriterFencedError,
@@ -321,14 +313,12 @@ def _campaign(tmp_path: Path, seconds: float) -> Report:
     return report
 
 
-@KNOWN_HANG
 def test_fault_campaign_smoke(tmp_path: Path) -> None:
     _no_hangs(_campaign(tmp_path, float(os.environ.get("WP_CAMPAIGN_SMOKE_S", "20"))))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(float(os.environ.get("WP_CAMPAIGN_S", "600")) + 900)
-@KNOWN_HANG
 def test_fault_campaign(tmp_path: Path) -> None:
     seconds = float(os.environ.get("WP_CAMPAIGN_S", "600"))
     report = _campaign(tmp_path, seconds)

@@ -353,7 +353,8 @@ def test_snapshot_with_pending_entries_then_crash(env_factory):
     for prefix in "qsr":  # the writer crashes before it learns anything
         for i in range(5):
             env.history.failed(
-                explicit_key(f"{prefix}{i}"), b"%s%d" % (prefix.encode(), i),
+                explicit_key(f"{prefix}{i}"),
+                b"%s%d" % (prefix.encode(), i),
                 RuntimeError("writer crashed"),
             )
     b = env.writer()

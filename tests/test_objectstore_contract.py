@@ -301,6 +301,22 @@ def test_local_sweep_temp_files(tmp_path: Path) -> None:
     assert store.get("d/k") == b"x"
 
 
+def test_local_store_sweeps_stale_temp_files_when_it_opens(tmp_path: Path) -> None:
+    """A process killed mid-put leaves a temp file; the next open of the store removes it once
+    it is older than STALE_TEMP_S, and leaves younger ones (a put in flight elsewhere) alone."""
+    store = LocalObjectStore(tmp_path / "o")
+    store.put("1/0/0.blk", b"x")
+    stale = Path(store.root, "1", "0", f"{local_mod.TEMP_PREFIX}1.blk.4242.7")
+    fresh = Path(store.root, "1", "0", f"{local_mod.TEMP_PREFIX}2.blk.4243.0")
+    stale.write_bytes(b"killed mid-put")
+    fresh.write_bytes(b"in flight")
+    long_ago = time.time() - local_mod.STALE_TEMP_S - 60
+    os.utime(stale, (long_ago, long_ago))
+    LocalObjectStore(tmp_path / "o")
+    assert not stale.exists() and fresh.exists()
+    assert store.list("") == ["1/0/0.blk"] and store.get("1/0/0.blk") == b"x"
+
+
 _STRACE_SCRIPT = """
 import os, sys
 from woodpecker_idem.objectstore import LocalObjectStore

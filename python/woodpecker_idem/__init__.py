@@ -20,37 +20,53 @@ from ._core import (
     explicit_key,
     explicit_keys,
 )
+from ._core import __version__ as __version__  # Cargo.toml's version: written in one place
 from .client import LogHandle, LogReader, LogWriter, WoodpeckerClient, connect
 from .clock import Clock, ManualClock, SystemClock
 from .config import Config, load_config
 from .errors import (
+    ClientClosedError,
     ConfigError,
     CorruptEntryError,
+    EntryConflictError,
+    EntryTruncatedError,
     InvalidArgumentError,
     InvalidTypeError,
+    LogExistsError,
+    LogGroupSizeMismatchError,
     LogNotFoundError,
+    MetadataConflictError,
+    NodeUnavailableError,
     PayloadTooLargeError,
     QuorumUnavailableError,
+    RowsNotPreparedError,
     SegmentClosedError,
+    SegmentFencedError,
     SnapshotCorruptError,
+    StorageReadOnlyError,
+    StorageUnavailableError,
     WoodpeckerError,
+    WriterClosedError,
     WriterFencedError,
     WriteTimeoutError,
 )
 from .idempotency import IdempotentLogWriter, WriteManyResult
 from .types import LogMessage, LogMessageId, SegmentState, WriteMessage, WriteResult
 
-__version__ = "0.1.0"
-
 __all__ = [
+    "ClientClosedError",
     "Clock",
     "Config",
     "ConfigError",
     "CorruptEntryError",
     "DedupWindow",
+    "EntryConflictError",
+    "EntryTruncatedError",
     "IdempotentLogWriter",
     "InvalidArgumentError",
     "InvalidTypeError",
+    "LogExistsError",
+    "LogGroupSizeMismatchError",
     "LogHandle",
     "LogMessage",
     "LogMessageId",
@@ -58,12 +74,18 @@ __all__ = [
     "LogReader",
     "LogWriter",
     "ManualClock",
+    "MetadataConflictError",
+    "NodeUnavailableError",
     "PayloadTooLargeError",
     "QuorumUnavailableError",
+    "RowsNotPreparedError",
     "SegmentClosedError",
+    "SegmentFencedError",
     "SegmentState",
     "Snapshot",
     "SnapshotCorruptError",
+    "StorageReadOnlyError",
+    "StorageUnavailableError",
     "SystemClock",
     "WindowEntry",
     "WoodpeckerClient",
@@ -72,6 +94,7 @@ __all__ = [
     "WriteMessage",
     "WriteResult",
     "WriteTimeoutError",
+    "WriterClosedError",
     "WriterFencedError",
     "connect",
     "content_key",

@@ -11,13 +11,16 @@ because a writable exporter could change under a batch that runs without the GIL
 
 import os
 from collections.abc import Sequence
-from typing import final
+from typing import Self, TypeVar, final
 
 from typing_extensions import Buffer
+
+_B = TypeVar("_B", bound=Buffer)  # any one buffer type: `list[bytes]` is not a `list[Buffer]`
 
 __all__ = [
     "KEY_SIZE",
     "SNAPSHOT_FORMAT_VERSION",
+    "__version__",
     "DedupWindow",
     "KeyPipe",
     "Snapshot",
@@ -26,14 +29,19 @@ __all__ = [
     "content_key",
     "content_keys",
     "content_keys_arrow",
+    "count_records",
     "crc32c",
     "decode_snapshot",
+    "encode_entry",
     "encode_new_entries",
     "encode_snapshot",
     "explicit_key",
     "explicit_keys",
     "put_file",
 ]
+
+__version__: str
+"""The package version, from `Cargo.toml` (PEP 440 spelling); `woodpecker_idem.__version__`."""
 
 KEY_SIZE: int
 """Length of every idempotency key (16): keys are MD5 digests, so one fixed size fits all tables."""
@@ -112,22 +120,21 @@ def explicit_keys(ids: Sequence[str | bytes]) -> bytes:
         InvalidTypeError: `ids` is not a sequence, or `ids[i]` is neither `str` nor `bytes`.
     """
 
-def crc32c(data: Buffer, value: int = 0) -> int:
+def crc32c(data: Buffer, value: int | None = None) -> int:
     """CRC32C (Castagnoli) of `data`, the checksum used by snapshots and stored entries.
 
     Args:
         data: Bytes-like input.
         value: A previous result, to checksum a stream chunk by chunk
-            (`crc32c(b, crc32c(a)) == crc32c(a + b)`).
+            (`crc32c(b, crc32c(a)) == crc32c(a + b)`); None (the default) starts from 0.
 
     Raises:
         InvalidArgumentError: `value` is outside 0..=2**32-1.
         InvalidTypeError: `data` is not bytes-like or `value` is not an int.
     """
 
-# --- dedup window ----------------------------------------------------------------------------
+# --- records and files -----------------------------------------------------------------------
 
-@final
 def encode_entry(
     segment_id: int,
     entry_id: int,
@@ -163,7 +170,7 @@ def encode_new_entries(
         InvalidTypeError: a payload is not bytes, or properties are not `dict[str, str]`.
     """
 
-def concat(parts: list[Buffer] | tuple[Buffer, ...]) -> bytes:
+def concat(parts: list[_B] | tuple[_B, ...]) -> bytes:
     """The parts laid end to end in one new `bytes`, like `b"".join(parts)` but copied with the
     GIL held: `bytes.join` lets go of the GIL for results of 1 MiB or more, and winning it back
     from a busy producer thread costs up to one switch interval (5 ms) per batch frame or block.
@@ -202,6 +209,9 @@ def put_file(
         InvalidTypeError: naming `data`, when it is not bytes-like.
     """
 
+# --- dedup window ----------------------------------------------------------------------------
+
+@final
 class WindowEntry:
     """What the window knows about a key: where its entry lives and whether it is durable yet.
 
@@ -220,15 +230,17 @@ class WindowEntry:
     @property
     def committed(self) -> bool:
         """False while the write is in flight (pending): a retry must join it, not rewrite."""
-    def __init__(self, segment_id: int, entry_id: int, timestamp_ms: int, committed: bool) -> None:
+    def __new__(cls, segment_id: int, entry_id: int, timestamp_ms: int, committed: bool) -> Self:
         """Build an entry by hand (for comparisons in tests; lookups build their own).
 
         Raises:
             InvalidArgumentError: an id is outside 0..=2**32-1 or `timestamp_ms` outside int64.
             InvalidTypeError: an id or `timestamp_ms` is not an int.
         """
-    def __eq__(self, other: object) -> bool: ...
-    def __hash__(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool:
+        """Equal when all four fields are."""
+    def __hash__(self) -> int:
+        """Hash of the four fields (entries can be set members and dict keys)."""
 
 @final
 class DedupWindow:
@@ -245,8 +257,10 @@ class DedupWindow:
     Keys are 16-byte bytes-like values; ids are stored as u32 and timestamps as int64.
     """
 
-    def __init__(self, max_keys: int, window_ms: int) -> None:
-        """Args:
+    def __new__(cls, max_keys: int, window_ms: int) -> Self:
+        """An empty window, its ring reserved for `max_keys` committed keys.
+
+        Args:
             max_keys: Committed keys kept at most (1..=2**32-1); the oldest commit is evicted
                 beyond it.
             window_ms: Age (>= 1 ms) at which a committed key stops deduplicating.
@@ -437,7 +451,7 @@ class DedupWindow:
         """`(key, segment_id, entry_id, timestamp_ms)` in commit order, oldest first (tests and
         tools; use `encode_snapshot` for bulk export)."""
 
-# --- snapshots -------------------------------------------------------------------------------
+# --- key pipe --------------------------------------------------------------------------------
 
 @final
 class KeyPipe:
@@ -452,7 +466,8 @@ class KeyPipe:
     Not meant to be shared: the idempotent writer calls it under its own lock.
     """
 
-    def __init__(self) -> None: ...
+    def __new__(cls) -> Self:
+        """An empty pipe (its hashing thread starts with the first large chunk)."""
     def push(self, payload: Buffer) -> None:
         """Queue `payload`: a `bytes` object is held until its key is taken, any other buffer is
         copied (it could change meanwhile). Raises InvalidTypeError for a non-bytes-like."""
@@ -473,6 +488,9 @@ class KeyPipe:
     def __len__(self) -> int:
         """Payloads queued and not yet taken."""
 
+# --- snapshots -------------------------------------------------------------------------------
+
+@final
 class Snapshot:
     """A decoded, fully validated dedup snapshot (see `proto/dedup_snapshot.proto`)."""
 

@@ -4,6 +4,9 @@ The demo is a producer that retries like real ones do: acks lost on the node, re
 application, and a producer process SIGKILLed mid-stream whose restart replays everything since
 its last checkpoint. It prints what was attempted, what landed, and the history checker's verdict
 (exit status 1 if the checker finds a duplicate in the window or a lost acknowledged write).
+
+The demo never touches existing logs: it writes a new log with a unique name (`demo-<time>-<hex>`),
+so `--data-dir` may point at a directory that holds real data.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 from . import (
@@ -29,7 +35,7 @@ from . import (
     explicit_key,
 )
 from .clock import SYSTEM_CLOCK
-from .errors import LogNotFoundError, WoodpeckerError
+from .errors import InvalidArgumentError, WoodpeckerError
 from .history import History, Stamp
 from .logstore.transport import FaultInjectingTransport
 
@@ -71,7 +77,7 @@ class _Producer:
     def __init__(self, writer, history: History):
         self.writer = writer
         self.history = history
-        self.inflight: list[tuple[bytes, bytes, Stamp, object]] = []
+        self.inflight: list[tuple[bytes, bytes, Stamp, Future[WriteResult]]] = []
 
     def attempt(self, i: int) -> None:
         oid = f"order-{i}"
@@ -92,11 +98,13 @@ class _Producer:
         self.inflight.clear()
 
 
-def _killed_producer(data_dir: Path, start: int, stop: int, history: History) -> tuple[int, int]:
+def _killed_producer(
+    data_dir: Path, log_name: str, start: int, stop: int, history: History
+) -> tuple[int, int]:
     """Run a producer in a child process and SIGKILL it once it has acknowledged a third of its
     new writes, while more are in flight. Every line it printed before dying is read (a line cut
     by the kill is dropped). Returns (acks, writes in flight at the kill)."""
-    cmd = [sys.executable, "-m", "woodpecker_idem.cli", "_produce", str(data_dir)]
+    cmd = [sys.executable, "-m", "woodpecker_idem.cli", "_produce", str(data_dir), log_name]
     child = subprocess.Popen([*cmd, str(start), str(stop)], stdout=subprocess.PIPE)
     assert child.stdout is not None
     sent: dict[int, Stamp] = {}
@@ -132,12 +140,14 @@ def _killed_producer(data_dir: Path, start: int, stop: int, history: History) ->
     return len(acked), len(in_flight)
 
 
-def _produce(data_dir: Path, start: int, stop: int) -> int:
+def _produce(data_dir: Path, log_name: str, start: int, stop: int) -> int:
     """The child side of the demo: writes orders in bursts of 50. Prints `B lo hi ms ns` before a
     burst goes out and `i segment entry dup ms ns` per ack (times: the wall clock in ms, then
     time.monotonic_ns()), each line flushed whole."""
+    if not data_dir.is_dir():  # the demo made it: never create one here
+        raise InvalidArgumentError(f"data_dir {str(data_dir)!r} is not an existing directory")
     client = connect(data_dir)
-    writer = client.open_log("demo").open_writer(idempotent=True)
+    writer = client.open_log(log_name).open_writer(idempotent=True)
     for lo in range(start, stop, 50):
         hi = min(lo + 50, stop)
         print("B", lo, hi, SYSTEM_CLOCK.now_ms(), time.monotonic_ns(), flush=True)
@@ -153,6 +163,11 @@ def _produce(data_dir: Path, start: int, stop: int) -> int:
     return 0
 
 
+def _demo_log_name() -> str:
+    """A name no earlier run used: the demo must never write into (or delete) existing logs."""
+    return f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+
+
 def demo(data_dir: Path, records: int, seed: int) -> int:
     _core_figures()
     rng = random.Random(seed)
@@ -164,11 +179,8 @@ def demo(data_dir: Path, records: int, seed: int) -> int:
     client = connect(data_dir)
     faults = FaultInjectingTransport(client.transport)
     client.transport = faults
-    try:
-        client.delete_log("demo")
-    except LogNotFoundError:
-        pass
-    log_handle = client.create_log("demo")
+    log_name = _demo_log_name()
+    log_handle = client.create_log(log_name)  # LogExistsError rather than reuse a log
     producer = _Producer(log_handle.open_writer(idempotent=True), history)
     for i in range(half):
         if rng.random() < 0.03:
@@ -183,14 +195,15 @@ def demo(data_dir: Path, records: int, seed: int) -> int:
     producer.settle()
     producer.writer.close()
 
-    # 2. A producer process killed with SIGKILL mid-stream, new writes in flight.
-    child_acks, child_in_flight = _killed_producer(data_dir, half, records, history)
+    # 2. A producer process killed with SIGKILL mid-stream, writes in flight.
+    child_acks, child_in_flight = _killed_producer(data_dir, log_name, half, records, history)
 
     # 3. The restarted producer takes over (completing the dead writer's segment, rebuilding
     #    the window) and, not knowing what landed, replays everything since the last checkpoint.
     writer = log_handle.open_writer(idempotent=True)
     producer = _Producer(writer, history)
-    for i in range(half - 200, records):
+    replay_from = max(0, half - 200)
+    for i in range(replay_from, records):
         producer.attempt(i)
         if i % 100 == 99:
             producer.settle()
@@ -206,8 +219,9 @@ def demo(data_dir: Path, records: int, seed: int) -> int:
         f"({app_retries} application resends, {lost_acks} acks lost on the node, a producer "
         f"process SIGKILLed after {child_acks} acks with {child_in_flight} writes in flight, "
         f"then a restart replaying "
-        f"{records - half + 200:,} records)"
+        f"{records - replay_from:,} records)"
     )
+    print(f"demo log: {log_name!r} in {data_dir}")
     print(
         f"log: {len(messages):,} entries appended; {verdict.duplicates_returned:,} duplicates "
         f"suppressed (returned the original id)"
@@ -222,9 +236,28 @@ def demo(data_dir: Path, records: int, seed: int) -> int:
     return 0 if verdict.ok and len(messages) == records else 1
 
 
-def main(argv: list[str] | None = None) -> int:
+MIN_RECORDS = 100
+MAX_RECORDS = 10_000_000
+
+
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: an integer in lo..hi, or a usage error that says so."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{value} is not in {lo:,}..{hi:,}")
+        return value
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="woodpecker-idem")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo}")
     d = sub.add_parser(
         "demo", help="idempotent producer with injected faults, judged by the checker"
     )
@@ -232,34 +265,55 @@ def main(argv: list[str] | None = None) -> int:
         "--data-dir",
         type=Path,
         default=None,
-        help="where the embedded log lives (default: a fresh temporary directory)",
+        help="where the embedded log lives (default: a fresh temporary directory); existing "
+        "logs there are left alone: the demo writes a new log with a unique name",
     )
-    d.add_argument("--records", type=int, default=3000)
-    d.add_argument("--seed", type=int, default=7)
+    d.add_argument(
+        "--records",
+        type=_int_in(MIN_RECORDS, MAX_RECORDS),
+        default=3000,
+        help=f"orders to write ({MIN_RECORDS:,}..{MAX_RECORDS:,}; default 3000)",
+    )
+    d.add_argument("--seed", type=int, default=7, help="seed of the injected faults")
     d.add_argument("-v", "--verbose", action="store_true")
-    p = sub.add_parser("_produce")  # the demo's child producer (killed on purpose)
+    # The demo's child producer (killed on purpose): internal, so not listed in --help.
+    p = sub.add_parser("_produce")  # no help=: argparse then leaves it out of the list
     p.add_argument("data_dir", type=Path)
-    p.add_argument("start", type=int)
-    p.add_argument("stop", type=int)
+    p.add_argument("log_name")
+    p.add_argument("start", type=_int_in(0, MAX_RECORDS))
+    p.add_argument("stop", type=_int_in(0, MAX_RECORDS))
     p.set_defaults(verbose=False)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _run(command: str, job: Callable[[], int]) -> int:
+    """Run a command; a failure is one line on stderr and exit status 2, not a traceback."""
+    try:
+        return job()
+    except (WoodpeckerError, OSError) as exc:
+        print(f"woodpecker-idem {command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.ERROR,
         format="%(levelname)s %(name)s: %(message)s",
     )
     if args.command == "_produce":
-        return _produce(args.data_dir, args.start, args.stop)
-    if args.command == "demo":
-        tmp = None
-        data_dir = args.data_dir
-        if data_dir is None:
-            tmp = data_dir = Path(tempfile.mkdtemp(prefix="woodpecker-demo-"))
-        try:
-            return demo(data_dir, args.records, args.seed)
-        finally:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
-    return 2
+        return _run(
+            "_produce", lambda: _produce(args.data_dir, args.log_name, args.start, args.stop)
+        )
+    tmp = None
+    data_dir = args.data_dir
+    if data_dir is None:
+        tmp = data_dir = Path(tempfile.mkdtemp(prefix="woodpecker-demo-"))
+    try:
+        return _run("demo", lambda: demo(data_dir, args.records, args.seed))
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -260,6 +260,15 @@ def _validate(key: Key, value: object, source: str) -> Any:
         raise _bad(key, value, source, exc.allowed) from None
 
 
+def check_value(name: str, value: object, source: str = "") -> Any:
+    """One key's value checked (type, range, finiteness) and normalised, as a config file's would
+    be; `ConfigError` names the key. For options that mirror a key (`open_writer`'s window)."""
+    key = _BY_NAME.get(name)
+    if key is None:
+        raise _unknown_key(name, source)
+    return _validate(key, value, source)
+
+
 def _check_range(key: Key, v: float) -> None:
     lo, hi = key.min, key.max
     if lo is not None and (v <= lo if key.min_exclusive else v < lo):
@@ -422,6 +431,8 @@ class Config:
     """
 
     __slots__ = ("_explicit", "_values")
+    _explicit: Mapping[str, Any]
+    _values: Mapping[str, Any]
 
     def __init__(self, explicit: Mapping[str, Any] | None = None, *, _source: str = "") -> None:
         explicit = dict(explicit or {})
@@ -629,6 +640,7 @@ __all__ = [
     "FsyncPolicy",
     "Key",
     "Section",
+    "check_value",
     "config_table_markdown",
     "load_config",
     "parse_fsync",

@@ -42,6 +42,15 @@ class ConfigError(WoodpeckerError, ValueError):
     code = "INVALID_CONFIG"
 
 
+class ClientClosedError(WoodpeckerError):
+    """The client was closed: no call through it, its logs, readers or writers can succeed.
+
+    Not retriable: open a new client with `connect()`.
+    """
+
+    code = "CLIENT_CLOSED"
+
+
 # --- logs and metadata -----------------------------------------------------------------------
 
 
@@ -130,6 +139,13 @@ class StorageUnavailableError(WoodpeckerError):
 
     code = "STORAGE_UNAVAILABLE"
     retriable = True
+
+
+class StorageReadOnlyError(StorageUnavailableError):
+    """The storage is read-only (a read-only data directory): reads work, writes cannot."""
+
+    code = "STORAGE_READ_ONLY"
+    retriable = False
 
 
 class CorruptEntryError(WoodpeckerError):

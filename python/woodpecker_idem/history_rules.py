@@ -257,12 +257,12 @@ class Judge:
         for mid, acks in self.acked_at.items():
             by_segment[mid.segment_id].append((mid.entry_id, min(a.end.ns for a in acks)))
         suffix: dict[int, tuple[list[int], list[int]]] = {}
-        for seg, acks in by_segment.items():
-            acks.sort()
-            best = [NEVER] * (len(acks) + 1)
-            for i in range(len(acks) - 1, -1, -1):
-                best[i] = min(best[i + 1], acks[i][1])
-            suffix[seg] = ([e for e, _ in acks], best)
+        for seg, firsts in by_segment.items():
+            firsts.sort()
+            best = [NEVER] * (len(firsts) + 1)
+            for i in range(len(firsts) - 1, -1, -1):
+                best[i] = min(best[i + 1], firsts[i][1])
+            suffix[seg] = ([entry_id for entry_id, _ in firsts], best)
         committed_by: dict[LogMessageId, int] = {}
         for m in self.msgs:
             mid = m.message_id

@@ -6,7 +6,7 @@ use pyo3::buffer::{PyBuffer, ReadOnlyCell};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyInt, PyString};
 
-use crate::errors::{invalid_argument, invalid_type, type_name};
+use crate::errors::{type_name, InvalidArgumentError, InvalidTypeError};
 use crate::keys::{Key, KEY_LEN};
 
 /// Bytes of a bytes-like argument: borrowed from an immutable `bytes` object, otherwise copied
@@ -53,23 +53,20 @@ pub fn bytes_like<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<ByteArg<
             }
         }
     }
-    Err(invalid_type(
-        py,
-        format!("{name} must be a bytes-like object, not {}", type_name(obj)),
-    ))
+    Err(InvalidTypeError::new_err(format!(
+        "{name} must be a bytes-like object, not {}",
+        type_name(obj)
+    )))
 }
 
 /// A 16-byte key argument.
 pub fn key(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Key> {
     let b = bytes_like(obj, name)?;
     <Key>::try_from(b.as_slice()).map_err(|_| {
-        invalid_argument(
-            obj.py(),
-            format!(
-                "{name} must be exactly {KEY_LEN} bytes, got {}",
-                b.as_slice().len()
-            ),
-        )
+        InvalidArgumentError::new_err(format!(
+            "{name} must be exactly {KEY_LEN} bytes, got {}",
+            b.as_slice().len()
+        ))
     })
 }
 
@@ -77,13 +74,10 @@ pub fn key(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Key> {
 pub fn key_buffer<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<ByteArg<'py>> {
     let b = bytes_like(obj, name)?;
     if !b.as_slice().len().is_multiple_of(KEY_LEN) {
-        return Err(invalid_argument(
-            obj.py(),
-            format!(
-                "{name} must be a multiple of {KEY_LEN} bytes (N concatenated keys), got {}",
-                b.as_slice().len()
-            ),
-        ));
+        return Err(InvalidArgumentError::new_err(format!(
+            "{name} must be a multiple of {KEY_LEN} bytes (N concatenated keys), got {}",
+            b.as_slice().len()
+        )));
     }
     Ok(b)
 }
@@ -107,10 +101,6 @@ impl I64Column<'_> {
             I64Column::U64(b) => b.item_count(),
             I64Column::Owned(v) => v.len(),
         }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// A cheap view for element access (contiguity is checked once here, not per element).
@@ -170,7 +160,9 @@ pub fn i64_column<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<I64Colum
                 .enumerate()
                 .map(|(i, &x)| {
                     i64::try_from(x).map_err(|_| {
-                        invalid_argument(py, format!("{name}[{i}] = {x} does not fit int64"))
+                        InvalidArgumentError::new_err(format!(
+                            "{name}[{i}] = {x} does not fit int64"
+                        ))
                     })
                 })
                 .collect::<PyResult<Vec<i64>>>()
@@ -179,32 +171,28 @@ pub fn i64_column<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<I64Colum
     }
     let raw = bytes_like(obj, name)?;
     if !raw.as_slice().len().is_multiple_of(8) {
-        return Err(invalid_argument(
-            py,
-            format!(
-                "{name} must hold whole little-endian int64 values, got {} bytes",
-                raw.as_slice().len()
-            ),
-        ));
+        return Err(InvalidArgumentError::new_err(format!(
+            "{name} must hold whole little-endian int64 values, got {} bytes",
+            raw.as_slice().len()
+        )));
     }
     Ok(I64Column::Raw(raw))
 }
 
 /// An int argument as i64 (bool counts as int, like everywhere in Python).
 pub fn int_i64(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
-    let py = obj.py();
     if !obj.is_instance_of::<PyInt>() {
-        return Err(invalid_type(
-            py,
-            format!("{name} must be an int, not {}", type_name(obj)),
-        ));
+        return Err(InvalidTypeError::new_err(format!(
+            "{name} must be an int, not {}",
+            type_name(obj)
+        )));
     }
     obj.extract::<i64>()
-        .map_err(|_| invalid_argument(py, format!("{name} = {obj} does not fit int64")))
+        .map_err(|_| InvalidArgumentError::new_err(format!("{name} = {obj} does not fit int64")))
 }
 
 fn out_of_range(obj: &Bound<'_, PyAny>, name: &str, range: &str) -> PyErr {
-    invalid_argument(obj.py(), format!("{name} = {obj} is out of range {range}"))
+    InvalidArgumentError::new_err(format!("{name} = {obj} is out of range {range}"))
 }
 
 /// An int argument that must fit u32 (segment and entry ids).
@@ -223,10 +211,10 @@ pub fn int_u32(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
 /// An int argument that must fit u64 (log ids, epochs).
 pub fn int_u64(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
     if !obj.is_instance_of::<PyInt>() {
-        return Err(invalid_type(
-            obj.py(),
-            format!("{name} must be an int, not {}", type_name(obj)),
-        ));
+        return Err(InvalidTypeError::new_err(format!(
+            "{name} must be an int, not {}",
+            type_name(obj)
+        )));
     }
     obj.extract::<u64>()
         .map_err(|_| out_of_range(obj, name, "0..=18446744073709551615"))

@@ -2,7 +2,7 @@
 //! (`proto/logstore.proto`). The writer encodes each entry once, here, so resends are
 //! byte-identical; nodes count and split frames without parsing the entries.
 
-use crate::varint::put_uvarint;
+use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
 
 /// Record header: entry length and CRC32C of the entry bytes, both little-endian u32.
 pub const RECORD_HEADER_LEN: usize = 8;
@@ -17,32 +17,19 @@ pub struct EntryFields<'a> {
     pub idempotency_key: &'a [u8],
 }
 
-fn put_tag(out: &mut Vec<u8>, field: u32, wire_type: u32) {
-    put_uvarint(out, u64::from((field << 3) | wire_type));
-}
-
 fn put_int64(out: &mut Vec<u8>, field: u32, v: i64) {
     if v != 0 {
-        put_tag(out, field, 0);
-        put_uvarint(out, v as u64); // proto3 int64: two's complement as a 64-bit varint
+        encode_key(field, WireType::Varint, out);
+        encode_varint(v as u64, out); // proto3 int64: two's complement as a 64-bit varint
     }
 }
 
+/// A length-delimited field from a borrowed slice (prost's `bytes::encode` wants an owned
+/// `BytesAdapter`, which would copy every payload once more).
 fn put_bytes(out: &mut Vec<u8>, field: u32, v: &[u8]) {
-    if !v.is_empty() {
-        put_tag(out, field, 2);
-        put_uvarint(out, v.len() as u64);
-        out.extend_from_slice(v);
-    }
-}
-
-fn varint_len(mut v: u64) -> usize {
-    let mut n = 1;
-    while v >= 0x80 {
-        v >>= 7;
-        n += 1;
-    }
-    n
+    encode_key(field, WireType::LengthDelimited, out);
+    encode_varint(v.len() as u64, out);
+    out.extend_from_slice(v);
 }
 
 /// Encode a record: header, then the `LogEntry` in field order with proto3 defaults omitted
@@ -59,22 +46,26 @@ pub fn encode_record(e: &EntryFields<'_>) -> Vec<u8> {
     put_int64(&mut out, 1, e.segment_id);
     put_int64(&mut out, 2, e.entry_id);
     put_int64(&mut out, 3, e.timestamp_ms);
-    put_bytes(&mut out, 4, e.payload);
-    for (k, v) in e.properties {
-        // map entry: message { string key = 1; string value = 2; }
-        // each field: a 1-byte tag, a varint length, the bytes
-        let inner =
-            1 + varint_len(k.len() as u64) + k.len() + 1 + varint_len(v.len() as u64) + v.len();
-        put_tag(&mut out, 5, 2);
-        put_uvarint(&mut out, inner as u64);
-        put_tag(&mut out, 1, 2);
-        put_uvarint(&mut out, k.len() as u64);
-        out.extend_from_slice(k);
-        put_tag(&mut out, 2, 2);
-        put_uvarint(&mut out, v.len() as u64);
-        out.extend_from_slice(v);
+    if !e.payload.is_empty() {
+        put_bytes(&mut out, 4, e.payload);
     }
-    put_bytes(&mut out, 6, e.idempotency_key);
+    for (k, v) in e.properties {
+        // map entry: message { string key = 1; string value = 2; } (both always written, as
+        // protobuf's serializer writes map entries)
+        let inner = 1
+            + encoded_len_varint(k.len() as u64)
+            + k.len()
+            + 1
+            + encoded_len_varint(v.len() as u64)
+            + v.len();
+        encode_key(5, WireType::LengthDelimited, &mut out);
+        encode_varint(inner as u64, &mut out);
+        put_bytes(&mut out, 1, k);
+        put_bytes(&mut out, 2, v);
+    }
+    if !e.idempotency_key.is_empty() {
+        put_bytes(&mut out, 6, e.idempotency_key);
+    }
     let body_len = (out.len() - RECORD_HEADER_LEN) as u32;
     let crc = crc32c::crc32c(&out[RECORD_HEADER_LEN..]);
     out[0..4].copy_from_slice(&body_len.to_le_bytes());
@@ -128,5 +119,31 @@ mod tests {
         assert_eq!(count_records(&frame[..frame.len() - 1]), Err(r.len()));
         assert_eq!(count_records(&[1, 2, 3]), Err(0));
         assert_eq!(count_records(&[]), Ok(0));
+    }
+
+    /// The exact bytes of a record reaching a 10-byte varint (a negative int64), a 6-byte one
+    /// and a two-byte length prefix; `tests/test_core_golden.py` pins the same bytes.
+    #[test]
+    fn golden_bytes() {
+        let long_key = [b'x'; 200];
+        let props: [(&[u8], &[u8]); 2] = [(b"k", b"v"), (&long_key, b"")];
+        let key = crate::keys::content_key(b"a");
+        let r = encode_record(&EntryFields {
+            segment_id: -1,
+            entry_id: 1 << 40,
+            timestamp_ms: 1_700_000_000_000,
+            payload: b"payload",
+            properties: &props,
+            idempotency_key: &key,
+        });
+        let hex: String = r.iter().map(|b| format!("{b:02x}")).collect();
+        let expected = [
+            "0c01000074b87efa08ffffffffffffffffff01108080808080201880d095ffbc3122077061796c6f61642a",
+            "060a016b1201762acd010ac801",
+            &"78".repeat(200),
+            "120032100cc175b9c0f1b6a831c399e269772661",
+        ]
+        .concat();
+        assert_eq!(hex, expected);
     }
 }

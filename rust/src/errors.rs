@@ -1,58 +1,13 @@
-//! The Python error classes of `woodpecker_idem.errors`, imported once and cached, plus helpers
-//! that build instances with a message naming the offending argument.
+//! The Python error classes of `woodpecker_idem.errors`, raised from Rust as they are: pyo3's
+//! `import_exception!` imports each class on first use and keeps it. The extension ships inside
+//! the `woodpecker_idem` package, so the module is always importable next to it.
 
-use pyo3::exceptions::{PyMemoryError, PyTypeError, PyValueError};
+use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::PyType;
 
-struct Classes {
-    invalid_argument: Py<PyType>,
-    invalid_type: Py<PyType>,
-    snapshot_corrupt: Py<PyType>,
-}
-
-static CLASSES: PyOnceLock<Classes> = PyOnceLock::new();
-
-/// The cached classes; the import is retried on every error until it succeeds (a failed import is
-/// not cached, so a broken environment is not hidden for the rest of the process).
-fn classes(py: Python<'_>) -> PyResult<&Classes> {
-    CLASSES.get_or_try_init(py, || {
-        let m = py.import("woodpecker_idem.errors")?;
-        let get = |name: &str| -> PyResult<Py<PyType>> {
-            Ok(m.getattr(name)?.cast_into::<PyType>()?.unbind())
-        };
-        Ok(Classes {
-            invalid_argument: get("InvalidArgumentError")?,
-            invalid_type: get("InvalidTypeError")?,
-            snapshot_corrupt: get("SnapshotCorruptError")?,
-        })
-    })
-}
-
-/// `InvalidArgumentError` (a `ValueError`); falls back to `ValueError` if the module is missing.
-pub fn invalid_argument(py: Python<'_>, msg: impl Into<String>) -> PyErr {
-    match classes(py) {
-        Ok(c) => PyErr::from_type(c.invalid_argument.bind(py).clone(), msg.into()),
-        Err(_) => PyValueError::new_err(msg.into()),
-    }
-}
-
-/// `InvalidTypeError` (a `TypeError`); falls back to `TypeError` if the module is missing.
-pub fn invalid_type(py: Python<'_>, msg: impl Into<String>) -> PyErr {
-    match classes(py) {
-        Ok(c) => PyErr::from_type(c.invalid_type.bind(py).clone(), msg.into()),
-        Err(_) => PyTypeError::new_err(msg.into()),
-    }
-}
-
-/// `SnapshotCorruptError`; falls back to `ValueError` if the module is missing.
-pub fn snapshot_corrupt(py: Python<'_>, msg: impl Into<String>) -> PyErr {
-    match classes(py) {
-        Ok(c) => PyErr::from_type(c.snapshot_corrupt.bind(py).clone(), msg.into()),
-        Err(_) => PyValueError::new_err(msg.into()),
-    }
-}
+pyo3::import_exception!(woodpecker_idem.errors, InvalidArgumentError);
+pyo3::import_exception!(woodpecker_idem.errors, InvalidTypeError);
+pyo3::import_exception!(woodpecker_idem.errors, SnapshotCorruptError);
 
 /// An allocation the caller asked for (e.g. `max_keys` far beyond memory) could not be made.
 pub fn out_of_memory(what: &str) -> PyErr {

@@ -192,10 +192,6 @@ impl<P: AsRef<[u8]> + Send + 'static> KeyPipe<P> {
         self.pushed - self.taken
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Queue a payload for its content key (held until its chunk is taken).
     pub fn push(&mut self, payload: P) {
         self.open.payload_bytes += payload.as_ref().len();
@@ -350,7 +346,7 @@ mod tests {
             pushed = upto;
             let n = (*take).min(pipe.len() as usize);
             got.extend(pipe.take(n, wait_slot));
-            if pushed == all.len() && pipe.is_empty() {
+            if pushed == all.len() && pipe.len() == 0 {
                 break;
             }
             if pushed == all.len() {
@@ -370,7 +366,7 @@ mod tests {
         }
         pipe.take(10, wait_slot);
         pipe.clear();
-        assert!(pipe.is_empty());
+        assert!(pipe.len() == 0);
         pipe.push(b"after".to_vec());
         assert_eq!(
             pipe.take(1, wait_slot),

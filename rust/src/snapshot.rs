@@ -3,8 +3,9 @@
 //! See `proto/dedup_snapshot.proto`. Decoding is total: any input gives `Ok` or `Err`, never a
 //! panic, and no allocation is larger than a small multiple of the input.
 
+use prost::encoding::{decode_varint, encode_varint};
+
 use crate::keys::{crc32c, KEY_LEN};
-use crate::varint::{put_svarint, put_uvarint, VarintReader};
 use crate::window::{Record, MAX_KEYS_LIMIT};
 
 /// Header magic.
@@ -81,6 +82,28 @@ fn corrupt<T>(msg: impl Into<String>) -> Result<T, SnapshotError> {
     Err(SnapshotError(msg.into()))
 }
 
+/// Append `v` zigzag-mapped (protobuf's `sint64` mapping: small magnitudes of either sign give
+/// short varints). prost applies the mapping inside its `sint64` field codec without exporting
+/// it, and these columns are packed varints without field tags, so the mapping lives here.
+fn put_svarint(out: &mut Vec<u8>, v: i64) {
+    encode_varint(((v << 1) ^ (v >> 63)) as u64, out);
+}
+
+/// The next varint of column `name`, advancing `col`; an error names the column.
+fn next_uvarint(col: &mut &[u8], name: &str) -> Result<u64, SnapshotError> {
+    decode_varint(col).map_err(|_| {
+        SnapshotError(format!(
+            "{name} column: truncated varint, or one that overflows 64 bits"
+        ))
+    })
+}
+
+/// Inverse of [`put_svarint`].
+fn next_svarint(col: &mut &[u8], name: &str) -> Result<i64, SnapshotError> {
+    let u = next_uvarint(col, name)?;
+    Ok(((u >> 1) as i64) ^ -((u & 1) as i64))
+}
+
 /// Encode snapshot metadata plus `entries` (commit order). `watermarks` need not be sorted.
 /// Fails only if the body would exceed the 4 GiB the header can frame.
 pub fn encode<'a>(
@@ -108,8 +131,8 @@ pub fn encode<'a>(
             Some((seg, len)) if seg == r.segment_id => Some((seg, len + 1)),
             other => {
                 if let Some((seg, len)) = other {
-                    put_uvarint(&mut runs, u64::from(seg));
-                    put_uvarint(&mut runs, len);
+                    encode_varint(u64::from(seg), &mut runs);
+                    encode_varint(len, &mut runs);
                 }
                 prev_entry = 0;
                 Some((r.segment_id, 1))
@@ -122,8 +145,8 @@ pub fn encode<'a>(
         prev_ts = r.timestamp_ms;
     }
     if let Some((seg, len)) = run {
-        put_uvarint(&mut runs, u64::from(seg));
-        put_uvarint(&mut runs, len);
+        encode_varint(u64::from(seg), &mut runs);
+        encode_varint(len, &mut runs);
     }
     let mut marks: Vec<(u32, i64)> = watermarks.to_vec();
     marks.sort_unstable();
@@ -264,15 +287,14 @@ fn decode_body(msg: DedupSnapshot) -> Result<SnapshotData, SnapshotError> {
     }
 
     let mut entries: Vec<Record> = Vec::with_capacity(n);
-    let mut runs = VarintReader::new(&msg.segment_runs);
-    let mut ids = VarintReader::new(&msg.entry_id_deltas);
-    let mut tss = VarintReader::new(&msg.timestamp_deltas);
+    let mut runs: &[u8] = &msg.segment_runs;
+    let mut ids: &[u8] = &msg.entry_id_deltas;
+    let mut tss: &[u8] = &msg.timestamp_deltas;
     let mut keys = msg.keys.chunks_exact(KEY_LEN);
-    let col = |name: &str, e: &str| SnapshotError(format!("{name} column: {e}"));
     let mut prev_ts = 0i64;
     while entries.len() < n {
-        let seg = runs.uvarint().map_err(|e| col("segment_runs", e))?;
-        let len = runs.uvarint().map_err(|e| col("segment_runs", e))?;
+        let seg = next_uvarint(&mut runs, "segment_runs")?;
+        let len = next_uvarint(&mut runs, "segment_runs")?;
         let Ok(segment_id) = u32::try_from(seg) else {
             return corrupt(format!("segment id {seg} does not fit u32"));
         };
@@ -284,7 +306,7 @@ fn decode_body(msg: DedupSnapshot) -> Result<SnapshotData, SnapshotError> {
         }
         let mut prev_entry = 0i64;
         for _ in 0..len {
-            let delta = ids.svarint().map_err(|e| col("entry_id_deltas", e))?;
+            let delta = next_svarint(&mut ids, "entry_id_deltas")?;
             let entry = prev_entry
                 .checked_add(delta)
                 .and_then(|v| u32::try_from(v).ok())
@@ -292,7 +314,7 @@ fn decode_body(msg: DedupSnapshot) -> Result<SnapshotData, SnapshotError> {
                     SnapshotError(format!("entry id out of u32 range in segment {segment_id}"))
                 })?;
             prev_entry = i64::from(entry);
-            let dts = tss.svarint().map_err(|e| col("timestamp_deltas", e))?;
+            let dts = next_svarint(&mut tss, "timestamp_deltas")?;
             prev_ts = prev_ts.wrapping_add(dts);
             let Some(key) = keys.next().and_then(|k| <[u8; KEY_LEN]>::try_from(k).ok()) else {
                 return corrupt("keys column shorter than entry_count");
@@ -362,6 +384,95 @@ mod tests {
 
     fn enc(entries: &[Record]) -> Vec<u8> {
         encode(9, 4, 123, 1000, 60_000, &[(8, 17), (7, 5)], entries.iter()).unwrap()
+    }
+
+    /// The exact bytes of a snapshot reaching every varint width the format uses (10-byte
+    /// uvarints, negative zigzag deltas, int64 extremes); `tests/test_core_golden.py` pins the
+    /// same bytes through Python.
+    const GOLDEN_HEX: &str = concat!(
+        "5750445301000000db00000025ddfb9d080110ffffffffffffffffff01180320fbd095ffbc3128e80730e0d403",
+        "3a07108080808080203a0d080710ffffffffffffffffff013a040808101140064a600cc175b9c0f1b6a831c399",
+        "e26977266192eb5ffee6ae2fec3ad71c777531578f4a8a08f09d37b73795649038408b5f338277e0910d750195",
+        "b448797616e091ade1671797c52e15f763380b45e841ec328fa14cdd754f91cc6554c9e71929cce7520a0703ff",
+        "ffffff0f0200015a0f0002d604feffffff1ffdffffff1f0a621d80a0abfef9620a1d94e0d481869dffffff0101",
+        "ffffffffffffffffff01",
+    );
+
+    #[test]
+    fn golden_bytes() {
+        let row = |tag: &[u8], segment_id, entry_id, timestamp_ms| Record {
+            key: content_key(tag),
+            segment_id,
+            entry_id,
+            timestamp_ms,
+        };
+        let entries = vec![
+            row(b"a", 7, 0, 1_700_000_000_000),
+            row(b"b", 7, 1, 1_700_000_000_005),
+            row(b"c", 7, 300, 1_699_999_999_990),
+            row(b"d", u32::MAX, u32::MAX, i64::MIN),
+            row(b"e", u32::MAX, 0, i64::MAX),
+            row(b"f", 0, 5, -1),
+        ];
+        let marks = [(8, 17), (7, -1), (0, 1 << 40)];
+        let bytes = encode(
+            u64::MAX,
+            3,
+            1_700_000_000_123,
+            1000,
+            60_000,
+            &marks,
+            entries.iter(),
+        );
+        let hex: String = bytes.unwrap().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, GOLDEN_HEX);
+        let decoded = decode(&hex_bytes(GOLDEN_HEX)).unwrap();
+        assert_eq!(decoded.entries, entries);
+        assert_eq!(decoded.watermarks, vec![(0, 1 << 40), (7, -1), (8, 17)]);
+    }
+
+    fn hex_bytes(hex: &str) -> Vec<u8> {
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn column_varints_round_trip_and_reject_overflow() {
+        let values = [
+            0i64,
+            1,
+            -1,
+            63,
+            -64,
+            64,
+            i64::MAX,
+            i64::MIN,
+            1 << 40,
+            -(1 << 40),
+        ];
+        let mut buf = Vec::new();
+        for &v in &values {
+            put_svarint(&mut buf, v);
+        }
+        let mut col: &[u8] = &buf;
+        for &v in &values {
+            assert_eq!(next_svarint(&mut col, "c").unwrap(), v);
+        }
+        assert!(col.is_empty());
+        assert!(next_uvarint(&mut col, "c").is_err());
+        // What the format relies on from prost: 11 bytes, a tenth byte above 1 and a truncated
+        // varint are refused; the 10-byte maximum is read.
+        assert!(next_uvarint(&mut &[0xff; 11][..], "c").is_err());
+        let mut over = vec![0xff; 9];
+        over.push(0x02);
+        assert!(next_uvarint(&mut &over[..], "c").is_err());
+        let mut max = vec![0xff; 9];
+        max.push(0x01);
+        assert_eq!(next_uvarint(&mut &max[..], "c").unwrap(), u64::MAX);
+        let e = next_uvarint(&mut &[0x80][..], "segment_runs").unwrap_err();
+        assert!(e.0.starts_with("segment_runs column"), "{e}");
     }
 
     #[test]
@@ -494,22 +605,22 @@ mod tests {
             // One run claiming more entries than exist.
             Box::new(|m| {
                 m.segment_runs.clear();
-                put_uvarint(&mut m.segment_runs, 1);
-                put_uvarint(&mut m.segment_runs, 31);
+                encode_varint(1, &mut m.segment_runs);
+                encode_varint(31, &mut m.segment_runs);
             }),
             // A zero-length run.
             Box::new(|m| {
                 let mut runs = Vec::new();
-                put_uvarint(&mut runs, 1);
-                put_uvarint(&mut runs, 0);
+                encode_varint(1, &mut runs);
+                encode_varint(0, &mut runs);
                 runs.extend_from_slice(&m.segment_runs);
                 m.segment_runs = runs;
             }),
             // Segment id beyond u32.
             Box::new(|m| {
                 m.segment_runs.clear();
-                put_uvarint(&mut m.segment_runs, 1 << 40);
-                put_uvarint(&mut m.segment_runs, 30);
+                encode_varint(1 << 40, &mut m.segment_runs);
+                encode_varint(30, &mut m.segment_runs);
             }),
             // Entry id driven negative.
             Box::new(|m| {

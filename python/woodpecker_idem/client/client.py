@@ -10,9 +10,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..args import bool_arg, timeout_arg
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import Config, load_config, parse_fsync
-from ..errors import ConfigError, InvalidTypeError, LogNotFoundError
+from ..errors import (
+    ClientClosedError,
+    ConfigError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    LogNotFoundError,
+)
 from ..logstore.engine import LogStoreEngine
 from ..logstore.transport import InProcessTransport, LogStoreTransport
 from ..meta import MetadataStore, NodeInfo, open_metadata_store
@@ -59,6 +66,18 @@ class WoodpeckerClient:
         self.transport = transport
         self._writers: weakref.WeakSet[LogWriter] = weakref.WeakSet()
         self._writers_lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True once `close()` has begun: every later call through the client fails."""
+        return self._closed
+
+    def check_open(self) -> None:
+        """`ClientClosedError` (not retriable) once the client is closed: a call must not reach
+        a closed store and come back as a retriable storage error."""
+        if self._closed:
+            raise ClientClosedError(f"client is closed (data_dir {str(self.data_dir)!r})")
 
     def _track(self, writer: LogWriter) -> LogWriter:
         with self._writers_lock:
@@ -66,12 +85,15 @@ class WoodpeckerClient:
         return writer
 
     def create_log(self, name: str) -> LogHandle:
+        self.check_open()
         _check_name(name)
         meta = self.meta.create_log(name, self.clock.now_ms())
         return LogHandle(self, meta.log_id, meta.name)
 
     def open_log(self, name: str, create: bool = False) -> LogHandle:
+        self.check_open()
         _check_name(name)
+        bool_arg(create, "create")
         try:
             meta = self.meta.get_log(name)
         except LogNotFoundError:
@@ -81,10 +103,13 @@ class WoodpeckerClient:
         return LogHandle(self, meta.log_id, meta.name)
 
     def list_logs(self) -> list[str]:
+        self.check_open()
         return [m.name for m in self.meta.list_logs()]
 
     def delete_log(self, name: str) -> None:
         """Remove the log's entries, snapshots and metadata."""
+        self.check_open()
+        _check_name(name)
         meta = self.meta.get_log(name)
         for node in self.transport.node_ids:
             self.transport.delete_log(node, meta.log_id)
@@ -93,8 +118,13 @@ class WoodpeckerClient:
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Close every writer opened through this client (each flushes for up to `timeout`
-        first, like `LogWriter.close`), then the stores: no writer thread outlives them."""
+        first, like `LogWriter.close`), then the stores: no writer thread outlives them.
+        Idempotent; every later call through the client raises `ClientClosedError`."""
+        timeout = timeout_arg(timeout)
         with self._writers_lock:
+            if self._closed:
+                return
+            self._closed = True
             writers = list(self._writers)
         for writer in writers:
             writer.close(timeout)
@@ -113,11 +143,31 @@ def _check_name(name: object) -> None:
     if not isinstance(name, str):
         raise InvalidTypeError(f"log name must be a str, not {type(name).__name__}")
     if not name or len(name) > 255 or "/" in name or name != name.strip():
-        from ..errors import InvalidArgumentError
-
         raise InvalidArgumentError(
             f"log name {name!r} must be 1-255 characters, without '/' or surrounding spaces"
         )
+
+
+def _data_dir(data_dir: object) -> Path:
+    """The data directory, created if missing; a path that cannot be one fails here, named.
+
+    An existing directory this process cannot write is fine: its logs can still be read (the
+    metadata store opens read-only, and writers fail with `StorageReadOnlyError`)."""
+    if not isinstance(data_dir, (str, os.PathLike)):
+        raise InvalidTypeError(f"data_dir must be a str or a path, not {type(data_dir).__name__}")
+    text = os.fspath(data_dir)
+    if not isinstance(text, str) or not text:
+        raise InvalidArgumentError(f"data_dir must be a non-empty str path, not {data_dir!r}")
+    root = Path(text)
+    if root.exists() and not root.is_dir():
+        raise InvalidArgumentError(f"data_dir {text!r} is not a directory")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a parent is a file, no permission, a read-only file system, ...
+        raise InvalidArgumentError(
+            f"data_dir {text!r} cannot be created: {exc.strerror or exc}"
+        ) from exc
+    return root
 
 
 def _object_store(cfg: Config, data_dir: Path, sub: str = "") -> ObjectStore:
@@ -152,13 +202,18 @@ def connect(
             f"storage.type={cfg.storage.type!r} is not available yet; use 'object' "
             "(staged LogStore nodes come with service mode)"
         )
-    root = Path(data_dir if data_dir is not None else DEFAULT_DATA_DIR)
-    root.mkdir(parents=True, exist_ok=True)
-    objects = _object_store(cfg, root)
-    meta_path = cfg.meta.path or str(root / "meta.sqlite")
-    meta = open_metadata_store(
-        cfg.meta.type, path=meta_path, endpoints=cfg.meta.endpoints, prefix=cfg.meta.prefix
-    )
+    root = _data_dir(DEFAULT_DATA_DIR if data_dir is None else data_dir)
+    try:
+        objects = _object_store(cfg, root)
+        meta_path = cfg.meta.path or str(root / "meta.sqlite")
+        meta = open_metadata_store(
+            cfg.meta.type, path=meta_path, endpoints=cfg.meta.endpoints, prefix=cfg.meta.prefix
+        )
+    except OSError as exc:  # objectstore.path or meta.path unusable (a file, no permission)
+        raise InvalidArgumentError(
+            f"cannot open the stores of data_dir {str(root)!r}: {exc.strerror or exc} "
+            f"({exc.filename!r})"
+        ) from exc
     if transport is None:
         es = cfg.quorum.es
         if es == 1:

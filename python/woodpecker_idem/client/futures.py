@@ -70,12 +70,12 @@ class WriteFuture(Future):
         return self._made("_waiter_list", list)
 
     @property
-    def _done_callbacks(self) -> list:  # type: ignore[override]
+    def _done_callbacks(self) -> list:
         return self._made("_callbacks", list)
 
     def _invoke_callbacks(self) -> None:
         if self._callbacks:
-            super()._invoke_callbacks()
+            super()._invoke_callbacks()  # type: ignore[misc]  # private, not in typeshed
 
     def _complete(self, result: Any, exception: BaseException | None) -> None:
         with _LAZY:  # nothing in here may touch `_condition` (it takes _LAZY too)

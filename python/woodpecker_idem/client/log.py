@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal, overload
 
-from ..errors import NodeUnavailableError
+from ..args import bool_arg, message_id_arg
+from ..errors import InvalidArgumentError, NodeUnavailableError
 from ..types import LogMessageId, SegmentState
 from .keyarchive import archive_keys, archive_prefix
 from .reader import LogReader
 from .writer import LogWriter
 
 if TYPE_CHECKING:
+    from ..idempotency.writer import IdempotentLogWriter
     from .client import WoodpeckerClient
 
 log = logging.getLogger(__name__)
@@ -27,24 +29,69 @@ class LogHandle:
     def __repr__(self) -> str:
         return f"LogHandle(name={self.name!r}, log_id={self.log_id})"
 
-    def open_writer(self, idempotent: bool = False, **options: Any) -> LogWriter:
+    @overload
+    def open_writer(self, idempotent: Literal[False] = False) -> LogWriter: ...
+    @overload
+    def open_writer(
+        self,
+        idempotent: Literal[True],
+        *,
+        window_duration_s: float | None = None,
+        window_max_keys: int | None = None,
+    ) -> IdempotentLogWriter: ...
+    @overload
+    def open_writer(
+        self,
+        idempotent: bool,
+        *,
+        window_duration_s: float | None = None,
+        window_max_keys: int | None = None,
+    ) -> LogWriter | IdempotentLogWriter: ...
+    def open_writer(
+        self,
+        idempotent: bool = False,
+        *,
+        window_duration_s: float | None = None,
+        window_max_keys: int | None = None,
+    ) -> LogWriter | IdempotentLogWriter:
         """Take the log over (epoch bump), complete what earlier writers left, open a segment.
 
         With `idempotent=True` the writer also rebuilds its dedup window before it accepts writes;
-        options: `window_duration_s`, `window_max_keys` (defaults from config).
+        `window_duration_s` and `window_max_keys` size that window (None: from the config). They
+        are named parameters so a misspelt option is a `TypeError` at the call; given to a plain
+        writer they raise `InvalidArgumentError` naming them (a plain writer has no window).
         """
+        self.client.check_open()
+        bool_arg(idempotent, "idempotent")
         if idempotent:
             from ..idempotency.writer import IdempotentLogWriter
 
-            return self.client._track(IdempotentLogWriter(self, **options))
-        if options:
-            raise TypeError(f"unexpected options for a plain writer: {sorted(options)}")
+            writer = IdempotentLogWriter(
+                self, window_duration_s=window_duration_s, window_max_keys=window_max_keys
+            )
+            self.client._track(writer)
+            return writer
+        given = [
+            name
+            for name, value in (
+                ("window_duration_s", window_duration_s),
+                ("window_max_keys", window_max_keys),
+            )
+            if value is not None
+        ]
+        if given:
+            raise InvalidArgumentError(
+                f"{', '.join(given)}: window options apply to idempotent writers only "
+                "(open_writer(idempotent=True, ...)); a plain writer has no dedup window"
+            )
         return self.client._track(LogWriter(self))
 
     def open_reader(self, start: str | LogMessageId = "earliest") -> LogReader:
+        self.client.check_open()
         return LogReader(self, start)
 
     def segments(self):
+        self.client.check_open()
         return self.client.meta.list_segments(self.log_id)
 
     def truncate(self, message_id: LogMessageId) -> None:
@@ -54,6 +101,8 @@ class LogHandle:
         `idempotency.window_duration_s` ago) are kept (keyarchive.py), so a retry of one returns
         its original id from a recovered writer as from the live one (docs/semantics.md).
         """
+        self.client.check_open()
+        message_id = message_id_arg(message_id, "message_id")
         client = self.client
         meta = client.meta
         now = client.clock.now_ms()

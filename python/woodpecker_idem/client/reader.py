@@ -7,7 +7,14 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from ..errors import CorruptEntryError, EntryTruncatedError, NodeUnavailableError
+from ..args import message_id_arg, timeout_arg
+from ..errors import (
+    CorruptEntryError,
+    EntryTruncatedError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    NodeUnavailableError,
+)
 from ..meta.base import SegmentMeta
 from ..types import LogMessage, LogMessageId, SegmentState
 from .replicas import ReplicaFault, read_entries
@@ -39,6 +46,18 @@ class LogReader:
         self._pos = self._start_position(start)
 
     def _start_position(self, start: str | LogMessageId) -> LogMessageId:
+        if isinstance(start, str):
+            if start not in ("earliest", "latest"):
+                raise InvalidArgumentError(
+                    f"start must be 'earliest', 'latest' or a LogMessageId, not {start!r}"
+                )
+        elif isinstance(start, tuple):
+            start = message_id_arg(start, "start")
+        else:
+            raise InvalidTypeError(
+                f"start must be 'earliest', 'latest' or a LogMessageId, not "
+                f"{type(start).__name__} {start!r}"
+            )
         log_meta = self._meta.get_log_by_id(self.log_id)
         floor = log_meta.truncated_to or LogMessageId(0, 0)
         if start == "earliest":
@@ -49,14 +68,12 @@ class LogReader:
                 return floor
             last = segments[-1]
             return LogMessageId(last.segment_id, self._visible_last(last) + 1)
-        if isinstance(start, tuple) and len(start) == 2:
-            start = LogMessageId(int(start[0]), int(start[1]))
-            if start < floor:
-                raise EntryTruncatedError(
-                    f"log {self.log_id} is truncated to {floor}; position {start} is gone"
-                )
-            return start
-        raise ValueError(f"start must be 'earliest', 'latest' or a LogMessageId, not {start!r}")
+        assert isinstance(start, LogMessageId)  # a named start returned above
+        if start < floor:
+            raise EntryTruncatedError(
+                f"log {self.log_id} is truncated to {floor}; position {start} is gone"
+            )
+        return start
 
     @property
     def position(self) -> LogMessageId:
@@ -65,6 +82,8 @@ class LogReader:
 
     def read_next(self, timeout: float | None = 0.0) -> LogMessage | None:
         """The next entry; waits up to `timeout` seconds (None: forever) for one to be written."""
+        timeout = timeout_arg(timeout)
+        self._handle.client.check_open()
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = POLL_MIN_S
         while not self._buffer:
@@ -73,6 +92,7 @@ class LogReader:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
+            self._handle.client.check_open()  # closed while we waited
             time.sleep(delay if left is None else min(delay, left))
             delay = min(delay * 2, POLL_MAX_S)
         return self._buffer.popleft()

@@ -12,6 +12,7 @@ import logging
 from .._core import concat
 from ..errors import (
     CorruptEntryError,
+    EntryConflictError,
     NodeUnavailableError,
     QuorumUnavailableError,
     SegmentFencedError,
@@ -37,22 +38,67 @@ def recover_segment(
     Returns the segment's record, SEALED with its lastEntryId. Raises `QuorumUnavailableError`
     when fewer than es - aq + 1 nodes answer the fence (try again later), `WriterFencedError` when
     another writer has taken the log over meanwhile.
+
+    A node's footer is written only after a recovery decided the end, so a node already completed
+    (an earlier recovery that could not seal the metadata) fixes lastEntryId: the other nodes are
+    completed at that end, and entries past it on nodes that earlier recovery did not reach are
+    never read (BookKeeper: once any node is completed, that is lastEntryId).
     """
     if seg.state is not SegmentState.ACTIVE:
         return seal(meta, epoch, seg, seg.last_entry_id, now_ms)
     needed = seg.es - seg.aq + 1
     replies: dict[str, int] = {}
+    ends: dict[str, int] = {}  # nodes completed already, and where
     errors: dict[str, str] = {}
     for node in seg.nodes:
         try:
             replies[node] = transport.fence(node, seg.log_id, seg.segment_id)[0]
+            end = transport.completed_end(node, seg.log_id, seg.segment_id)
         except (NodeUnavailableError, SegmentFencedError, CorruptEntryError) as exc:
             _skipped(seg, node, exc, errors)
+            replies.pop(node, None)
+            continue
+        if end is not None:
+            ends[node] = end
     if len(replies) < needed:
         raise QuorumUnavailableError(
             f"segment {seg.log_id}/{seg.segment_id}: {len(replies)} of {seg.es} nodes answered the "
             f"fence, {needed} needed ({errors})"
         )
+    if ends:
+        # Any completed end is at or past every acknowledged entry (each recovery reached a node
+        # of every ack quorum) and had aq copies made up to it; the lowest one is held everywhere.
+        last = min(ends.values())
+        log.info(
+            "segment %s/%s: already completed on %s; completing the rest at %d",
+            seg.log_id,
+            seg.segment_id,
+            ends,
+            last,
+        )
+    else:
+        last = _read_forward(transport, seg, replies, errors, needed)
+    for node in replies:
+        if node in ends:
+            continue  # a footer is never rewritten; the metadata decides which end readers use
+        try:
+            transport.complete(node, seg.log_id, seg.segment_id, last)
+        except (NodeUnavailableError, EntryConflictError) as exc:
+            log.warning(
+                "segment %s/%s: complete on %s failed: %s", seg.log_id, seg.segment_id, node, exc
+            )
+    return seal(meta, epoch, seg, last, now_ms)
+
+
+def _read_forward(
+    transport: LogStoreTransport,
+    seg: SegmentMeta,
+    replies: dict[str, int],
+    errors: dict[str, str],
+    needed: int,
+) -> int:
+    """BookKeeper's recovery read: from the responders' common prefix, while any responder has
+    the next entry, copy it to nodes that lack it until it has aq copies; returns the last one."""
     entry = min(replies.values()) + 1  # every responder holds everything up to its minimum
     copied = 0
     while True:
@@ -81,17 +127,9 @@ def recover_segment(
             _copy(transport, node, seg, items)
             copied += len(items)
         entry += n
-    last = entry - 1
-    for node in replies:
-        try:
-            transport.complete(node, seg.log_id, seg.segment_id, last)
-        except NodeUnavailableError as exc:
-            log.warning(
-                "segment %s/%s: complete on %s failed: %s", seg.log_id, seg.segment_id, node, exc
-            )
     if copied:
         log.info("segment %s/%s: recovery copied %d entries", seg.log_id, seg.segment_id, copied)
-    return seal(meta, epoch, seg, last, now_ms)
+    return entry - 1
 
 
 def _skipped(seg: SegmentMeta, node: str, exc: Exception, errors: dict[str, str]) -> None:

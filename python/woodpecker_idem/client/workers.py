@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING
 
 from ..errors import EntryConflictError, SegmentFencedError, WoodpeckerError, WriterFencedError
+from ..retry import Backoff
 from .segment import Batch, SegmentHandle, SegmentStatus
 
 if TYPE_CHECKING:
@@ -43,9 +43,11 @@ class NodeWorker:
     def submit(self, seg: SegmentHandle, batch: Batch | None) -> None:
         self.queue.put((seg, batch))
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the thread to end and wait up to `timeout` (a send blocked in a slow node call
+        ends on its own later; the writer is closed by then, so its outcome is ignored)."""
         self.queue.put(None)
-        self.thread.join(5)
+        self.thread.join(timeout)
 
     def _run(self) -> None:
         while True:
@@ -72,7 +74,7 @@ class NodeWorker:
             except Exception as exc:  # the next batch carries the LAC anyway
                 log.debug("log %s: LAC update to %s failed: %s", w.log_id, self.node, exc)
             return
-        attempt = 0
+        backoff = Backoff(0.02, max(w._timeout_s / 10, 0.01), stop=w._stopping)
         while w._fenced is None and self.node not in seg.failed_nodes:
             if seg.status in (SegmentStatus.FAILED, SegmentStatus.DONE):
                 return
@@ -84,11 +86,11 @@ class NodeWorker:
                 w._on_node_failed(self.node, seg, batch, exc)
                 return
             except WoodpeckerError as exc:
-                attempt += 1
-                if not exc.retriable or attempt > w._max_retries:
+                if not exc.retriable or backoff.attempts >= w._max_retries:
                     w._on_node_failed(self.node, seg, batch, exc)
                     return
-                time.sleep(min(0.02 * 2 ** (attempt - 1), max(w._timeout_s / 10, 0.01)))
+                if not backoff.wait():
+                    return  # the writer is closing: close() fails what is still pending
                 continue
             except Exception as exc:  # e.g. OSError from a full disk: this node is out
                 log.exception("log %s: add to %s failed", w.log_id, self.node)
@@ -112,9 +114,11 @@ class Maintenance:
     def submit(self, fn, *args) -> None:
         self.queue.put((fn, args))
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the thread to end after the queued tasks; wait up to `timeout` (retrying tasks end
+        once the writer's stop event is set)."""
         self.queue.put(None)
-        self.thread.join(10)
+        self.thread.join(timeout)
 
     def _run(self) -> None:
         while True:

@@ -22,7 +22,9 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from .._core import encode_entry
+from ..args import timeout_arg, wait_for
 from ..errors import (
+    ClientClosedError,
     EntryConflictError,
     InvalidArgumentError,
     InvalidTypeError,
@@ -37,7 +39,9 @@ from ..errors import (
     WriteTimeoutError,
 )
 from ..meta.base import SegmentMeta
+from ..retry import Backoff, retry_call
 from ..types import LogMessageId, SegmentState, WriteMessage, WriteResult
+from . import atexit_close
 from .flusher import Flusher
 from .futures import WriteFuture
 from .recovery import choose_nodes, recover_segment, seal
@@ -50,7 +54,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LEASE_MS = 30_000
-REPAIR_RETRY_S = 0.2
+# Background retries (repair, completing a rolled segment, a roll the metadata store refused)
+RETRY_INITIAL_S = 0.05
+RETRY_MAX_S = 2.0
 
 
 def coerce_message(
@@ -61,11 +67,20 @@ def coerce_message(
     """Validate a payload and its properties; bad input fails here, before anything is queued."""
     if type(message) is bytes and properties is None and len(message) <= max_bytes:
         return message, None  # the common case, valid by construction
+    payload: bytes | bytearray | memoryview
     if isinstance(message, WriteMessage):
         payload, props = message.payload, message.properties or None
     else:
         payload, props = message, None
+    if properties is not None and not isinstance(properties, dict):
+        raise InvalidTypeError(
+            f"properties must be a dict[str, str], not {type(properties).__name__}"
+        )
     if properties:
+        if props is not None and not isinstance(props, dict):
+            raise InvalidTypeError(
+                f"WriteMessage.properties must be a dict[str, str], not {type(props).__name__}"
+            )
         props = {**(props or {}), **properties}
     if isinstance(payload, (bytearray, memoryview)):
         payload = bytes(payload)
@@ -87,6 +102,17 @@ def coerce_message(
             if not isinstance(k, str) or not isinstance(v, str):
                 raise InvalidTypeError(f"properties must map str to str; got {k!r}: {v!r}")
     return payload, props
+
+
+def _transient(exc: BaseException) -> bool:
+    """Worth retrying while completing a segment: an unreachable node or store, a lost
+    compare-and-swap, or a race with another completion of the same segment (the next attempt
+    sees its footer). A takeover (`WriterFencedError`) is final."""
+    if isinstance(exc, WriterFencedError):
+        return False
+    if isinstance(exc, (SegmentFencedError, EntryConflictError, OSError)):
+        return True
+    return isinstance(exc, WoodpeckerError) and exc.retriable
 
 
 class LogWriter:
@@ -122,6 +148,7 @@ class LogWriter:
         self._space = threading.Condition(self._lock)  # backpressure, flush, drain
         self._wake = threading.Condition(self._lock)  # the flusher
         self._closed = False
+        self._stopping = threading.Event()  # set on close: background retries end
         self._fenced: WriterFencedError | None = None
         self._seq = 0
         self._inflight_entries = 0
@@ -131,13 +158,20 @@ class LogWriter:
         self._repairing: SegmentHandle | None = None
         self._workers: dict[str, NodeWorker] = {}
         self._maint = Maintenance(self)
-        self.metrics: dict[str, float] = {"segments_rolled": 0, "segments_repaired": 0}
+        self._roll_backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
+        self._roll_retry_at = 0.0  # after a failed roll: not retried before this (monotonic)
+        self.metrics: dict[str, float] = {
+            "segments_rolled": 0,
+            "segments_repaired": 0,
+            "background_retries": 0,
+        }
 
         self.epoch = self._meta.take_over(self.log_id, self.owner, self._clock.now_ms(), LEASE_MS)
         self._take_over_segments()
         with self._lock:
             self._open_segment_locked()
         self._flusher = Flusher(self)
+        atexit_close.track(self)  # closed at interpreter exit if still open
 
     # --- opening ---------------------------------------------------------------------------
 
@@ -149,21 +183,30 @@ class LogWriter:
                 self._on_segment_completed(done.segment_id, done.last_entry_id)
 
     def _recover_with_retries(self, seg: SegmentMeta) -> SegmentMeta:
-        """Recovery meets the same transient faults as writes: retry them for append.timeout_ms."""
-        deadline = time.monotonic() + self._timeout_s
-        while True:
-            try:
-                return recover_segment(
-                    self._transport, self._meta, self.epoch, seg, self._clock.now_ms()
-                )
-            except (NodeUnavailableError, QuorumUnavailableError) as exc:
-                if time.monotonic() >= deadline:
-                    raise
-                log.info(
-                    "log %s: completing segment %s, retrying: %s", self.log_id, seg.segment_id, exc
-                )
-                time.sleep(REPAIR_RETRY_S)
-                seg = self._meta.get_segment(self.log_id, seg.segment_id) or seg
+        """Recovery meets the same transient faults as writes (nodes, metadata store, a race with
+        another completion): retry them for append.timeout_ms."""
+
+        def attempt() -> SegmentMeta:
+            current = self._meta.get_segment(self.log_id, seg.segment_id) or seg  # fresh revision
+            return recover_segment(
+                self._transport, self._meta, self.epoch, current, self._clock.now_ms()
+            )
+
+        def on_retry(exc: BaseException, attempt_no: int) -> None:
+            log.info(
+                "log %s: completing segment %s, retry %d: %s",
+                self.log_id,
+                seg.segment_id,
+                attempt_no,
+                exc,
+            )
+
+        return retry_call(
+            attempt,
+            _transient,
+            Backoff(RETRY_INITIAL_S, RETRY_MAX_S, budget_s=self._timeout_s),
+            on_retry,
+        )
 
     def _open_segment_locked(self) -> SegmentHandle:
         existing = self._meta.list_segments(self.log_id)
@@ -180,11 +223,7 @@ class LogWriter:
             aq=aq,
             created_ms=self._clock.now_ms(),
         )
-        try:
-            meta = self._meta.create_segment(self.epoch, meta)
-        except WriterFencedError as exc:
-            self._fence_locked(exc)
-            raise
+        meta = self._meta.create_segment(self.epoch, meta)
         handle = SegmentHandle(meta, time.monotonic())
         self._segments[segment_id] = handle
         self._current = handle
@@ -203,10 +242,18 @@ class LogWriter:
         idempotency_id: str | bytes | None = None,
         timeout: float | None = None,
     ) -> WriteResult:
-        """Append and wait for the quorum ack."""
-        return self.write_async(
-            message, properties=properties, idempotency_id=idempotency_id
-        ).result(timeout)
+        """Append and wait for the quorum ack (`timeout`: None or seconds > 0, checked before the
+        write is queued). A wait that ends first raises `WriteTimeoutError`: still pending."""
+        wait = timeout_arg(timeout, allow_zero=False)
+        future = self.write_async(message, properties=properties, idempotency_id=idempotency_id)
+        return wait_for(future, wait, self._still_pending_text)
+
+    def _still_pending_text(self) -> str:
+        """What a timed-out wait means for this writer (the idempotent one says a retry joins)."""
+        return (
+            f"the entry to log {self.log_id} is still pending and the writer keeps sending it; "
+            "it may still land, and a retry on this plain writer appends a second copy"
+        )
 
     def write_async(
         self,
@@ -259,19 +306,22 @@ class LogWriter:
                     future.set_exception(self._unavailable_error())
                 return None
         entry_id = seg.next_entry_id
-        seg.next_entry_id = entry_id + 1
         record = encode_entry(seg.segment_id, entry_id, now_ms, payload, props)
-        self._seq += 1
         deadline = now + self._timeout_s
-        entry = PendingEntry(self._seq, seg.segment_id, entry_id, record, future, deadline)
+        entry = PendingEntry(self._seq + 1, seg.segment_id, entry_id, record, future, deadline)
         size = len(record)
-        seg.pending.append(entry)
+        # The state changes come last and together: a KeyboardInterrupt (Ctrl-C in a write
+        # burst) raised in encode_entry or above leaves no id taken without its entry queued.
         unsent = seg.unsent
-        if not unsent:
-            seg.unsent_since = now
-            self._wake.notify()
+        was_empty = not unsent
+        self._seq += 1
+        seg.next_entry_id = entry_id + 1
+        seg.pending.append(entry)
         unsent.append(entry)
         seg.by_entry[entry_id] = entry
+        if was_empty:
+            seg.unsent_since = now
+            self._wake.notify()
         seg.unsent_bytes += size
         seg.size_bytes += size
         self._inflight_entries += 1
@@ -295,19 +345,43 @@ class LogWriter:
         self._check_open_locked()
 
     def _writable_segment_locked(self) -> SegmentHandle | None:
-        """The current segment, rolled first if it is full or old; None while repairing."""
+        """The current segment, rolled first if it is full or old; None while repairing.
+
+        The segment limits are targets, not bounds: if the metadata store cannot create the next
+        segment, writes go on in the current one and the roll is retried with backoff, so a
+        metadata outage never stops writes. A roll refused because another writer took the log
+        over fences this writer (every pending write fails with `WriterFencedError`).
+        """
         seg = self._current
         if seg is None:
             return None
+        now = time.monotonic()
         if (
             seg.next_entry_id >= self._roll_entries
             or seg.size_bytes >= self._roll_bytes
-            or time.monotonic() - seg.created >= self._roll_s
-        ):
+            or now - seg.created >= self._roll_s
+        ) and now >= self._roll_retry_at:
+            try:
+                new = self._open_segment_locked()
+            except WriterFencedError as exc:
+                self._maint.submit(resolve, self._fence_locked(exc))  # not under the lock
+                raise
+            except Exception as exc:
+                self._roll_retry_at = now + self._roll_backoff.next_delay()
+                self.metrics["background_retries"] += 1
+                log.warning(
+                    "log %s: could not roll segment %s (writes go on in it, retried in %.2f s): %s",
+                    self.log_id,
+                    seg.segment_id,
+                    self._roll_retry_at - now,
+                    exc,
+                )
+                return seg
+            self._roll_backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
             seg.status = SegmentStatus.ROLLED
             self._wake.notify()
             self.metrics["segments_rolled"] += 1
-            seg = self._open_segment_locked()
+            seg = new
         return seg
 
     def _unavailable_error(self) -> WoodpeckerError:
@@ -322,12 +396,17 @@ class LogWriter:
         if self._fenced is not None:
             raise WriterFencedError(str(self._fenced))
         if self._closed:
+            if self._handle.client.closed:
+                raise ClientClosedError(f"client is closed: writer of log {self.log_id} is closed")
             raise WriterClosedError(f"writer of log {self.log_id} is closed")
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every entry queued before this call is committed or failed."""
+        timeout = timeout_arg(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
+            if self._closed:
+                self._check_open_locked()
             target = self._seq
             for seg in self._segments.values():
                 seg.unsent_since = 0.0  # send now
@@ -346,9 +425,20 @@ class LogWriter:
             raise WriterFencedError(str(self._fenced))
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Flush, then complete the open segment so readers see it sealed. Idempotent."""
+        """Flush, then complete the open segment so readers see it sealed. Idempotent.
+
+        Returns within `timeout` seconds (None: no bound on the flush): writes not acknowledged
+        by then fail with `WriterClosedError`, and a segment not completed by then is completed by
+        the next writer's recovery.
+        """
+        timeout = timeout_arg(timeout)
         if self._closed:
             return
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left(default: float) -> float:
+            return default if deadline is None else max(0.0, deadline - time.monotonic())
+
         try:
             if self._fenced is None:
                 self.flush(timeout)
@@ -358,26 +448,32 @@ class LogWriter:
             self._closed = True
             self._wake.notify_all()
             self._space.notify_all()
-            segments = list(self._segments.values())
-        self._flusher.join(5)
+        self._stopping.set()
+        atexit_close.untrack(self)
+        self._flusher.join(left(5))
         for worker in self._workers.values():
-            worker.stop()
-        self._maint.stop()
-        unresolved = []
+            worker.stop(left(5))
+        self._maint.stop(left(10))
+        with self._lock:
+            segments = list(self._segments.values())
+        unresolved: list[tuple[Future, object]] = []
         for seg in segments:
             for entry in seg.pending:
-                exc = WriterClosedError(
+                error = WriterClosedError(
                     f"writer of log {self.log_id} closed before entry {seg.segment_id}:"
                     f"{entry.entry_id} was acknowledged; the next writer's recovery keeps it if "
                     f"it reached the nodes (an idempotent retry then returns its id)"
                 )
-                unresolved.extend((f, exc) for f, _ in entry.waiters())
+                unresolved.extend((f, error) for f, _ in entry.waiters())
         resolve(unresolved)
         for seg in segments if self._fenced is None else ():
-            if seg.status in (SegmentStatus.OPEN, SegmentStatus.ROLLED) and seg.drained():
+            # DONE but still listed: its completion was under way (or retrying) in the background
+            if seg.status is not SegmentStatus.FAILED and seg.drained():
                 try:
-                    self._complete_drained(seg)
-                except WoodpeckerError as exc:
+                    if deadline is not None and left(0) <= 0:
+                        raise WriteTimeoutError(f"close timeout of {timeout:g} s reached")
+                    self._complete_drained(seg, Backoff(RETRY_INITIAL_S, 0.5, budget_s=left(5)))
+                except Exception as exc:
                     log.warning(
                         "log %s: segment %s left for recovery: %s", self.log_id, seg.segment_id, exc
                     )
@@ -466,6 +562,8 @@ class LogWriter:
                     resolved = self._fence_locked(fenced)
                 resolve(resolved)
                 return
+            except WoodpeckerError as err:  # metadata down: the repair's seal finds out later
+                log.warning("log %s: could not check the writer epoch: %s", self.log_id, err)
         with self._lock:
             if seg.status in (SegmentStatus.FAILED, SegmentStatus.DONE) and not seg.pending:
                 return
@@ -487,37 +585,50 @@ class LogWriter:
         self._maint.submit(self._repair, seg)
 
     def _repair(self, seg: SegmentHandle) -> None:
-        """Complete a segment that lost its quorum, resolve its pending entries, open the next."""
+        """Complete a segment that lost its quorum and resolve its pending entries; if it was the
+        current segment, open the next. Every failure (nodes, storage, metadata) is retried with
+        backoff until it succeeds, the writer is fenced or it is closed (DESIGN.md 1.1)."""
+        backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S, stop=self._stopping)
+        done: SegmentMeta | None = None
         while True:
             with self._lock:
                 if self._closed or self._fenced is not None:
                     return
             try:
-                done = recover_segment(
-                    self._transport, self._meta, self.epoch, seg.meta, self._clock.now_ms()
-                )
-                break
+                if done is None:
+                    done = recover_segment(
+                        self._transport, self._meta, self.epoch, seg.meta, self._clock.now_ms()
+                    )
+                    with self._lock:
+                        resolved = self._resolve_segment_locked(seg, done.last_entry_id)
+                        self._segments.pop(seg.segment_id, None)
+                        self.metrics["segments_repaired"] += 1
+                    resolve(resolved)
+                    self._on_segment_completed(done.segment_id, done.last_entry_id)
+                with self._lock:
+                    if self._current is None and not self._closed and self._fenced is None:
+                        self._open_segment_locked()  # only a current segment is replaced
+                    if self._repairing is seg:
+                        self._repairing = None
+                return
             except WriterFencedError as exc:
                 with self._lock:
                     resolved = self._fence_locked(exc)
                 resolve(resolved)
                 return
-            except (QuorumUnavailableError, NodeUnavailableError, EntryConflictError) as exc:
-                log.info(
-                    "log %s: segment %s not completable yet: %s", self.log_id, seg.segment_id, exc
+            except Exception as exc:  # retried: the outage may end any time
+                self.metrics["background_retries"] += 1
+                log.warning(
+                    "log %s: repair of segment %s (%s), retry %d: %s: %s",
+                    self.log_id,
+                    seg.segment_id,
+                    "completing it" if done is None else "opening the next",
+                    backoff.attempts + 1,
+                    type(exc).__name__,
+                    exc,
                 )
-                time.sleep(REPAIR_RETRY_S)
-        with self._lock:
-            resolved = self._resolve_segment_locked(seg, done.last_entry_id)
-            self._segments.pop(seg.segment_id, None)
-            self.metrics["segments_repaired"] += 1
-            self._repairing = None
-            try:
-                self._open_segment_locked()
-            except WoodpeckerError as exc:
-                log.error("log %s: could not open a new segment: %s", self.log_id, exc)
-        resolve(resolved)
-        self._on_segment_completed(done.segment_id, done.last_entry_id)
+                if not backoff.wait():
+                    return
 
     def _resolve_segment_locked(self, seg: SegmentHandle, last_entry_id: int):
         committed, dropped = seg.resolve_completed(last_entry_id)
@@ -535,13 +646,38 @@ class LogWriter:
             self._space.notify_all()
         return resolved
 
-    def _complete_drained(self, seg: SegmentHandle) -> None:
-        """A rolled (or closing) segment with nothing pending: complete it at its LAC."""
+    def _complete_drained(self, seg: SegmentHandle, backoff: Backoff | None = None) -> None:
+        """A rolled (or closing) segment with nothing pending: complete it at its LAC.
+
+        Readers stop at an ACTIVE segment, so a failure here (metadata store, nodes) is retried
+        with backoff until it succeeds or the writer is closed (`backoff`: close's own budget).
+        """
+
+        def on_retry(exc: BaseException, attempt: int) -> None:
+            self.metrics["background_retries"] += 1
+            log.warning(
+                "log %s: completing segment %s, retry %d: %s: %s",
+                self.log_id,
+                seg.segment_id,
+                attempt,
+                type(exc).__name__,
+                exc,
+            )
+
+        retry_call(
+            lambda: self._seal_drained(seg),
+            lambda exc: not isinstance(exc, WriterFencedError),
+            backoff or Backoff(RETRY_INITIAL_S, RETRY_MAX_S, stop=self._stopping),
+            on_retry,
+        )
+
+    def _seal_drained(self, seg: SegmentHandle) -> None:
         last = seg.lac
         for node in seg.live_nodes():
             try:
                 self._transport.complete(node, self.log_id, seg.segment_id, last)
-            except (NodeUnavailableError, SegmentFencedError) as exc:
+            except (NodeUnavailableError, SegmentFencedError, EntryConflictError, OSError) as exc:
+                # the metadata seal is what readers go by; a node not completed is left as is
                 log.warning(
                     "log %s: complete of segment %s on %s failed: %s",
                     self.log_id,
@@ -567,8 +703,9 @@ class LogWriter:
         if self._fenced is not None:
             return []
         self._fenced = exc
+        self._stopping.set()
         log.warning("log %s: writer fenced: %s", self.log_id, exc)
-        resolved = []
+        resolved: list[tuple[Future, object]] = []
         for seg in self._segments.values():
             for entry in seg.pending:
                 resolved.extend((f, WriterFencedError(str(exc))) for f, _ in entry.waiters())

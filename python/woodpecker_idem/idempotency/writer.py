@@ -9,6 +9,7 @@ The window is rebuilt (snapshot + gap) before the writer accepts anything.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from array import array
@@ -18,12 +19,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._core import DedupWindow, content_keys, encode_new_entries, explicit_keys
+from ..args import timeout_arg, wait_for
 from ..client.futures import WriteFuture
 from ..client.segment import PendingEntry
 from ..client.workers import resolve
 from ..client.writer import LogWriter, coerce_message
+from ..config import KEYS, check_value
 from ..errors import (
+    ConfigError,
     InvalidArgumentError,
+    InvalidTypeError,
+    WoodpeckerError,
     WriterClosedError,
     WriterFencedError,
 )
@@ -36,6 +42,25 @@ if TYPE_CHECKING:
     from ..client.log import LogHandle
 
 log = logging.getLogger(__name__)
+
+
+def _window_option(name: str, value: object, default: object) -> int | float:
+    """An `open_writer` window option, checked against its config key's type and range (the
+    same rule as `idempotency.<name>` in a config file): NaN, infinity, bool, a float for an
+    int, or a value out of range is refused here, naming the option."""
+    if value is None:
+        value = default
+    key = next(k for k in KEYS if k.name == f"idempotency.{name}")
+    number = (int, float) if key.kind == "number" else int
+    if isinstance(value, bool) or not isinstance(value, number):
+        raise InvalidTypeError(
+            f"{name} must be {key.allowed()}, not {type(value).__name__} {value!r}"
+        )
+    try:
+        key_value = check_value(key.name, value)
+    except ConfigError:
+        raise InvalidArgumentError(f"{name} must be {key.allowed()}, not {value!r}") from None
+    return key_value
 
 
 def _i64(column: bytes, i: int) -> int:
@@ -60,6 +85,8 @@ class WriteManyResult:
 class IdempotentLogWriter(LogWriter):
     """A LogWriter with a dedup window, snapshots and window recovery."""
 
+    _intake: Intake
+
     def __init__(
         self,
         handle: LogHandle,
@@ -67,12 +94,8 @@ class IdempotentLogWriter(LogWriter):
         window_max_keys: int | None = None,
     ):
         cfg = handle.client.config.idempotency
-        duration = cfg.window_duration_s if window_duration_s is None else window_duration_s
-        max_keys = cfg.window_max_keys if window_max_keys is None else window_max_keys
-        if not isinstance(duration, (int, float)) or isinstance(duration, bool) or duration <= 0:
-            raise InvalidArgumentError(f"window_duration_s must be > 0, not {duration!r}")
-        if not isinstance(max_keys, int) or isinstance(max_keys, bool) or max_keys < 1:
-            raise InvalidArgumentError(f"window_max_keys must be an int >= 1, not {max_keys!r}")
+        duration = _window_option("window_duration_s", window_duration_s, cfg.window_duration_s)
+        max_keys = int(_window_option("window_max_keys", window_max_keys, cfg.window_max_keys))
         self._window = DedupWindow(max_keys, max(1, int(duration * 1000)))
         self._next_evict_ms = 0
         self._evict_every_ms = max(1, min(1000, self._window.window_ms // 100))
@@ -146,6 +169,12 @@ class IdempotentLogWriter(LogWriter):
         if resolved:
             resolve(resolved)
         return future
+
+    def _still_pending_text(self) -> str:
+        return (
+            f"the entry to log {self.log_id} is still pending and the writer keeps sending it; "
+            "a retry with the same key joins it and returns its id"
+        )
 
     def _queue_locked(self, payload: bytes, props: dict | None, ident, future, key=None):
         """Queue one write; its key is `key` if given (computed already), else that of `ident`
@@ -233,15 +262,26 @@ class IdempotentLogWriter(LogWriter):
         n = len(stamps)
         start = 0
         while start < n:
-            seg = self._writable_segment_locked()
+            try:
+                seg = self._writable_segment_locked()
+            except WriterFencedError as exc:  # a roll found the log taken over
+                resolved.extend(
+                    (batch.futures[i], WriterFencedError(str(exc))) for i in range(start, n)
+                )
+                return
             if seg is None:  # repairing: duplicates are still answered, new writes fail fast
                 for i in range(start, n):
                     key = keys[16 * i : 16 * i + 16]
                     self._admit_one_unavailable_locked(batch.futures[i], key, stamps[i], resolved)
                 return
             # a chunk stays within the segment's entry and byte limits; rolls happen in between
-            end = min(n, start + self._roll_entries - seg.next_entry_id)
-            if seg.size_bytes + batch.nbytes >= self._roll_bytes:
+            # (a segment past them could not be rolled: the rest goes into it, see the roll)
+            room = self._roll_entries - seg.next_entry_id
+            end = min(n, start + room) if room > 0 else n
+            if (
+                self._roll_bytes > seg.size_bytes
+                and seg.size_bytes + batch.nbytes >= self._roll_bytes
+            ):
                 room = self._roll_bytes - seg.size_bytes
                 for i in range(start, end):
                     room -= len(batch.payloads[i]) + OVERHEAD
@@ -356,10 +396,24 @@ class IdempotentLogWriter(LogWriter):
         ids: Sequence[str | bytes] | None = None,
         timeout: float | None = None,
     ) -> WriteManyResult:
-        """Write a batch; one window pass, columnar results. Raises the first failure."""
+        """Write a batch; one window pass, columnar results. Raises the first failure.
+
+        Every row (payload type and size, id) and `timeout` are checked before any row is
+        queued: a bad row refuses the whole batch and nothing is written."""
+        wait = timeout_arg(timeout, allow_zero=False)
+        for name, rows in (("payloads", payloads), ("ids", ids)):
+            if rows is not None and not (hasattr(rows, "__len__") and hasattr(rows, "__getitem__")):
+                raise InvalidTypeError(
+                    f"{name} must be a sequence (a list or tuple), not {type(rows).__name__}"
+                )
+        keys = content_keys(payloads) if ids is None else explicit_keys(ids)  # checks types
         if ids is not None and len(ids) != len(payloads):
             raise InvalidArgumentError(f"ids has {len(ids)} items but payloads has {len(payloads)}")
-        keys = content_keys(payloads) if ids is None else explicit_keys(ids)
+        limit = self._max_entry_bytes
+        checked: list[bytes] = [  # plain bytes within the limit need nothing more (the common case)
+            p if isinstance(p, bytes) and len(p) <= limit else self._checked_row(p, i)
+            for i, p in enumerate(payloads)
+        ]
         futures: list[tuple[int, Future]] = []
         resolved: list = []
         with self._lock:
@@ -376,19 +430,30 @@ class IdempotentLogWriter(LogWriter):
                 for i in range(len(payloads)):
                     if status[i] == 2:
                         continue
-                    payload, props = coerce_message(payloads[i], None, self._max_entry_bytes)
                     future: Future = WriteFuture()
                     key = keys[16 * i : 16 * i + 16]  # hashed once, above
-                    done = self._queue_locked(payload, props, None, future, key)
+                    done = self._queue_locked(checked[i], None, None, future, key)
                     if done:
                         resolved.extend(done)
                     futures.append((i, future))
         resolve(resolved)
+        deadline = None if wait is None else time.monotonic() + wait
         for i, future in futures:
-            result = future.result(timeout)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            result: WriteResult = wait_for(future, left, functools.partial(self._row_pending, i))
             seg_ids[i], entry_ids[i] = result.message_id
             duplicate[i] = result.duplicate
         return WriteManyResult(seg_ids, entry_ids, duplicate)
+
+    def _row_pending(self, i: int) -> str:
+        return f"row {i}: {self._still_pending_text()}"
+
+    def _checked_row(self, row: object, i: int) -> bytes:
+        try:
+            payload, _ = coerce_message(row, None, self._max_entry_bytes)  # type: ignore[arg-type]
+        except WoodpeckerError as exc:
+            raise type(exc)(f"payloads[{i}]: {exc}") from None
+        return payload
 
     # --- hooks from LogWriter (lock held) ------------------------------------------------------
 

@@ -277,6 +277,17 @@ class LogStoreEngine:
                 last = min(last, seg.completed_last)
             return last, seg.lac
 
+    def completed_end(self, log_id: int, segment_id: int) -> int | None:
+        """The end this node's footer records (refreshed from the store), or None if it has none.
+
+        A footer is written only once a recovery decided the end, so recovery takes it as
+        lastEntryId even when the metadata was not sealed afterwards (DESIGN.md section 4).
+        """
+        seg = self._segment(log_id, segment_id)
+        with seg.lock:
+            self._ensure(log_id, segment_id, seg, refresh=seg.completed_last is None)
+            return seg.completed_last
+
     def complete(self, log_id: int, segment_id: int, last_entry_id: int) -> None:
         """Seal the segment at `last_entry_id` with a footer; later adds are refused."""
         seg = self._segment(log_id, segment_id)

@@ -40,6 +40,10 @@ class LogStoreTransport(ABC):
     def complete(self, node_id: str, log_id: int, segment_id: int, last_entry_id: int) -> None: ...
 
     @abstractmethod
+    def completed_end(self, node_id: str, log_id: int, segment_id: int) -> int | None:
+        """The end the node's footer records, or None while the segment is not completed there."""
+
+    @abstractmethod
     def read(
         self, node_id: str, log_id: int, segment_id: int, from_entry_id: int, max_entries: int
     ) -> list[bytes]: ...
@@ -85,6 +89,9 @@ class InProcessTransport(LogStoreTransport):
 
     def complete(self, node_id, log_id, segment_id, last_entry_id):
         self._engine(node_id).complete(log_id, segment_id, last_entry_id)
+
+    def completed_end(self, node_id, log_id, segment_id):
+        return self._engine(node_id).completed_end(log_id, segment_id)
 
     def read(self, node_id, log_id, segment_id, from_entry_id, max_entries):
         return self._engine(node_id).read(log_id, segment_id, from_entry_id, max_entries)
@@ -172,6 +179,10 @@ class FaultInjectingTransport(LogStoreTransport):
     def complete(self, node_id, log_id, segment_id, last_entry_id):
         self._before(node_id, "complete")
         self.inner.complete(node_id, log_id, segment_id, last_entry_id)
+
+    def completed_end(self, node_id, log_id, segment_id):
+        self._before(node_id, "completed_end")
+        return self.inner.completed_end(node_id, log_id, segment_id)
 
     def read(self, node_id, log_id, segment_id, from_entry_id, max_entries):
         self._before(node_id, "read")

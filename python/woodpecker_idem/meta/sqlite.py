@@ -14,18 +14,21 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ..errors import (
+    ClientClosedError,
     InvalidArgumentError,
     InvalidTypeError,
     LogExistsError,
     LogGroupSizeMismatchError,
     LogNotFoundError,
     MetadataConflictError,
+    StorageReadOnlyError,
     StorageUnavailableError,
     WriterFencedError,
 )
@@ -183,6 +186,10 @@ class SqliteMetadataStore(MetadataStore):
         self._busy_timeout_ms = busy_timeout_ms
         self._local = threading.local()
         self._lock = threading.Lock()
+        # Operations running now: close() waits for them, because closing a connection while
+        # another thread runs a statement on it crashes the process (sqlite3 is not guarded).
+        self._in_use = 0
+        self._idle = threading.Condition(self._lock)
         # (pid, connection) of every connection opened; close() closes this process's own.
         self._conns: list[tuple[int, sqlite3.Connection]] = []
         # Connections inherited across fork: kept referenced so they are never closed (or
@@ -191,7 +198,35 @@ class SqliteMetadataStore(MetadataStore):
         self._owner_pid = os.getpid()
         self._closed = False
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._init_schema()
+        # A directory we cannot write (a read-only mount, a copy of someone else's data): the
+        # logs can still be read; every mutation fails with StorageReadOnlyError.
+        self._read_only = not os.access(self._path.parent, os.W_OK) or (
+            self._path.exists() and not os.access(self._path, os.W_OK)
+        )
+        if not self._read_only:
+            self._init_schema()
+        elif not self._path.exists():
+            raise StorageReadOnlyError(
+                f"SQLite metadata store {self._path} does not exist and its directory is "
+                "read-only: there is nothing to read and nothing can be written"
+            )
+        else:
+            self._check_read_only_schema()
+
+    def _check_read_only_schema(self) -> None:
+        """Read-only: the file must already hold a schema this version reads (nothing is made)."""
+        rows = self._read("schema", "SELECT version FROM schema_info")
+        if not rows or rows[0][0] != _SCHEMA_VERSION:
+            raise StorageUnavailableError(
+                f"SQLite metadata store {self._path} (read-only) has schema version "
+                f"{rows[0][0] if rows else None}; this version of woodpecker_idem reads "
+                f"version {_SCHEMA_VERSION}"
+            )
+
+    @property
+    def read_only(self) -> bool:
+        """True when the file or its directory is not writable: reads only."""
+        return self._read_only
 
     def __reduce__(self) -> tuple[object, ...]:
         """Pickles as (path, timeout): the receiving process opens its own connections."""
@@ -203,7 +238,36 @@ class SqliteMetadataStore(MetadataStore):
 
     # --- connections and transactions ---------------------------------------------------------
 
+    def _connect_read_only(self) -> sqlite3.Connection:
+        """Read-only: no WAL switch, no schema. SQLite cannot make the WAL index (-shm) in a
+        read-only directory; when none is there (the last writer closed cleanly), the file is
+        opened immutable, which is right while nothing can write it through this directory."""
+        uri = self._path.resolve().as_uri()
+        error: sqlite3.OperationalError | None = None
+        for query in ("?mode=ro", "?mode=ro&immutable=1"):
+            try:
+                conn = sqlite3.connect(
+                    uri + query,
+                    uri=True,
+                    timeout=self._busy_timeout_ms / 1000.0,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+            except sqlite3.OperationalError as exc:
+                error = exc
+                continue
+            try:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                return conn
+            except sqlite3.OperationalError as exc:
+                conn.close()
+                error = exc
+        assert error is not None
+        raise self._unavailable("open (read-only)", error)
+
     def _connect(self) -> sqlite3.Connection:
+        if self._read_only:
+            return self._connect_read_only()
         conn: sqlite3.Connection | None = None
         try:
             conn = sqlite3.connect(
@@ -227,7 +291,7 @@ class SqliteMetadataStore(MetadataStore):
 
     def _conn(self) -> sqlite3.Connection:
         if self._closed:
-            raise StorageUnavailableError(f"SQLite metadata store {self._path} is closed")
+            raise self._closed_error()
         pid = os.getpid()
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None and self._local.pid == pid:
@@ -243,11 +307,15 @@ class SqliteMetadataStore(MetadataStore):
         with self._lock:
             if self._closed:  # close() ran while we were opening
                 conn.close()
-                raise StorageUnavailableError(f"SQLite metadata store {self._path} is closed")
+                raise self._closed_error()
             self._conns.append((pid, conn))
         self._local.conn = conn
         self._local.pid = pid
         return conn
+
+    def _closed_error(self) -> ClientClosedError:
+        """Closed is final (its client closed it), not a storage outage to retry."""
+        return ClientClosedError(f"client is closed: SQLite metadata store {self._path} is closed")
 
     def _unavailable(self, op: str, exc: sqlite3.OperationalError) -> StorageUnavailableError:
         if _is_busy(exc):
@@ -263,33 +331,54 @@ class SqliteMetadataStore(MetadataStore):
     def _write(self, op: str) -> Iterator[sqlite3.Connection]:
         """One mutation: BEGIN IMMEDIATE takes the write lock first, so reads inside see the latest
         committed state and nothing else can commit between our check and our write."""
-        conn = self._conn()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            raise self._unavailable(op, exc) from exc
-        try:
-            yield conn
-        except BaseException:
+        if self._read_only:
+            raise StorageReadOnlyError(
+                f"SQLite metadata store {self._path} is read-only (its file or directory is not "
+                f"writable): {op} cannot write; the logs can only be read"
+            )
+        with self._session() as conn:
             try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:  # pragma: no cover - rollback after a failed statement
-                log.debug("SQLite rollback failed after error in %s", op, exc_info=True)
-            raise
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.OperationalError as exc:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise self._unavailable(op, exc) from exc
             try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise self._unavailable(op, exc) from exc
+                yield conn
+            except BaseException:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:  # pragma: no cover - rollback after a failed statement
+                    log.debug("SQLite rollback failed after error in %s", op, exc_info=True)
+                raise
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                raise self._unavailable(op, exc) from exc
 
     def _read(self, op: str, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._session() as conn:
+            try:
+                return conn.execute(sql, args).fetchall()
+            except sqlite3.OperationalError as exc:
+                raise self._unavailable(op, exc) from exc
+
+    @contextmanager
+    def _session(self) -> Iterator[sqlite3.Connection]:
+        """This thread's connection, counted as in use until the operation ends (see close)."""
+        with self._lock:
+            if self._closed:
+                raise self._closed_error()
+            self._in_use += 1
         try:
-            return self._conn().execute(sql, args).fetchall()
-        except sqlite3.OperationalError as exc:
-            raise self._unavailable(op, exc) from exc
+            yield self._conn()
+        finally:
+            with self._lock:
+                self._in_use -= 1
+                if not self._in_use:
+                    self._idle.notify_all()
 
     def _init_schema(self) -> None:
         with self._write("schema") as conn:
@@ -543,6 +632,11 @@ class SqliteMetadataStore(MetadataStore):
     def register_node(self, node: NodeInfo) -> None:
         _check_name("node_id", node.node_id)
         labels = json.dumps(dict(node.labels), sort_keys=True)
+        row = (node.node_id, node.address, node.registered_ms, labels)
+        if self._read_only and row in self._read(
+            "register_node", "SELECT node_id, address, registered_ms, labels FROM nodes"
+        ):
+            return  # registered already: nothing to write (a client on a read-only directory)
         with self._write("register_node") as conn:
             conn.execute(
                 "INSERT INTO nodes(node_id, address, registered_ms, labels) VALUES (?, ?, ?, ?) "
@@ -565,9 +659,24 @@ class SqliteMetadataStore(MetadataStore):
     # --- lifecycle ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close this process's connections (all threads); inherited ones are left alone."""
+        """Close this process's connections (all threads); inherited ones are left alone.
+
+        Operations already running are let finish first (up to the busy timeout); if one is
+        still running then, the connections are left to the garbage collector, not closed
+        under it."""
         with self._lock:
             self._closed = True
+            deadline = time.monotonic() + self._busy_timeout_ms / 1000 + 1.0
+            while self._in_use and (left := deadline - time.monotonic()) > 0:
+                self._idle.wait(left)
+            if self._in_use:
+                log.warning(
+                    "SQLite %s: closing with %d operation(s) still running; their connections "
+                    "are left open",
+                    self._path,
+                    self._in_use,
+                )
+                return
             pid = os.getpid()
             mine = [c for p, c in self._conns if p == pid]
             self._conns = []

@@ -26,6 +26,9 @@ logger = logging.getLogger(__name__)
 #: Temp files start with this; `list` skips them and keys may not use it (so switching backends
 #: never makes a valid key invalid).
 TEMP_PREFIX = ".wp-tmp-"
+#: A temp file this old is a leftover of a killed process (a put writes, syncs and publishes it
+#: within one call, and writing keeps its mtime fresh), so opening the store removes it.
+STALE_TEMP_S = 600.0
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC
@@ -89,6 +92,7 @@ class LocalObjectStore(ObjectStore):
         self._fsync = fsync
         if not os.path.isdir(self.root):
             self._make_dirs(self.root)
+        self.sweep_temp_files(STALE_TEMP_S)
 
     def __repr__(self) -> str:
         return f"LocalObjectStore({self.root!r})"
@@ -144,9 +148,7 @@ class LocalObjectStore(ObjectStore):
             try:
                 outcome = put_file(tmp, final, payload, exclusive=if_none_match, sync=self._fsync)
             except NotADirectoryError:
-                raise InvalidArgumentError(
-                    f"key {key!r} lies below an existing object"
-                ) from None
+                raise InvalidArgumentError(f"key {key!r} lies below an existing object") from None
             except OSError as exc:
                 if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST) and os.path.isdir(
                     final
@@ -208,8 +210,13 @@ class LocalObjectStore(ObjectStore):
             raise
         self._sync_dir(os.path.dirname(path))
 
-    def sweep_temp_files(self, max_age_s: float = 3600.0) -> int:
-        """Remove temp files older than `max_age_s` (left by processes that crashed mid-put)."""
+    def sweep_temp_files(self, max_age_s: float = STALE_TEMP_S) -> int:
+        """Remove temp files older than `max_age_s` (left by processes killed mid-put); runs when
+        the store opens.
+
+        Judged by age, not by whether the creating PID is alive: the directory may be shared by
+        hosts or containers whose PIDs this process cannot see, and PIDs are reused.
+        """
         cutoff = time.time() - max_age_s
         removed = 0
         for dirpath, _, files in os.walk(self.root):
@@ -223,6 +230,8 @@ class LocalObjectStore(ObjectStore):
                         removed += 1
                 except FileNotFoundError:
                     continue
+                except OSError as exc:  # e.g. a read-only directory: housekeeping only
+                    logger.debug("could not remove stale temp file %s: %s", path, exc)
         if removed:
             logger.info("removed %d stale temp file(s) below %s", removed, self.root)
         return removed

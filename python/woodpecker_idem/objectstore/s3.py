@@ -10,6 +10,7 @@ boto3 is imported lazily so `import woodpecker_idem` stays light.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -339,7 +340,7 @@ class S3ObjectStore(ObjectStore):
             kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix}
             if token:
                 kwargs["ContinuationToken"] = token
-            page = self._call("list", prefix, lambda kw=kwargs: self._list_page(kw))
+            page = self._call("list", prefix, functools.partial(self._list_page, kwargs))
             keys.extend(obj["Key"][strip:] for obj in page.get("Contents", ()))
             if not page.get("IsTruncated"):
                 break

@@ -6,7 +6,7 @@ use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
 
 use crate::args::{self, ByteArg};
-use crate::errors::invalid_argument;
+use crate::errors::InvalidArgumentError;
 use crate::hasher::KeyPipe;
 
 /// A queued payload: a `bytes` object held by reference (immutable, so the worker thread may
@@ -63,7 +63,7 @@ impl PyKeyPipe {
 
     /// Queue a copy of an explicit id for its key; a bad id raises here, queueing nothing.
     fn push_id(&self, py: Python<'_>, idempotency_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let id = crate::py::id_bytes(idempotency_id, || "idempotency_id")?;
+        let id = super::keys::id_bytes(idempotency_id, || "idempotency_id")?;
         self.lock(py).push_id(id);
         Ok(())
     }
@@ -84,10 +84,10 @@ impl PyKeyPipe {
     fn take<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyBytes>> {
         let mut pipe = self.lock(py);
         if n as u64 > pipe.len() {
-            return Err(invalid_argument(
-                py,
-                format!("take({n}) but only {} payloads are queued", pipe.len()),
-            ));
+            return Err(InvalidArgumentError::new_err(format!(
+                "take({n}) but only {} payloads are queued",
+                pipe.len()
+            )));
         }
         let keys = pipe.take(n, |slot| py.detach(|| slot.wait()));
         Ok(PyBytes::new(py, &keys))

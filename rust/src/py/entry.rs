@@ -5,7 +5,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::args;
 use crate::entry::{self, EntryFields};
-use crate::errors::{invalid_argument, invalid_type, type_name};
+use crate::errors::{type_name, InvalidArgumentError, InvalidTypeError};
 
 /// Encode one LogEntry as a record (`length | crc32c | entry`); see `proto/logstore.proto`.
 #[pyfunction]
@@ -24,7 +24,7 @@ pub fn encode_entry<'py>(
         Some(k) if !k.is_none() => Some(args::bytes_like(k, "idempotency_key")?),
         _ => None,
     };
-    let owned = property_strings(py, properties)?;
+    let owned = property_strings(properties)?;
     let mut pairs: Vec<(&[u8], &[u8])> = Vec::with_capacity(owned.len());
     for (k, v) in &owned {
         pairs.push((k.to_str()?.as_bytes(), v.to_str()?.as_bytes()));
@@ -42,24 +42,20 @@ pub fn encode_entry<'py>(
 
 /// The (key, value) strings of an optional `dict[str, str]`.
 fn property_strings<'py>(
-    py: Python<'py>,
     properties: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Vec<(Bound<'py, PyString>, Bound<'py, PyString>)>> {
     let mut owned = Vec::new();
     if let Some(props) = properties.filter(|p| !p.is_none()) {
         let dict = props.cast::<PyDict>().map_err(|_| {
-            invalid_type(
-                py,
-                format!(
-                    "properties must be a dict[str, str], not {}",
-                    type_name(props)
-                ),
-            )
+            InvalidTypeError::new_err(format!(
+                "properties must be a dict[str, str], not {}",
+                type_name(props)
+            ))
         })?;
         for (k, v) in dict.iter() {
             match (k.cast_into::<PyString>(), v.cast_into::<PyString>()) {
                 (Ok(k), Ok(v)) => owned.push((k, v)),
-                _ => return Err(invalid_type(py, "properties must map str to str")),
+                _ => return Err(InvalidTypeError::new_err("properties must map str to str")),
             }
         }
     }
@@ -88,16 +84,13 @@ pub fn encode_new_entries<'py>(
     let keys = args::key_buffer(keys, "keys")?;
     let keys = keys.as_slice();
     if stamps.len() != n || payloads.len() != n || properties.len() != n || keys.len() != n * 16 {
-        return Err(invalid_argument(
-            py,
-            format!(
-                "status has {n} rows but timestamps_ms {}, payloads {}, properties {} and keys {}",
-                stamps.len(),
-                payloads.len(),
-                properties.len(),
-                keys.len() / 16
-            ),
-        ));
+        return Err(InvalidArgumentError::new_err(format!(
+            "status has {n} rows but timestamps_ms {}, payloads {}, properties {} and keys {}",
+            stamps.len(),
+            payloads.len(),
+            properties.len(),
+            keys.len() / 16
+        )));
     }
     let stamps = stamps.view(py);
     let out = PyList::empty(py);
@@ -108,13 +101,13 @@ pub fn encode_new_entries<'py>(
         }
         let payload = payloads.get_item(i)?;
         let payload = payload.cast::<PyBytes>().map_err(|_| {
-            invalid_type(
-                py,
-                format!("payloads[{i}] must be bytes, not {}", type_name(&payload)),
-            )
+            InvalidTypeError::new_err(format!(
+                "payloads[{i}] must be bytes, not {}",
+                type_name(&payload)
+            ))
         })?;
         let props = properties.get_item(i)?;
-        let owned = property_strings(py, Some(&props))?;
+        let owned = property_strings(Some(&props))?;
         let mut pairs: Vec<(&[u8], &[u8])> = Vec::with_capacity(owned.len());
         for (k, v) in &owned {
             pairs.push((k.to_str()?.as_bytes(), v.to_str()?.as_bytes()));
@@ -122,10 +115,9 @@ pub fn encode_new_entries<'py>(
         let timestamp_ms = match stamps.get(i).map(i64::try_from) {
             Some(Ok(t)) => t,
             v => {
-                return Err(invalid_argument(
-                    py,
-                    format!("timestamps_ms[{i}] = {v:?} does not fit int64"),
-                ))
+                return Err(InvalidArgumentError::new_err(format!(
+                    "timestamps_ms[{i}] = {v:?} does not fit int64"
+                )))
             }
         };
         let record = entry::encode_record(&EntryFields {
@@ -144,13 +136,12 @@ pub fn encode_new_entries<'py>(
 
 /// Number of records in a frame; the lengths must tile it exactly.
 #[pyfunction]
-pub fn count_records(py: Python<'_>, frame: &Bound<'_, PyAny>) -> PyResult<usize> {
+pub fn count_records(frame: &Bound<'_, PyAny>) -> PyResult<usize> {
     let data = args::bytes_like(frame, "frame")?;
     entry::count_records(data.as_slice()).map_err(|pos| {
-        invalid_argument(
-            py,
-            format!("frame: record at byte {pos} is truncated or runs past the end"),
-        )
+        InvalidArgumentError::new_err(format!(
+            "frame: record at byte {pos} is truncated or runs past the end"
+        ))
     })
 }
 
@@ -164,10 +155,10 @@ pub fn concat<'py>(py: Python<'py>, parts: &Bound<'py, PyAny>) -> PyResult<Bound
     } else if let Ok(tuple) = parts.cast::<PyTuple>() {
         tuple.iter().collect()
     } else {
-        return Err(invalid_type(
-            py,
-            format!("parts must be a list or tuple, not {}", type_name(parts)),
-        ));
+        return Err(InvalidTypeError::new_err(format!(
+            "parts must be a list or tuple, not {}",
+            type_name(parts)
+        )));
     };
     let mut args = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {

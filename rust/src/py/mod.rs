@@ -1,0 +1,22 @@
+//! The Python face, one file per class or concern (as polars splits its bindings): argument
+//! checking happens here with the GIL held; the work itself runs in the pure-Rust modules with the
+//! GIL released wherever it is more than a few hundred nanoseconds.
+
+mod convert;
+mod entry;
+mod fileput;
+mod keypipe;
+mod keys;
+mod snapshot;
+mod window;
+mod window_entry;
+
+pub use entry::{concat, count_records, encode_entry, encode_new_entries};
+pub use fileput::put_file;
+pub use keypipe::PyKeyPipe;
+pub use keys::{
+    content_key, content_keys, content_keys_arrow, explicit_key, explicit_keys, py_crc32c,
+};
+pub use snapshot::{decode_snapshot, encode_snapshot, PySnapshot};
+pub use window::PyDedupWindow;
+pub use window_entry::PyWindowEntry;
