@@ -368,3 +368,12 @@ def test_real_log_passes_and_tampering_fails(tmp_path: Path):
     # drop one entry: an acknowledged write is lost
     assert LOST in h.check(msgs[1:], 10_000, 100).kinds
     client.close()
+
+
+def test_flags_entry_whose_only_attempts_were_answered_as_duplicates():
+    # the call that created it was not recorded: every recorded one joined it
+    h = History()
+    ok(h, K("a"), 0, 0, dup=True)
+    fails_with(h, [msg(0, 0, K("a"))], INVENTED)
+    failed(h, K("a"), (0, 1))  # corrected: the creating call is recorded (its ack was lost)
+    passes(h, [msg(0, 0, K("a"))])

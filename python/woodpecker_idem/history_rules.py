@@ -198,7 +198,13 @@ class Judge:
             and (a.message_id is None or (a.message_id == m.message_id and not a.duplicate))
         ]
         if not same:
-            if not any(not a.duplicate for a in self.acked_at.get(m.message_id, [])):
+            if any(a.payload == m.payload for a in attempts):
+                self.problem(
+                    INVENTED,
+                    f"{m.message_id} (key {_name(key)}): no attempt can have created it (those "
+                    f"with its payload were answered as duplicates or elsewhere)",
+                )
+            elif not any(not a.duplicate for a in self.acked_at.get(m.message_id, [])):
                 self.problem(
                     WRONG_PAYLOAD,
                     f"{m.message_id} (key {_name(key)}) holds a payload "
