@@ -39,6 +39,7 @@ def s3_config(server, bucket: str) -> dict:
         "objectstore.endpoint_url": server.endpoint_url,
         "objectstore.bucket": bucket,
         "objectstore.region": "us-east-1",
+        "objectstore.create_bucket": True,
         "segment.max_entries": 100,
         **SNAPSHOTS,
     }
