@@ -8,7 +8,9 @@ every block before the ack). Figures land in `extra_info`:
 - `entries_per_s`, `mib_per_s`: N entries written back to back, from the first call to the last ack;
 - `load_p50_ms`, `load_p99_ms`: per-entry latency under that load (write_async call -> future done);
 - `idle_p50_ms`, `idle_p99_ms`: one entry in flight at a time (write_async(...).result()).
-Target (reported, asserted loosely only): es=1 local >= 50,000 entries/s of 1 KiB.
+Target (asserted): es=1 local >= 50,000 entries/s of 1 KiB, judged on the fastest of the 3 runs
+(the run least disturbed by other work on a shared machine, as in bench_core.py); the median is
+reported next to it. The other cases have no target: they assert only that every write was acked.
 Set WP_BENCH_PROFILE=1 to print a cProfile of one throughput run (top functions by own time).
 """
 
@@ -126,4 +128,5 @@ def test_log_write(benchmark, es, size):
     }
     benchmark.extra_info.update(info)
     print(f"\nes={es} {size} B: {info}")
-    assert info["entries_per_s"] > 0
+    if info["target_entries_per_s"] is not None:
+        assert info["entries_per_s_best"] >= info["target_entries_per_s"], info

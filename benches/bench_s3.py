@@ -10,8 +10,9 @@ through `write_async`, and an ack means the block is in the bucket. Figures in `
 - `load_p50_ms`, `load_p99_ms`: per-entry latency under that load;
 - `idle_p50_ms`: one entry in flight at a time (one PutObject round trip plus batching linger);
 - `puts`: PutObject requests per round (blocks + snapshots), so the batching is visible.
-Metadata: SQLite (etcd joins the `meta` parameter when it lands). moto is a single-threaded Python
-server, far slower than S3: the figure bounds the client's overhead from below, no more.
+Metadata: SQLite, and etcd (a local member started for the run: the shared deployment of one log
+seen from many hosts). moto is a single-threaded Python server, far slower than S3: the figure
+bounds the client's overhead from below, no more.
 Target (asserted loosely): >= 5,000 entries/s.
 """
 
@@ -31,6 +32,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from etcdserver import EtcdServer  # noqa: E402
 from s3server import MotoS3Server  # noqa: E402
 
 from woodpecker_idem.client.client import connect  # noqa: E402
@@ -45,6 +47,15 @@ SIZE = 1024
 @pytest.fixture(scope="module")
 def s3() -> Iterator[MotoS3Server]:
     server = MotoS3Server().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def etcd() -> Iterator[EtcdServer]:
+    server = EtcdServer().start()
     try:
         yield server
     finally:
@@ -76,9 +87,16 @@ def _round(writer: Any, payload: bytes, first: int, n: int) -> tuple[float, list
     return max(done_at) - t0, lat
 
 
-@pytest.mark.parametrize("meta", ["sqlite"])
-def test_idempotent_write_on_s3(benchmark: Any, s3: MotoS3Server, meta: str) -> None:
+@pytest.mark.parametrize("meta", ["sqlite", "etcd"])
+def test_idempotent_write_on_s3(
+    benchmark: Any, s3: MotoS3Server, meta: str, request: pytest.FixtureRequest
+) -> None:
+    etcd_config: dict[str, object] = {}
+    if meta == "etcd":
+        server = request.getfixturevalue("etcd")
+        etcd_config = {"meta.endpoints": [server.endpoint], "meta.prefix": f"/b{uuid.uuid4().hex}"}
     config = {
+        **etcd_config,
         "objectstore.type": "s3",
         "objectstore.endpoint_url": s3.endpoint_url,
         "objectstore.bucket": f"bench-{uuid.uuid4().hex[:12]}",

@@ -13,6 +13,18 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: cargo (Rust) is required; install it with rustup" >&2
   exit 1
 fi
+if ! command -v java >/dev/null 2>&1; then  # Spark (the spark extra, in the test extras)
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing a Java 17 runtime for Spark (apt-get install openjdk-17-jre-headless)" >&2
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+    $SUDO apt-get update -q >/dev/null
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q openjdk-17-jre-headless >/dev/null
+  else
+    echo "setup: Spark needs a Java 17 runtime; install one (e.g. openjdk-17-jre-headless)" >&2
+    exit 1
+  fi
+fi
 rm -rf dist
 .venv/bin/maturin build --release --out dist -q 2>&1 | grep -v '^📦\|^🍹\|^🔗\|^🐍' || true
 WHEEL=$(ls dist/woodpecker_idem-*.whl | head -n 1)

@@ -2,16 +2,26 @@
 
     python tests/idemproc.py DATA_DIR N [CHUNK]
 
-Prints `ready` once its idempotent writer is open, then one line `key segment entry duplicate` per
-acknowledged write (flushing stdout each time), then `done`. Writes go out with write_async in
-chunks of CHUNK, so several are in flight whenever the process is killed.
+Writes go out with write_async in chunks of CHUNK, so several are in flight whenever the process
+is killed. Output lines (each written whole and flushed, so a reader sees every line printed
+before a kill; only a last line cut by the kill can be partial):
+
+    ready                                             the idempotent writer is open
+    B <lo> <hi> <new> <start_ms> <start_ns>           about to send k-lo..k-(hi-1); <new> of them
+                                                      are not in the window (new writes)
+    A <key> <segment> <entry> <dup> <end_ms> <end_ns> one acknowledged write
+    done                                              every write acknowledged, writer closed
+
+Times: `_ms` on the writer's clock (the wall clock), `_ns` on time.monotonic_ns().
 """
 
 from __future__ import annotations
 
 import sys
+import time
 
 import woodpecker_idem as wp
+from woodpecker_idem.clock import SYSTEM_CLOCK
 
 
 def main() -> None:
@@ -30,13 +40,18 @@ def main() -> None:
     out = sys.stdout
     out.write("ready\n")
     out.flush()
-    for start in range(0, n, chunk):
-        names = [f"k-{i}" for i in range(start, min(n, start + chunk))]
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        names = [f"k-{i}" for i in range(lo, hi)]
+        new = sum(writer.window.get(wp.explicit_key(k)) is None for k in names)
+        out.write(f"B {lo} {hi} {new} {SYSTEM_CLOCK.now_ms()} {time.monotonic_ns()}\n")
+        out.flush()
         futures = [writer.write_async(f"payload of {k}".encode(), idempotency_id=k) for k in names]
         for name, fut in zip(names, futures, strict=True):
             r = fut.result(60)
             out.write(
-                f"{name} {r.message_id.segment_id} {r.message_id.entry_id} {int(r.duplicate)}\n"
+                f"A {name} {r.message_id.segment_id} {r.message_id.entry_id} "
+                f"{int(r.duplicate)} {SYSTEM_CLOCK.now_ms()} {time.monotonic_ns()}\n"
             )
             out.flush()
     writer.close()

@@ -54,7 +54,7 @@ class Env:
         self.faults = FaultInjectingTransport(self.inner)
         self.client.transport = self.faults
         self.log = self.client.open_log("edge", create=True)
-        self.history = History()
+        self.history = History(self.clock)
         self.writers: list = []
 
     def writer(self, **opts):
@@ -64,13 +64,9 @@ class Env:
 
     def write(self, w, payload: bytes, key_id: str | bytes | None = None, **kw):
         key = content_key(payload) if key_id is None else explicit_key(key_id)
-        try:
-            r = w.write(payload, idempotency_id=key_id, **kw)
-        except Exception as exc:
-            self.history.failed(key, exc)
-            raise
-        self.history.ok(key, r)
-        return r
+        return self.history.call(
+            key, payload, lambda: w.write(payload, idempotency_id=key_id, **kw)
+        )
 
     def entries(self) -> list[wp.LogMessage]:
         """Every entry of the log, after a plain writer completed every segment (takeover)."""
@@ -228,7 +224,7 @@ def _crash_with_x_in_flight(env: Env, nodes_with_x: tuple[str, ...]):
 def test_case3_failover_inflight_committed(env_factory):
     env = env_factory(es=3, **{"append.timeout_ms": 5000})
     a, faults_a, acked, x_id, _ = _crash_with_x_in_flight(env, ("node-0", "node-1", "node-2"))
-    env.history.failed(explicit_key("X"), RuntimeError("writer crashed before the ack"))
+    env.history.failed(explicit_key("X"), b"X", RuntimeError("writer crashed before the ack"))
     b = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
     assert b.window.get(explicit_key("X")) is not None
     r = env.write(b, b"X", "X")
@@ -249,7 +245,7 @@ def test_case3_failover_inflight_committed(env_factory):
 def test_case3_failover_inflight_not_committed(env_factory):
     env = env_factory(es=3, **{"append.timeout_ms": 5000})
     a, faults_a, acked, x_id, _ = _crash_with_x_in_flight(env, ("node-0",))
-    env.history.failed(explicit_key("X"), RuntimeError("writer crashed before the ack"))
+    env.history.failed(explicit_key("X"), b"X", RuntimeError("writer crashed before the ack"))
     env.faults.fail_node("node-0")  # the only copy of X is unreachable during the takeover
     b = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
     seg0 = env.client.meta.get_segment(env.log.log_id, 0)
@@ -519,12 +515,12 @@ def test_pending_keys_of_completed_segment(env_factory):
     env.faults.heal_all()
     for i, (k, f) in enumerate(p_futures.items()):
         r = f.result(10)
-        env.history.ok(explicit_key(k), r)
+        env.history.ok(explicit_key(k), b"p%d" % i, r)
         assert r == wp.WriteResult(p_ids[i], False), k  # present -> committed at its id
-    for k, f in q_futures.items():
+    for i, (k, f) in enumerate(q_futures.items()):
         with pytest.raises(SegmentClosedError):
             f.result(10)
-        env.history.failed(explicit_key(k), SegmentClosedError("absent"))
+        env.history.failed(explicit_key(k), b"q%d" % i, SegmentClosedError("absent"))
     assert env.client.meta.get_segment(env.log.log_id, 0).last_entry_id == 7
     for i in range(5):
         r = env.write(w, b"q%d" % i, f"q{i}")  # a fresh write in the next segment
@@ -799,14 +795,15 @@ def test_write_many_semantics(env_factory):
     assert res.message_id(1) == first.message_id and res.message_id(4) == first.message_id
     assert res.message_id(0) == res.message_id(2)
     assert len({res.message_id(i) for i in range(5)}) == 3
-    for i, k in enumerate(["a", "b", "a", "c", "b"]):
-        env.history.ok(explicit_key(k), wp.WriteResult(res.message_id(i), bool(res.duplicate[i])))
+    names, payloads = ["a", "b", "a", "c", "b"], [b"A", b"B", b"A2", b"C", b"B2"]
+    for i, (k, p) in enumerate(zip(names, payloads, strict=True)):
+        env.history.ok(explicit_key(k), p, wp.WriteResult(res.message_id(i), res.duplicate[i]))
     # content keys: duplicates inside the batch and against earlier writes
     res2 = w.write_many([b"x", b"y", b"x", b"pre"])
     assert list(res2.duplicate) == [0, 0, 1, 0]  # b"pre" had an explicit id: other domain
     assert res2.message_id(0) == res2.message_id(2)
     for i, p in enumerate([b"x", b"y", b"x", b"pre"]):
-        env.history.ok(content_key(p), wp.WriteResult(res2.message_id(i), bool(res2.duplicate[i])))
+        env.history.ok(content_key(p), p, wp.WriteResult(res2.message_id(i), res2.duplicate[i]))
     again = w.write_many([b"y", b"x"])
     assert list(again.duplicate) == [1, 1]
     assert [again.message_id(i) for i in range(2)] == [res2.message_id(1), res2.message_id(0)]

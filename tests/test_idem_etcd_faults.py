@@ -51,16 +51,18 @@ def _connect(path: Path, server: EtcdServer, prefix: str, **cfg: object) -> wp.W
 def _write(history: History, writer, key: str, failures: list[BaseException]) -> None:
     """One logical write, resent until acknowledged (each attempt recorded)."""
     deadline = time.monotonic() + 60
+    payload = b"payload-" + key.encode()
     while True:
+        start = history.now()
         try:
-            result = writer.write(b"payload-" + key.encode(), idempotency_id=key)
+            result = writer.write(payload, idempotency_id=key)
         except WoodpeckerError as exc:
-            history.failed(explicit_key(key), exc)
+            history.failed(explicit_key(key), payload, exc, start)
             failures.append(exc)
             assert time.monotonic() < deadline, f"{key} never acknowledged: {exc!r}"
             time.sleep(0.05)
             continue
-        history.ok(explicit_key(key), result)
+        history.ok(explicit_key(key), payload, result, start)
         return
 
 
@@ -71,8 +73,10 @@ def _judge(client: wp.WoodpeckerClient, log: wp.LogHandle, history: History, key
     assert all(s.state is not SegmentState.ACTIVE for s in segments), segments
     w2 = log.open_writer(idempotent=True, window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
     for key in keys:
-        again = w2.write(b"payload-" + key.encode(), idempotency_id=key)
-        history.ok(explicit_key(key), again)
+        payload = b"payload-" + key.encode()
+        again = history.call(
+            explicit_key(key), payload, lambda p=payload, k=key: w2.write(p, idempotency_id=k)
+        )
         assert again.duplicate, key
     w2.close()
     plain = log.open_writer()  # completes every segment, so the reader sees the whole log

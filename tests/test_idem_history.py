@@ -1,16 +1,39 @@
 """Tests of the history checker itself (woodpecker_idem.history): it must catch what it is for.
 
-Logs here are hand-made lists of LogMessage, so each violation is exact; one test runs it over a
-real log as well.
+Logs here are hand-made lists of LogMessage and attempts carry hand-made times, so each violation
+is exact. Each kind of violation has a history that must FAIL naming that kind, next to the
+corrected history that must PASS. One test runs the checker over a real log as well.
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
+import pytest
+
 import woodpecker_idem as wp
-from woodpecker_idem import LogMessage, LogMessageId, ManualClock, WriteResult, explicit_key
-from woodpecker_idem.history import History
+from woodpecker_idem import (
+    LogMessage,
+    LogMessageId,
+    ManualClock,
+    WriteResult,
+    WriteTimeoutError,
+    explicit_key,
+)
+from woodpecker_idem.history import (
+    CREATED_TWICE,
+    DUPLICATE,
+    INVENTED,
+    LOST,
+    STALE_ID,
+    TIMESTAMP,
+    UNKEYED_COPY,
+    WRONG_ID,
+    WRONG_PAYLOAD,
+    History,
+    Stamp,
+)
 
 T0 = 1_700_000_000_000
 WINDOW_MS = 10_000
@@ -20,24 +43,69 @@ def K(name: str) -> bytes:
     return explicit_key(name)
 
 
-def msg(seg: int, entry: int, key: bytes | None, ts: int = T0) -> LogMessage:
-    return LogMessage(LogMessageId(seg, entry), b"p", {}, ts, key)
+def at(ms: int) -> Stamp:
+    """A moment `ms` after T0 on both clocks (hand-made histories have one timeline)."""
+    return Stamp(T0 + ms, ms * 1_000_000)
 
 
-def ok(h: History, key: bytes, seg: int, entry: int, dup: bool = False) -> None:
-    h.ok(key, WriteResult(LogMessageId(seg, entry), dup))
+def msg(seg: int, entry: int, key: bytes | None, ts: int = 0, payload: bytes = b"p") -> LogMessage:
+    return LogMessage(LogMessageId(seg, entry), payload, {}, T0 + ts, key)
+
+
+def ok(
+    h: History,
+    key: bytes | None,
+    seg: int,
+    entry: int,
+    dup: bool = False,
+    t: tuple[int, int] = (0, 1),
+    payload: bytes = b"p",
+) -> None:
+    h.ok(key, payload, WriteResult(LogMessageId(seg, entry), dup), at(t[0]), at(t[1]))
+
+
+def failed(
+    h: History,
+    key: bytes | None,
+    t: tuple[int, int],
+    payload: bytes = b"p",
+    error: BaseException | None = None,
+) -> None:
+    h.failed(key, payload, error or RuntimeError("x"), at(t[0]), at(t[1]))
+
+
+def judge(h: History, log: list[LogMessage], max_keys: int = 100):
+    return h.check(log, WINDOW_MS, max_keys)
+
+
+def fails_with(h: History, log: list[LogMessage], kind: str, max_keys: int = 100) -> None:
+    v = judge(h, log, max_keys)
+    assert not v.ok, f"{kind} passed: {v.summary()}"
+    assert kind in v.kinds, v.problems
+    assert "FAIL" in v.summary()
+
+
+def passes(h: History, log: list[LogMessage], max_keys: int = 100):
+    v = judge(h, log, max_keys)
+    assert v.ok, v.summary()
+    return v
 
 
 def test_clean_history_passes():
     h = History()
     ok(h, K("a"), 0, 0)
-    ok(h, K("b"), 0, 1)
-    ok(h, K("a"), 0, 0, dup=True)
-    h.failed(K("c"), TimeoutError("t"))  # a failed attempt may or may not have landed
-    log = [msg(0, 0, K("a")), msg(0, 1, K("b")), msg(0, 2, K("c")), msg(0, 3, None)]
-    v = h.check(log, WINDOW_MS, 100)
-    assert v.ok, v.summary()
-    assert v.acknowledged_keys == 2 and v.duplicates_returned == 1
+    ok(h, K("b"), 0, 1, t=(2, 3))
+    ok(h, K("a"), 0, 0, dup=True, t=(4, 5))
+    failed(h, K("c"), (6, 7))  # a failed attempt may or may not have landed
+    ok(h, None, 0, 3, t=(8, 9), payload=b"plain")  # a plain write (no key)
+    log = [
+        msg(0, 0, K("a")),
+        msg(0, 1, K("b"), 2),
+        msg(0, 2, K("c"), 6),
+        msg(0, 3, None, 8, b"plain"),
+    ]
+    v = passes(h, log)
+    assert v.acknowledged_keys == 3 and v.duplicates_returned == 1
     assert v.entries == 4 and v.keyed_entries == 3
     assert "PASS" in v.summary()
 
@@ -45,46 +113,37 @@ def test_clean_history_passes():
 def test_flags_duplicate_within_window():
     h = History()
     ok(h, K("a"), 0, 0)
-    ok(h, K("a"), 0, 5)
-    log = [msg(0, 0, K("a"), T0), msg(0, 5, K("a"), T0 + WINDOW_MS - 1)]
-    v = h.check(log, WINDOW_MS, 100)
-    assert not v.ok
-    assert any("appears at" in p and "in window" in p for p in v.problems), v.problems
-    assert "FAIL" in v.summary()
+    ok(h, K("a"), 0, 5, t=(WINDOW_MS - 2, WINDOW_MS - 1))
+    fails_with(h, [msg(0, 0, K("a")), msg(0, 5, K("a"), WINDOW_MS - 2)], DUPLICATE)
 
 
-def test_flags_duplicate_across_segments_even_if_unacknowledged():
+def test_flags_duplicate_across_segments_even_if_the_second_was_not_acknowledged():
     h = History()
     ok(h, K("a"), 0, 0)
-    h.failed(K("a"), RuntimeError("x"))
-    log = [msg(0, 0, K("a")), msg(1, 0, K("a"), T0 + 5)]
-    v = h.check(log, WINDOW_MS, 100)
-    assert not v.ok and len(v.problems) == 1
+    failed(h, K("a"), (5, 6))
+    fails_with(h, [msg(0, 0, K("a")), msg(1, 0, K("a"), 5)], DUPLICATE)
 
 
 def test_accepts_rewrite_after_window():
     h = History()
-    ok(h, K("a"), 0, 0)
-    ok(h, K("a"), 0, 1)
-    log = [msg(0, 0, K("a"), T0), msg(0, 1, K("a"), T0 + WINDOW_MS)]  # exactly window old
-    v = h.check(log, WINDOW_MS, 100)
-    assert v.ok, v.summary()
+    ok(h, K("a"), 0, 0, t=(0, 0))
+    ok(h, K("a"), 0, 1, t=(WINDOW_MS, WINDOW_MS))  # exactly window old
+    v = passes(h, [msg(0, 0, K("a")), msg(0, 1, K("a"), WINDOW_MS)])
     assert v.rewritten_after_window == 1
 
 
 def test_accepts_rewrite_after_capacity_eviction():
-    # K is followed by max_keys other keys: it left the newest max_keys, a rewrite is allowed
-    max_keys = 3
+    # K is followed by max_keys other committed keys: it left the newest max_keys, a rewrite is
+    # allowed
     h = History()
     log = [msg(0, 0, K("a"))]
     ok(h, K("a"), 0, 0)
     for i, name in enumerate(["b", "c", "d"], start=1):
-        log.append(msg(0, i, K(name)))
-        ok(h, K(name), 0, i)
-    log.append(msg(0, 4, K("a")))
-    ok(h, K("a"), 0, 4)
-    v = h.check(log, WINDOW_MS, max_keys)
-    assert v.ok, v.summary()
+        log.append(msg(0, i, K(name), 2 * i))
+        ok(h, K(name), 0, i, t=(2 * i, 2 * i + 1))
+    log.append(msg(0, 4, K("a"), 10))
+    ok(h, K("a"), 0, 4, t=(10, 11))
+    v = passes(h, log, max_keys=3)
     assert v.rewritten_after_window == 1
 
 
@@ -92,62 +151,177 @@ def test_flags_duplicate_while_among_newest_max_keys():
     # DESIGN.md 1.1: K is in the window iff it is among the newest window_max_keys committed keys.
     # With max_keys=3 and K followed by 2 others, the committed keys are [a, b, c]: a is among the
     # newest 3, so writing a again must not create an entry (the writer's DedupWindow agrees).
-    max_keys = 3
-    window = wp.DedupWindow(max_keys, WINDOW_MS)
+    window = wp.DedupWindow(3, WINDOW_MS)
     for i, name in enumerate(["a", "b", "c"]):
         window.add_committed(K(name), 0, i, T0)
     assert window.get(K("a"), T0) is not None, "the writer still deduplicates a"
     h = History()
     log = []
     for i, name in enumerate(["a", "b", "c", "a"]):
-        log.append(msg(0, i, K(name)))
-        ok(h, K(name), 0, i)
-    v = h.check(log, WINDOW_MS, max_keys)
-    assert not v.ok, "a duplicate among the newest window_max_keys keys was not flagged"
+        log.append(msg(0, i, K(name), 2 * i))
+        ok(h, K(name), 0, i, t=(2 * i, 2 * i + 1))
+    fails_with(h, log, DUPLICATE, max_keys=3)
 
 
 def test_flags_lost_acknowledged_write():
     h = History()
     ok(h, K("a"), 0, 0)
     ok(h, K("b"), 0, 1)
-    v = h.check([msg(0, 0, K("a"))], WINDOW_MS, 100)
-    assert not v.ok
-    assert len(v.problems) == 1 and "lost" in v.problems[0]
+    fails_with(h, [msg(0, 0, K("a"))], LOST)
 
 
 def test_flags_wrong_id():
     h = History()
     ok(h, K("a"), 0, 0)
     ok(h, K("b"), 0, 1)
-    ok(h, K("b"), 0, 0, dup=True)  # a retry of b answered with a's id
-    v = h.check([msg(0, 0, K("a")), msg(0, 1, K("b"))], WINDOW_MS, 100)
-    assert not v.ok
-    assert len(v.problems) == 1 and "holds" in v.problems[0]
+    ok(h, K("b"), 0, 0, dup=True, t=(2, 3))  # a retry of b answered with a's id
+    fails_with(h, [msg(0, 0, K("a")), msg(0, 1, K("b"))], WRONG_ID)
 
 
 def test_flags_acknowledged_id_holding_unkeyed_entry():
     h = History()
     ok(h, K("a"), 0, 0)
-    v = h.check([msg(0, 0, None)], WINDOW_MS, 100)
-    assert not v.ok and "no key" in v.problems[0]
+    fails_with(h, [msg(0, 0, None)], WRONG_ID)
 
 
-def test_flags_invented_entry():
+def test_flags_invented_keyed_entry():
     h = History()
     ok(h, K("a"), 0, 0)
-    v = h.check([msg(0, 0, K("a")), msg(0, 1, K("ghost"))], WINDOW_MS, 100)
-    assert not v.ok
-    assert len(v.problems) == 1 and "never written" in v.problems[0]
+    fails_with(h, [msg(0, 0, K("a")), msg(0, 1, K("ghost"))], INVENTED)
+
+
+def test_flags_two_entries_from_one_attempt():
+    # one failed attempt can have created one entry, not two (even a window apart)
+    h = History()
+    failed(h, K("a"), (0, 3 * WINDOW_MS))
+    fails_with(h, [msg(0, 0, K("a")), msg(0, 1, K("a"), 2 * WINDOW_MS)], INVENTED)
+
+
+# --- the seven kinds the checker used to pass (issue 11 item 13) -------------------------------
+
+
+def test_kind_a_capacity_counts_committed_keys_only():
+    # max_keys=2. K is committed; b and c are written and stay pending (their calls time out at
+    # 40 ms, still pending); K is written again at 20 ms. Only committed keys count: K was still
+    # among the newest 2, so the second entry is a duplicate in the window.
+    def history(b_and_c_acked: bool) -> History:
+        h = History()
+        ok(h, K("K"), 0, 0)
+        for i, name in ((1, "b"), (2, "c")):
+            if b_and_c_acked:
+                ok(h, K(name), 0, i, t=(10, 15))
+            else:
+                failed(h, K(name), (10, 40), error=WriteTimeoutError("pending"))
+        failed(h, K("K"), (20, 25), error=WriteTimeoutError("pending"))
+        return h
+
+    log = [msg(0, 0, K("K")), msg(0, 1, K("b"), 10), msg(0, 2, K("c"), 10), msg(0, 3, K("K"), 20)]
+    fails_with(history(False), log, DUPLICATE, max_keys=2)
+    # corrected: b and c were acknowledged (committed) before K's second call: K was evicted
+    v = passes(history(True), log, max_keys=2)
+    assert v.rewritten_after_window == 1
+
+
+def test_kind_b_unkeyed_copy_of_a_duplicate():
+    h = History()
+    ok(h, K("a"), 0, 0)
+    ok(h, K("a"), 0, 0, dup=True, t=(2, 3))
+    log = [msg(0, 0, K("a")), msg(0, 1, None, 2)]  # the retry was appended without its key
+    fails_with(h, log, UNKEYED_COPY)
+    # corrected: a plain writer wrote that payload too
+    failed(h, None, (2, 3))
+    passes(h, log)
+
+
+def test_kind_c_stale_id_after_a_rewrite():
+    def history(answer: int) -> History:
+        h = History()
+        ok(h, K("a"), 0, 0)
+        ok(h, K("a"), 0, 1, t=(WINDOW_MS + 5, WINDOW_MS + 6))  # rewritten after its window
+        ok(h, K("a"), 0, answer, dup=True, t=(WINDOW_MS + 10, WINDOW_MS + 11))
+        return h
+
+    log = [msg(0, 0, K("a")), msg(0, 1, K("a"), WINDOW_MS + 5)]
+    fails_with(history(0), log, STALE_ID)
+    passes(history(1), log)  # corrected: the duplicate returns the new id
+
+
+def test_kind_d_two_attempts_claim_one_entry():
+    def history(second_dup: bool) -> History:
+        h = History()
+        ok(h, K("a"), 0, 0)
+        ok(h, K("a"), 0, 0, dup=second_dup, t=(2, 3))
+        return h
+
+    fails_with(history(False), [msg(0, 0, K("a"))], CREATED_TWICE)
+    passes(history(True), [msg(0, 0, K("a"))])
+
+
+def test_kind_e_timestamps_come_from_the_attempts():
+    # the two calls were 100 ms apart; the log claims the second entry is a window later
+    h = History()
+    ok(h, K("a"), 0, 0, t=(0, 1))
+    ok(h, K("a"), 0, 1, t=(100, 101))
+    forged = [msg(0, 0, K("a"), 0), msg(0, 1, K("a"), WINDOW_MS + 100)]
+    v = judge(h, forged)
+    assert not v.ok and {DUPLICATE, TIMESTAMP} <= v.kinds, v.problems
+    # the forged timestamp alone is found too (even when the window is not at stake)
+    h2 = History()
+    ok(h2, K("a"), 0, 0, t=(0, 1))
+    fails_with(h2, [msg(0, 0, K("a"), 5_000)], TIMESTAMP)
+    # corrected: the second call really came a window later
+    h3 = History()
+    ok(h3, K("a"), 0, 0, t=(0, 1))
+    ok(h3, K("a"), 0, 1, t=(WINDOW_MS + 100, WINDOW_MS + 101))
+    passes(h3, forged)
+
+
+def test_kind_f_wrong_payload_at_an_acknowledged_id():
+    h = History()
+    ok(h, K("a"), 0, 0, payload=b"mine")
+    fails_with(h, [msg(0, 0, K("a"), payload=b"other")], WRONG_PAYLOAD)
+    # corrected: the entry holds the creator's payload; a duplicate with another payload is
+    # answered with the original (DESIGN.md 1.1: the payload of a duplicate is not compared)
+    ok(h, K("a"), 0, 0, dup=True, t=(2, 3), payload=b"changed")
+    passes(h, [msg(0, 0, K("a"), payload=b"mine")])
+
+
+def test_kind_f_payload_nobody_wrote_at_a_duplicate_id():
+    h = History()
+    failed(h, K("a"), (0, 1), payload=b"mine")
+    ok(h, K("a"), 0, 0, dup=True, t=(2, 3), payload=b"mine")
+    fails_with(h, [msg(0, 0, K("a"), payload=b"other")], WRONG_PAYLOAD)
+    passes(h, [msg(0, 0, K("a"), payload=b"mine")])
+
+
+def test_kind_g_invented_unkeyed_entry():
+    h = History()
+    ok(h, K("a"), 0, 0)
+    log = [msg(0, 0, K("a")), msg(0, 1, None, 2, b"nobody")]
+    fails_with(h, log, INVENTED)
+    h.failed(None, b"nobody", RuntimeError("lost ack"), at(1), at(3))  # corrected: a plain write
+    passes(h, log)
+    # and one plain attempt accounts for one entry only
+    fails_with(h, [*log, msg(0, 2, None, 2, b"nobody")], INVENTED)
+
+
+def test_unknown_start_is_weaker_not_wrong():
+    # attempts recorded without a start may have begun at any time: nothing is flagged that
+    # could have been legal, but lost writes still are
+    h = History()
+    h.ok(K("a"), b"p", WriteResult(LogMessageId(0, 0)), end=at(1))
+    h.ok(K("a"), b"p", WriteResult(LogMessageId(0, 1)), end=at(3))
+    passes(h, [msg(0, 0, K("a")), msg(0, 1, K("a"), 2)])
+    h.ok(K("b"), b"p", WriteResult(LogMessageId(0, 2)), end=at(4))
+    fails_with(h, [msg(0, 0, K("a")), msg(0, 1, K("a"), 2)], LOST)
 
 
 def test_history_is_thread_safe():
-    import threading
-
     h = History()
 
     def go(n: int) -> None:
         for i in range(500):
-            ok(h, K(f"{n}-{i}"), n, i)
+            h.call(K(f"{n}-{i}"), b"p", lambda n=n, i=i: WriteResult(LogMessageId(n, i)))
 
     ts = [threading.Thread(target=go, args=(n,)) for n in range(4)]
     for t in ts:
@@ -157,23 +331,49 @@ def test_history_is_thread_safe():
     assert len(h.attempts) == 2000
 
 
+def test_call_records_failures_and_reraises():
+    h = History()
+
+    def boom() -> WriteResult:
+        raise WriteTimeoutError("slow")
+
+    with pytest.raises(WriteTimeoutError):
+        h.call(K("a"), b"p", boom)
+    (a,) = h.attempts
+    assert not a.ok and a.timed_out and a.payload == b"p" and a.start.ns <= a.end.ns
+
+
 def test_real_log_passes_and_tampering_fails(tmp_path: Path):
     clock = ManualClock()
     client = wp.connect(tmp_path, {"idempotency.snapshot_interval_s": 3600}, clock=clock)
     log = client.open_log("h", create=True)
     w = log.open_writer(idempotent=True, window_duration_s=10, window_max_keys=100)
-    h = History()
+    h = History(clock)
+
+    def write(name: str) -> None:
+        h.call(K(name), b"x", lambda: w.write(b"x", idempotency_id=name))
+
     for i in range(20):
-        h.ok(K(f"k{i % 7}"), w.write(b"x", idempotency_id=f"k{i % 7}"))
+        write(f"k{i % 7}")
     clock.advance(10_000)
-    h.ok(K("k0"), w.write(b"x", idempotency_id="k0"))  # after the window: a new entry
+    write("k0")  # after the window: a new entry
+    write("k0")
     w.close()
     msgs = list(log.open_reader())
     v = h.check(msgs, 10_000, 100)
     assert v.ok, v.summary()
     assert v.keyed_entries == 8 and v.rewritten_after_window == 1
     # the same log judged with a longer window: the rewrite is now a duplicate
-    assert not h.check(msgs, 10_001, 100).ok
+    assert DUPLICATE in h.check(msgs, 10_001, 100).kinds
     # drop one entry: an acknowledged write is lost
-    assert not h.check(msgs[1:], 10_000, 100).ok
+    assert LOST in h.check(msgs[1:], 10_000, 100).kinds
     client.close()
+
+
+def test_flags_entry_whose_only_attempts_were_answered_as_duplicates():
+    # the call that created it was not recorded: every recorded one joined it
+    h = History()
+    ok(h, K("a"), 0, 0, dup=True)
+    fails_with(h, [msg(0, 0, K("a"))], INVENTED)
+    failed(h, K("a"), (0, 1))  # corrected: the creating call is recorded (its ack was lost)
+    passes(h, [msg(0, 0, K("a"))])

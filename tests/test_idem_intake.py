@@ -129,8 +129,8 @@ def test_a_fenced_writer_fails_its_queued_writes(tmp_path: Path):
     assert r.result(5).duplicate is False  # A wrote nothing
     b.close()
     history = History()
-    history.failed(explicit_key("Q"), WriterFencedError("fenced"))
-    history.ok(explicit_key("Q"), r.result())
+    history.failed(explicit_key("Q"), b"q", WriterFencedError("fenced"))
+    history.ok(explicit_key("Q"), b"q", r.result())
     assert history.check(_entries(log), 600_000, 100_000).ok
     a.close()
     client.close()

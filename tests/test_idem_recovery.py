@@ -342,7 +342,11 @@ def test_snapshot_with_pending_entries_then_crash(env_factory):
     assert not any(f.done() for f in quorum + single + nowhere)
     for prefix in "qsr":  # the writer crashes before it learns anything
         for i in range(5):
-            env.history.failed(explicit_key(f"{prefix}{i}"), RuntimeError("writer crashed"))
+            env.history.failed(
+                explicit_key(f"{prefix}{i}"),
+                b"%s%d" % (prefix.encode(), i),
+                RuntimeError("writer crashed"),
+            )
     b = env.writer()
     assert env.client.meta.get_segment(log_id, 0).last_entry_id == 19
     rep = b.recovery

@@ -1,6 +1,14 @@
-"""Real crashes: a producer process (tests/idemproc.py) is SIGKILLed at random points, round after
-round; each new process retries every key. The log must hold every key exactly once, at the id
-every acknowledgement printed."""
+"""Real crashes: a producer process (tests/idemproc.py) is SIGKILLed round after round while it
+has NEW writes in flight; each new process retries every key. The log must hold every key exactly
+once, at the id every acknowledgement printed, judged by the history checker.
+
+Every line the child printed before the kill is read (the pipe is drained to its end after the
+kill; a line cut by the kill is dropped), so the acknowledgements nearest the crash are checked
+too. Most rounds aim at new writes: the parent kills once it has read k acks of new writes (k = 0:
+right after the child announced a burst of new keys). A round *landed* if the kill found new
+writes in flight (sent, not acknowledged); the test fails unless enough rounds landed. A few rounds
+are killed at a random time instead (start-up, recovery). The `slow` profile runs 100 landed kills.
+"""
 
 from __future__ import annotations
 
@@ -11,122 +19,184 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 import woodpecker_idem as wp
 from woodpecker_idem import LogMessageId, WriteResult, explicit_key
-from woodpecker_idem.history import History
+from woodpecker_idem.history import History, Stamp
 
 PACKAGE_ROOT = str(Path(wp.__file__).resolve().parent.parent)
 HERE = Path(__file__).resolve().parent
-N = 400
-KILLS = 11  # rounds that end in SIGKILL; then one more runs to the end
-MAX_ROUNDS = 40  # a timed kill misses when the producer finishes first: such rounds are extra
+TIMED = 0.15  # share of rounds killed at a random time instead of aimed at new writes
+
+
+@dataclass
+class Round:
+    """What one producer process printed, and whether its kill landed on new writes."""
+
+    acks: list[tuple[str, LogMessageId, bool, Stamp]] = field(default_factory=list)
+    sent: dict[str, Stamp] = field(default_factory=dict)  # key -> start of its burst
+    killed: bool = False
+    kill_at: Stamp | None = None
+    new_acks_before_kill: int = 0
+
+    def in_flight(self) -> set[str]:
+        return set(self.sent) - {name for name, *_ in self.acks}
+
+
+def _stamp() -> Stamp:
+    return Stamp(wp.clock.SYSTEM_CLOCK.now_ms(), time.monotonic_ns())
 
 
 def run_round(
-    data_dir: Path, kill_after: int | None, kill_delay: float = 0.0, timeout: float = 60.0
-):
-    """Start a producer; SIGKILL it once it printed `kill_after` acks (0: as soon as it is ready;
-    -1: `kill_delay` seconds after the start, wherever it is; None: let it finish)."""
+    data_dir: Path,
+    n: int,
+    kill_after_new: int | None,
+    kill_delay: float | None,
+    timeout: float = 90.0,
+) -> Round:
+    """Start a producer. Kill it once `kill_after_new` acks of new writes were read (0: as soon as
+    it announced new writes) or `kill_delay` seconds after its start, whichever comes first;
+    with neither, let it finish. Then read everything it printed."""
     env = dict(os.environ)
     # the child imports the same woodpecker_idem as this process (the installed wheel in CI)
     env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT, env.get("PYTHONPATH", "")])
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "idemproc.py"), str(data_dir), str(N)],
+        [sys.executable, str(HERE / "idemproc.py"), str(data_dir), str(n)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
-        text=True,
-        bufsize=1,
     )
-    lines: list[str] = []
-    killed = False
+    assert proc.stdout is not None and proc.stderr is not None
+    rnd = Round()
+    fd = proc.stdout.fileno()
+    buf = b""
     started = time.monotonic()
-    deadline = started + timeout
-    is_ready = False
+    bursts_of_new = 0
+
+    def take(line: str) -> None:
+        nonlocal bursts_of_new
+        parts = line.split()
+        if parts[0] == "B":
+            lo, hi, new = int(parts[1]), int(parts[2]), int(parts[3])
+            at = Stamp(int(parts[4]), int(parts[5]))
+            for i in range(lo, hi):
+                rnd.sent[f"k-{i}"] = at
+            bursts_of_new += new > 0
+        elif parts[0] == "A":
+            name, seg, entry, dup = parts[1], int(parts[2]), int(parts[3]), parts[4] == "1"
+            rnd.acks.append(
+                (name, LogMessageId(seg, entry), dup, Stamp(int(parts[5]), int(parts[6])))
+            )
+            if not dup and not rnd.killed:
+                rnd.new_acks_before_kill += 1
+
     try:
-        acks = 0
         while True:
-            now = time.monotonic()
-            if (kill_after == -1 and now - started >= kill_delay) or (
-                kill_after is not None and kill_after >= 0 and is_ready and acks >= kill_after
+            if not rnd.killed and (
+                (kill_delay is not None and time.monotonic() - started >= kill_delay)
+                or (
+                    kill_after_new is not None
+                    and bursts_of_new
+                    and rnd.new_acks_before_kill >= kill_after_new
+                )
             ):
                 os.kill(proc.pid, signal.SIGKILL)
-                killed = True
-                break
-            left = deadline - now
-            assert left > 0, f"producer stuck; stderr: {proc.stderr.read()[-2000:]}"
-            wait = min(left, 1.0)
-            if kill_after == -1:
-                wait = max(0.0, min(wait, kill_delay - (now - started)))
-            ready, _, _ = select.select([proc.stdout], [], [], wait)
+                rnd.killed = True
+                rnd.kill_at = _stamp()
+            left = started + timeout - time.monotonic()
+            assert left > 0, f"producer stuck; stderr: {proc.stderr.read()[-2000:]!r}"
+            wait = min(left, 0.05 if kill_delay is not None else 1.0)
+            ready, _, _ = select.select([fd], [], [], wait)
             if not ready:
                 continue
-            line = proc.stdout.readline()
-            if not line:
-                break
-            line = line.rstrip("\n")
-            if line.startswith("k-"):
-                lines.append(line)
-                acks += 1
-            elif line == "ready":
-                is_ready = True
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break  # EOF: the child is gone and everything it printed was read
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                take(line.decode())
     finally:
-        if proc.poll() is None and not killed:
+        if proc.poll() is None and not rnd.killed:
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
-        err = proc.stderr.read()
+        err = proc.stderr.read().decode(errors="replace")
         proc.stdout.close()
         proc.stderr.close()
-    if not killed:  # it ran to the end before the kill point, or it failed
+    # `buf` holds a line the kill cut short, if any: it is not an acknowledgement
+    if not rnd.killed:
         assert proc.returncode == 0, f"producer failed: {err[-3000:]}"
-    # lines printed before the kill that are still in the pipe were read above; a torn last line
-    # cannot happen (one write per line, smaller than PIPE_BUF)
-    return lines, killed
+    return rnd
 
 
-def test_sigkill_rounds_every_key_exactly_once(tmp_path: Path):
-    rng = random.Random(int.from_bytes(os.urandom(4), "little"))
-    seed = rng.randrange(2**32)
+PROFILES = [
+    pytest.param(800, 11, id="default"),
+    pytest.param(6000, 100, id="slow", marks=[pytest.mark.slow, pytest.mark.timeout(1800)]),
+]
+
+
+@pytest.mark.parametrize(("n", "kills"), PROFILES)
+def test_sigkill_rounds_every_key_exactly_once(tmp_path: Path, n: int, kills: int):
+    seed = int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     data_dir = tmp_path / "data"
     history = History()
-    first_new: dict[str, tuple[int, LogMessageId]] = {}
-    ids: dict[str, LogMessageId] = {}
-    kills = 0
-    rnd = 0
+    acked: dict[str, LogMessageId] = {}
+    created: dict[str, int] = {}
+    landed = aimed = rnd = 0
+    max_rounds = 2 * kills + 10
     while True:
-        last = kills >= KILLS
-        assert rnd < MAX_ROUNDS, f"seed {seed}: {kills} kills in {rnd} rounds"
-        kill_after = (
-            None
-            if last
-            else rng.choice(
-                [-1, 0, rng.randrange(1, N), rng.randrange(1, 40), rng.randrange(1, 40)]
-            )
-        )
-        delay = rng.uniform(0.02, 0.25)  # for -1: during start-up, recovery or the first writes
-        lines, killed = run_round(data_dir, kill_after, delay)
-        kills += killed
+        last = landed >= kills
+        assert rnd < max_rounds, f"seed {seed}: {landed} of {aimed} aimed kills landed"
+        if last:
+            kill_after, delay = None, None
+        elif rng.random() < TIMED:
+            # start-up, recovery or the first writes; at the latest after 48 new acks, so that a
+            # fast producer does not use up the new keys
+            kill_after, delay = 48, rng.uniform(0.05, 1.5)
+        else:
+            kill_after, delay = rng.choice([0, rng.randrange(1, 8), rng.randrange(1, 30)]), None
+        new_before = set(acked)
+        r = run_round(data_dir, n, kill_after, delay)
+        in_flight_new = r.in_flight() - new_before
+        if delay is None and kill_after is not None:
+            aimed += 1
+            landed += bool(r.killed and in_flight_new)
+        new_acks = sum(not dup for _, _, dup, _ in r.acks)
         print(
-            f"round {rnd}: kill_after={kill_after} delay={delay:.2f} acks={len(lines)} "
-            f"killed={killed}"
+            f"round {rnd}: kill_after_new={kill_after} delay={delay} acks={len(r.acks)} "
+            f"new acks read before the kill={r.new_acks_before_kill}, drained after it="
+            f"{new_acks - r.new_acks_before_kill}; "
+            f"new writes in flight at the kill={len(in_flight_new)} killed={r.killed}"
         )
         if last:
-            assert len(lines) == N, f"seed {seed}: final round acknowledged {len(lines)} of {N}"
-        for line in lines:
-            name, seg, entry, dup = line.split()
-            mid = LogMessageId(int(seg), int(entry))
-            history.ok(explicit_key(name), WriteResult(mid, dup == "1"))
-            if name in ids:
-                assert ids[name] == mid, f"seed {seed}: {name} was {ids[name]}, now {mid}"
-            ids[name] = mid
-            if dup == "0":
-                assert name not in first_new, (
-                    f"seed {seed}: {name} created twice (rounds {first_new[name][0]} and {rnd})"
+            assert len(r.acks) == n, f"seed {seed}: final round acknowledged {len(r.acks)} of {n}"
+        for name, mid, dup, end in r.acks:
+            history.ok(
+                explicit_key(name),
+                f"payload of {name}".encode(),
+                WriteResult(mid, dup),
+                r.sent[name],
+                end,
+            )
+            assert acked.setdefault(name, mid) == mid, f"seed {seed}: {name} moved to {mid}"
+            if not dup:
+                assert name not in created, (
+                    f"seed {seed}: {name} created twice (rounds {created[name]} and {rnd})"
                 )
-                first_new[name] = (rnd, mid)
+                created[name] = rnd
+        for name in r.in_flight():  # sent, never answered: it may or may not have landed
+            history.failed(
+                explicit_key(name),
+                f"payload of {name}".encode(),
+                "SIGKILL",
+                r.sent[name],
+                r.kill_at,
+            )
         if last:
             break
         rnd += 1
@@ -140,9 +210,10 @@ def test_sigkill_rounds_every_key_exactly_once(tmp_path: Path):
     verdict = history.check(msgs, 3_600_000, 100_000)
     assert verdict.ok, f"seed {seed}: {verdict.summary()}"
     keyed = [m.idempotency_key for m in msgs if m.idempotency_key]
-    assert sorted(keyed) == sorted(explicit_key(f"k-{i}") for i in range(N)), (
-        f"seed {seed}: {len(keyed)} keyed entries for {N} keys"
+    assert sorted(keyed) == sorted(explicit_key(f"k-{i}") for i in range(n)), (
+        f"seed {seed}: {len(keyed)} keyed entries for {n} keys"
     )
-    for m in msgs:
-        name = m.payload.decode().removeprefix("payload of ")
-        assert m.idempotency_key == explicit_key(name)
+    print(
+        f"seed {seed}: {landed} of {aimed} aimed kills landed on new writes in flight; "
+        f"{verdict.summary()}"
+    )

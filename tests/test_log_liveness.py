@@ -169,23 +169,24 @@ def write_until_ok(writer, history: History, name: str, within_s: float = 15.0):
     """Retry an idempotent write until it is acknowledged (recording every attempt)."""
     deadline = time.monotonic() + within_s
     while True:
+        start = history.now()
         try:
             result = writer.write(payload(name), idempotency_id=name, timeout=2)
         except (QuorumUnavailableError, TimeoutError, SegmentClosedError) as exc:
-            history.failed(key(name), exc)
+            history.failed(key(name), payload(name), exc, start)
             assert time.monotonic() < deadline, f"{name}: writes did not resume ({exc})"
             time.sleep(0.05)
             continue
-        history.ok(key(name), result)
+        history.ok(key(name), payload(name), result, start)
         return result
 
 
 def record(history: History, name: str, future: Future) -> None:
     exc = future.exception(0)
     if exc is None:
-        history.ok(key(name), future.result(0))
+        history.ok(key(name), payload(name), future.result(0))
     else:
-        history.failed(key(name), exc)
+        history.failed(key(name), payload(name), exc)
 
 
 def wait_done(futures, within_s: float) -> list[int]:
@@ -420,12 +421,13 @@ def test_metadata_outage_at_roll_writes_go_on_and_roll_later(tmp_path, wp_connec
         assert fut.exception(0) is None, f"{name}: {fut.exception(0)!r}"
     # the store is back: the roll happens after its backoff
     deadline = time.monotonic() + 10
+    late = []  # every attempt is recorded: the first one created the entry
     while len(handle.segments()) < 2:
         assert time.monotonic() < deadline, "the roll was never retried"
         results["late"] = writer.write_async(
             payload("late"), **({"idempotency_id": "late"} if idempotent else {})
         )
-        results["late"].result(5)
+        late.append(results["late"].result(5))
         time.sleep(0.05)
     assert meta.injected == 4
     wait_sealed_before_current(handle)
@@ -436,7 +438,10 @@ def test_metadata_outage_at_roll_writes_go_on_and_roll_later(tmp_path, wp_connec
     assert all(s.state is SegmentState.SEALED for s in handle.segments())
     if idempotent:
         for name, fut in results.items():
-            history.ok(key(name), fut.result(0))
+            if name != "late":
+                history.ok(key(name), payload(name), fut.result(0))
+        for result in late:
+            history.ok(key("late"), payload("late"), result)
         judge(handle, history)
 
 
@@ -466,10 +471,10 @@ def test_repair_retries_storage_and_metadata_errors_until_healed(tmp_path, wp_co
         try:
             writer.write(payload(f"probe{n}"), idempotency_id=f"probe{n}", timeout=0.3)
         except QuorumUnavailableError as exc:
-            history.failed(key(f"probe{n}"), exc)
+            history.failed(key(f"probe{n}"), payload(f"probe{n}"), exc)
             break
         except TimeoutError as exc:
-            history.failed(key(f"probe{n}"), exc)
+            history.failed(key(f"probe{n}"), payload(f"probe{n}"), exc)
         assert time.monotonic() < deadline
     if where == "recover":
         faults.break_fence(4, OSError(errno.ENOSPC, "No space left on device (injected)"))

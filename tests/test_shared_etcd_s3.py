@@ -93,7 +93,12 @@ def test_writer_on_host_b_takes_over_from_killed_host_a(
     for line in lines:
         key, seg, entry, dup = line.split()
         first[key] = LogMessageId(int(seg), int(entry))
-        history.ok(explicit_key(key), WriteResult(first[key], dup == "1"))
+        payload = f"payload of {key}".encode()
+        history.ok(explicit_key(key), payload, WriteResult(first[key], dup == "1"))
+    for i in range(N_A):  # A's writes not acknowledged when it was killed: they may have landed
+        key = f"a-{i}"
+        if key not in first:
+            history.failed(explicit_key(key), f"payload of {key}".encode(), "host A was SIGKILLed")
 
     client = wp.connect(tmp_path / "host-b", config)
     try:
@@ -102,13 +107,18 @@ def test_writer_on_host_b_takes_over_from_killed_host_a(
         assert b.recovery.snapshot_key_count > 0, "B did not start from A's snapshot"
         for i in range(N_A):  # every write A was asked for, acknowledged or not
             key = f"a-{i}"
-            r = b.write(f"payload of {key}".encode(), idempotency_id=key)
-            history.ok(explicit_key(key), r)
+            payload = f"payload of {key}".encode()
+            r = history.call(
+                explicit_key(key), payload, lambda p=payload, k=key: b.write(p, idempotency_id=k)
+            )
             if key in first:
                 assert r == WriteResult(first[key], True), (key, r)
         for i in range(100):
             key = f"b-{i}"
-            history.ok(explicit_key(key), b.write(f"payload of {key}".encode(), idempotency_id=key))
+            payload = f"payload of {key}".encode()
+            history.call(
+                explicit_key(key), payload, lambda p=payload, k=key: b.write(p, idempotency_id=k)
+            )
         b.close()
         entries = list(log.open_reader())
     finally:

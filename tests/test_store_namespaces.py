@@ -48,8 +48,9 @@ def write_keys(client: Any, log_name: str, prefix: str, n: int) -> tuple[History
             for i in range(n):
                 key = f"{prefix}{i}"
                 payload = f"{prefix}payload-{i}".encode()
+                start = history.now()
                 result = writer.write(payload, idempotency_id=key, timeout=30)
-                history.ok(wp.explicit_key(key), result)
+                history.ok(wp.explicit_key(key), payload, result, start)
                 assert result.duplicate is (attempt == 1)
                 sent[key] = (result.message_id, payload)
     return history, sent
@@ -230,7 +231,9 @@ def test_takeover_by_another_data_dir_on_s3(
     directory) takes over, recovers the window from what A left on S3 (snapshot, log), resends every
     key: A's acknowledged keys come back as duplicates at A's ids, every key is in the log once.
     The metadata store is one SQLite file named by meta.path, standing in for a shared etcd."""
-    from test_idem_sigkill import N, run_round
+    from test_idem_sigkill import run_round
+
+    n = 800
 
     bucket = f"wp-takeover-{uuid.uuid4().hex[:12]}"
     shared = {
@@ -246,31 +249,30 @@ def test_takeover_by_another_data_dir_on_s3(
     for name, value in shared.items():  # the producers (tests/idemproc.py) read these
         monkeypatch.setenv(f"WOODPECKER_{name}", value)
 
-    lines_a, killed = run_round(tmp_path / "host-a", kill_after=N // 3, timeout=120)
-    assert killed and lines_a
-    lines_b, killed_b = run_round(tmp_path / "host-b", kill_after=None, timeout=120)
-    assert not killed_b and len(lines_b) == N
+    host_a = run_round(tmp_path / "host-a", n, kill_after_new=n // 3, kill_delay=None, timeout=120)
+    assert host_a.killed and host_a.acks
+    host_b = run_round(tmp_path / "host-b", n, kill_after_new=None, kill_delay=None, timeout=120)
+    assert not host_b.killed and len(host_b.acks) == n
 
     history = History()
     acked_by_a = {}
-    for host, lines in (("a", lines_a), ("b", lines_b)):
-        for line in lines:
-            key, seg, entry, dup = line.split()
-            mid = wp.LogMessageId(int(seg), int(entry))
-            history.ok(wp.explicit_key(key), wp.WriteResult(mid, dup == "1"))
+    for host, rnd in (("a", host_a), ("b", host_b)):
+        for key, mid, dup, at in rnd.acks:
+            result = wp.WriteResult(mid, dup)
+            history.ok(wp.explicit_key(key), f"payload of {key}".encode(), result, end=at)
             if host == "a":
                 acked_by_a[key] = mid
             elif key in acked_by_a:
-                assert (mid, dup) == (acked_by_a[key], "1"), (key, line)
+                assert (mid, dup) == (acked_by_a[key], True), (key, mid, dup)
 
     client = wp.connect(tmp_path / "host-c")  # a third data directory reads it all
     try:
         messages = list(client.open_log("sigkill").open_reader("earliest"))
         verdict = history.check(messages, 3600 * 1000, 100_000)
         assert verdict.ok, verdict.summary()
-        assert len(messages) == N
+        assert len(messages) == n
         assert {m.idempotency_key for m in messages} == {
-            wp.explicit_key(f"k-{i}") for i in range(N)
+            wp.explicit_key(f"k-{i}") for i in range(n)
         }
         store_id = client.meta.store_id()
     finally:

@@ -28,6 +28,7 @@ from .errors import (
     ClientClosedError,
     ConfigError,
     CorruptEntryError,
+    EarlyEvictionError,
     EntryConflictError,
     EntryTruncatedError,
     InvalidArgumentError,
@@ -50,6 +51,7 @@ from .errors import (
     WoodpeckerError,
     WriterClosedError,
     WriterFencedError,
+    WriterForkedError,
     WriteTimeoutError,
 )
 from .idempotency import IdempotentLogWriter, WriteManyResult
@@ -61,6 +63,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "CorruptEntryError",
+    "EarlyEvictionError",
     "DedupWindow",
     "EntryConflictError",
     "EntryTruncatedError",
@@ -100,6 +103,7 @@ __all__ = [
     "WriteTimeoutError",
     "WriterClosedError",
     "WriterFencedError",
+    "WriterForkedError",
     "connect",
     "content_key",
     "content_keys",

@@ -11,7 +11,7 @@ because a writable exporter could change under a batch that runs without the GIL
 
 import os
 from collections.abc import Sequence
-from typing import Self, TypeVar, final
+from typing import Any, Self, TypeVar, final
 
 from typing_extensions import Buffer
 
@@ -26,6 +26,11 @@ __all__ = [
     "SegmentAppender",
     "Snapshot",
     "WindowEntry",
+    "arrow_canonical_json",
+    "arrow_content_keys",
+    "arrow_explicit_keys",
+    "arrow_first_misrouted",
+    "arrow_rows",
     "concat",
     "content_key",
     "content_keys",
@@ -39,6 +44,7 @@ __all__ = [
     "explicit_key",
     "explicit_keys",
     "put_file",
+    "route_keys",
     "segfile_read",
     "segfile_scan",
 ]
@@ -134,6 +140,91 @@ def crc32c(data: Buffer, value: int | None = None) -> int:
     Raises:
         InvalidArgumentError: `value` is outside 0..=2**32-1.
         InvalidTypeError: `data` is not bytes-like or `value` is not an int.
+    """
+
+# --- keys over Arrow data (Spark, polars, Kafka batches) -------------------------------------
+#
+# `_ArrowData` is any object exporting the Arrow PyCapsule interface: `__arrow_c_array__` (pyarrow
+# Array, RecordBatch) or `__arrow_c_stream__` (ChunkedArray, Table, polars objects). It is read
+# zero-copy; keys, routes and JSON are computed with the GIL released. Row numbers in errors count
+# across chunks from 0.
+
+_ArrowData = Any  # private: not a runtime name
+
+def arrow_explicit_keys(column: _ArrowData) -> bytes:
+    """Explicit keys (as `explicit_key`) of a key column, N*16 bytes.
+
+    string -> its UTF-8 bytes, binary -> as is, any integer type -> its decimal text (`7`, `-12`),
+    so the same id gives the same key whatever the column type.
+
+    Raises:
+        InvalidArgumentError: a null, an empty id or an id over 1024 bytes (names the row).
+        InvalidTypeError: not Arrow data, or a column of another type.
+    """
+
+def arrow_content_keys(column: _ArrowData) -> bytes:
+    """Content keys (MD5 of the value bytes, as `content_key`) of a binary or string column.
+
+    Raises:
+        InvalidArgumentError: a null value (names the row).
+        InvalidTypeError: not Arrow data, or a column of another type.
+    """
+
+def arrow_canonical_json(batch: _ArrowData, exclude: Sequence[str] = ...) -> list[bytes]:
+    """Canonical JSON of each row of a record batch or table (columns in `exclude` left out).
+
+    The format (identical in every process, whatever the column types): fields sorted by the UTF-8
+    bytes of their names, no whitespace, nulls as `null`; strings as UTF-8 escaping only `"`, `\\`
+    and control characters (like `json.dumps(ensure_ascii=False)`); integers in decimal;
+    decimal128 as its exact text; floats in ECMAScript's shortest round-trip form (RFC 8785:
+    `1`, `0.1`, `1e+21`), float32 from its own shortest digits, NaN/infinity refused; binary as
+    padded base64 strings; dates `"YYYY-MM-DD"`; timestamps as UTC instants
+    `"YYYY-MM-DDTHH:MM:SS[.fff|.ffffff|.fffffffff]Z"` (fewest exact fraction digits); lists as
+    arrays, structs as objects (sorted the same way).
+
+    Raises:
+        InvalidArgumentError: NaN/infinity, or two columns with one name (names the row).
+        InvalidTypeError: not a batch, or a column type outside the list above.
+    """
+
+def arrow_rows(
+    data: _ArrowData,
+    *,
+    key: str | _ArrowData | None = None,
+    payload: str | None = None,
+    exclude: Sequence[str] = ...,
+) -> tuple[list[bytes], bytes]:
+    """Payloads and keys (N*16 bytes) of the rows of `data`, validated as a whole.
+
+    `data` is a record batch or table, or a single binary/string column of payloads. Payloads:
+    the column named `payload` as is, else the canonical JSON of each row without the `exclude`
+    columns. Keys: explicit keys of the column named `key` (or of the Arrow column `key`), else
+    the content keys of the payloads.
+
+    Raises:
+        InvalidArgumentError: a missing column, a null, a bad id, mismatched lengths.
+        InvalidTypeError: not Arrow data, or a column of an unsupported type.
+    """
+
+def route_keys(keys: Buffer, partitions: int) -> bytes:
+    """Route of each key among `partitions` logs, as N little-endian int32.
+
+    route = first 8 key bytes as a big-endian unsigned int, modulo `partitions`; a stable
+    function of the key that `woodpecker_idem.spark.prepare` computes the same way inside Spark.
+
+    Raises:
+        InvalidArgumentError: `partitions` < 1, or `keys` not a multiple of 16 bytes.
+    """
+
+def arrow_first_misrouted(
+    keys: Buffer, partitions: int, routes: _ArrowData
+) -> tuple[int, int | None, int] | None:
+    """The first row whose route column disagrees with its key's route, as (row, found, expected)
+    (`found` None for a null), or None when every row is routed right.
+
+    Raises:
+        InvalidArgumentError: `partitions` < 1, or the lengths differ.
+        InvalidTypeError: `routes` is not an integer Arrow column.
     """
 
 # --- records and files -----------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
 import shutil
 import subprocess
@@ -33,8 +34,9 @@ from . import (
     encode_snapshot,
     explicit_key,
 )
+from .clock import SYSTEM_CLOCK
 from .errors import InvalidArgumentError, WoodpeckerError
-from .history import History
+from .history import History, Stamp
 from .logstore.transport import FaultInjectingTransport
 
 
@@ -75,67 +77,88 @@ class _Producer:
     def __init__(self, writer, history: History):
         self.writer = writer
         self.history = history
-        self.inflight: list[tuple[bytes, Future[WriteResult]]] = []
+        self.inflight: list[tuple[bytes, bytes, Stamp, Future[WriteResult]]] = []
 
     def attempt(self, i: int) -> None:
         oid = f"order-{i}"
-        key = explicit_key(oid)
+        key, payload, start = explicit_key(oid), _payload(i), self.history.now()
         try:
-            self.inflight.append((key, self.writer.write_async(_payload(i), idempotency_id=oid)))
+            future = self.writer.write_async(payload, idempotency_id=oid)
         except WoodpeckerError as exc:
-            self.history.failed(key, exc)
+            self.history.failed(key, payload, exc, start)
+            return
+        self.inflight.append((key, payload, start, future))
 
     def settle(self) -> None:
-        for key, future in self.inflight:
+        for key, payload, start, future in self.inflight:
             try:
-                self.history.ok(key, future.result(30))
+                self.history.ok(key, payload, future.result(30), start)
             except WoodpeckerError as exc:
-                self.history.failed(key, exc)
+                self.history.failed(key, payload, exc, start)
         self.inflight.clear()
 
 
-def _killed_producer(data_dir: Path, log_name: str, start: int, stop: int, history: History) -> int:
-    """Run a producer in a child process and SIGKILL it mid-stream; returns its acks."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "woodpecker_idem.cli",
-        "_produce",
-        str(data_dir),
-        log_name,
-        str(start),
-        str(stop),
-    ]
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    acks = 0
+def _killed_producer(
+    data_dir: Path, log_name: str, start: int, stop: int, history: History
+) -> tuple[int, int]:
+    """Run a producer in a child process and SIGKILL it once it has acknowledged a third of its
+    new writes, while more are in flight. Every line it printed before dying is read (a line cut
+    by the kill is dropped). Returns (acks, writes in flight at the kill)."""
+    cmd = [sys.executable, "-m", "woodpecker_idem.cli", "_produce", str(data_dir), log_name]
+    child = subprocess.Popen([*cmd, str(start), str(stop)], stdout=subprocess.PIPE)
+    assert child.stdout is not None
+    sent: dict[int, Stamp] = {}
+    acked: set[int] = set()
+    kill_at: Stamp | None = None
+    buf = b""
     try:
-        assert child.stdout is not None
-        for line in child.stdout:
-            i, seg, entry, dup = (int(x) for x in line.split())
-            history.ok(explicit_key(f"order-{i}"), WriteResult(LogMessageId(seg, entry), bool(dup)))
-            acks += 1
-            if acks >= (stop - start) // 3:
-                break  # writes are still in flight in the child right now
+        while chunk := os.read(child.stdout.fileno(), 1 << 16):  # until EOF: after the kill too
+            buf += chunk
+            *lines, buf = buf.split(b"\n")  # what is left in buf is a line cut by the kill
+            for line in lines:
+                fields = line.decode().split()
+                if fields[0] == "B":  # a burst of writes about to go out
+                    lo, hi, ms, ns = (int(x) for x in fields[1:])
+                    sent.update((i, Stamp(ms, ns)) for i in range(lo, hi))
+                    continue
+                i, seg, entry, dup, ms, ns = (int(x) for x in fields)
+                result = WriteResult(LogMessageId(seg, entry), bool(dup))
+                history.ok(explicit_key(f"order-{i}"), _payload(i), result, sent[i], Stamp(ms, ns))
+                acked.add(i)
+            if kill_at is None and len(acked) >= (stop - start) // 3:
+                child.kill()  # SIGKILL, by PID: no close, no flush, no final snapshot
+                kill_at = history.now()
     finally:
-        child.kill()  # SIGKILL, by PID: no close, no flush, no final snapshot
+        if kill_at is None:
+            child.kill()
+            kill_at = history.now()
         child.wait()
-    return acks
+        child.stdout.close()
+    in_flight = set(sent) - acked
+    for i in in_flight:  # sent, never answered: it may or may not have landed
+        history.failed(explicit_key(f"order-{i}"), _payload(i), "SIGKILL", sent[i], kill_at)
+    return len(acked), len(in_flight)
 
 
 def _produce(data_dir: Path, log_name: str, start: int, stop: int) -> int:
-    """The child side of the demo: writes orders, prints each ack as `i segment entry dup`."""
+    """The child side of the demo: writes orders in bursts of 50. Prints `B lo hi ms ns` before a
+    burst goes out and `i segment entry dup ms ns` per ack (times: the wall clock in ms, then
+    time.monotonic_ns()), each line flushed whole."""
     if not data_dir.is_dir():  # the demo made it: never create one here
         raise InvalidArgumentError(f"data_dir {str(data_dir)!r} is not an existing directory")
     client = connect(data_dir)
     writer = client.open_log(log_name).open_writer(idempotent=True)
     for lo in range(start, stop, 50):
+        hi = min(lo + 50, stop)
+        print("B", lo, hi, SYSTEM_CLOCK.now_ms(), time.monotonic_ns(), flush=True)
         futures = [
-            (i, writer.write_async(_payload(i), idempotency_id=f"order-{i}"))
-            for i in range(lo, min(lo + 50, stop))
+            (i, writer.write_async(_payload(i), idempotency_id=f"order-{i}")) for i in range(lo, hi)
         ]
         for i, future in futures:
             r = future.result(30)
-            print(i, r.message_id.segment_id, r.message_id.entry_id, int(r.duplicate), flush=True)
+            mid = r.message_id
+            now = f"{SYSTEM_CLOCK.now_ms()} {time.monotonic_ns()}"
+            print(i, mid.segment_id, mid.entry_id, int(r.duplicate), now, flush=True)
     writer.close()
     return 0
 
@@ -173,7 +196,7 @@ def demo(data_dir: Path, records: int, seed: int) -> int:
     producer.writer.close()
 
     # 2. A producer process killed with SIGKILL mid-stream, writes in flight.
-    child_acks = _killed_producer(data_dir, log_name, half, records, history)
+    child_acks, child_in_flight = _killed_producer(data_dir, log_name, half, records, history)
 
     # 3. The restarted producer takes over (completing the dead writer's segment, rebuilding
     #    the window) and, not knowing what landed, replays everything since the last checkpoint.
@@ -194,7 +217,8 @@ def demo(data_dir: Path, records: int, seed: int) -> int:
     print(
         f"producer: {records:,} records, {len(history.attempts):,} attempts "
         f"({app_retries} application resends, {lost_acks} acks lost on the node, a producer "
-        f"process SIGKILLed after {child_acks} acks, then a restart replaying "
+        f"process SIGKILLed after {child_acks} acks with {child_in_flight} writes in flight, "
+        f"then a restart replaying "
         f"{records - replay_from:,} records)"
     )
     print(f"demo log: {log_name!r} in {data_dir}")

@@ -198,3 +198,17 @@ class LogGroupSizeMismatchError(WoodpeckerError, ValueError):
     """A log group exists with a different partition count than the one requested."""
 
     code = "LOG_GROUP_SIZE_MISMATCH"
+
+
+class WriterForkedError(WoodpeckerError, RuntimeError):
+    """A writer was used in a child process of the one that opened it: its threads did not survive
+    the fork. Open a client and writer in the child (Spark executors do this per task)."""
+
+    code = "WRITER_FORKED"
+
+
+class EarlyEvictionError(WoodpeckerError):
+    """Keys left the window by capacity before `window_duration_s` while a Spark task wrote: a
+    retry of them would be a new write. Raise `windowMaxKeys` (window_max_keys) for the data."""
+
+    code = "EARLY_EVICTION"

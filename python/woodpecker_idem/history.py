@@ -1,29 +1,91 @@
 """The history checker: judges a log against every write attempt made on it (DESIGN.md 1 and 1.1).
 
-Record each attempt (key, outcome, returned id), read the whole log back, then `check` asserts:
-- no key appears twice while its first entry is still in the window (same rule as the writer:
-  committed, `now - timestamp_ms < window_duration`, among the newest `window_max_keys` keys);
-- every acknowledged attempt's id holds an entry with that attempt's key (nothing acknowledged lost,
-  and every retry got the original id);
-- every entry in the log comes from some attempt (nothing invented).
+Record every attempt while a drill runs (its key, payload, start and end time, and its outcome),
+read the whole log back, then `History.check` lists every violation it can prove:
+
+    history = History(clock)                  # the clock the writer uses (default: the wall clock)
+    start = history.now()
+    try:
+        result = writer.write(payload, idempotency_id="order-7")
+    except WoodpeckerError as exc:
+        history.failed(explicit_key("order-7"), payload, exc, start)
+    else:
+        history.ok(explicit_key("order-7"), payload, result, start)
+    verdict = history.check(list(log.open_reader()), window_ms, window_max_keys)
+    assert verdict.ok, verdict.summary()
+
+(`history.call(key, payload, fn)` does the same in one line.) A plain write is recorded with key
+None. The attempts' own times decide what happened before what; the timestamps the log stores are
+themselves checked against them, never trusted. The rules are in `history_rules.py`.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from .clock import SYSTEM_CLOCK, Clock
 from .types import LogMessage, LogMessageId, WriteResult
+
+NEVER = 2**62  # a time later than any real one
+UNKNOWN = -NEVER  # an unknown start: the attempt may have begun at any time before its end
+
+
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """One moment, read twice: `ms` on the writer's clock (window ages, entry timestamps) and
+    `ns` on `time.monotonic_ns()` (what happened before what, across threads and processes of one
+    machine; a ManualClock that stands still cannot tell)."""
+
+    ms: int
+    ns: int
+
+
+UNKNOWN_START = Stamp(UNKNOWN, UNKNOWN)
 
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
-    key: bytes
-    ok: bool
+    """One write call. `message_id` is set iff it was acknowledged. `timed_out`: it failed by
+    waiting too long, so its entry, if any, was still pending when it ended (DESIGN.md 1.1 (a))."""
+
+    key: bytes | None  # None: a plain write (no idempotency key)
+    payload: bytes
+    start: Stamp
+    end: Stamp
     message_id: LogMessageId | None = None
     duplicate: bool | None = None
     error: str | None = None
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.message_id is not None
+
+
+# the kinds of problem; every problem text starts with one of them
+LOST = "lost"
+WRONG_ID = "wrong id"
+WRONG_PAYLOAD = "wrong payload"
+CREATED_TWICE = "created twice"
+STALE_ID = "stale id"
+DUPLICATE = "duplicate in window"
+UNKEYED_COPY = "unkeyed copy"
+INVENTED = "invented entry"
+TIMESTAMP = "timestamp"
+KINDS = (
+    LOST,
+    WRONG_ID,
+    WRONG_PAYLOAD,
+    CREATED_TWICE,
+    STALE_ID,
+    DUPLICATE,
+    UNKEYED_COPY,
+    INVENTED,
+    TIMESTAMP,
+)
 
 
 @dataclass
@@ -36,6 +98,11 @@ class Verdict:
     keyed_entries: int
     duplicates_returned: int
     rewritten_after_window: int
+
+    @property
+    def kinds(self) -> set[str]:
+        """The kinds of problem found (see KINDS)."""
+        return {p.split(":", 1)[0] for p in self.problems}
 
     def summary(self) -> str:
         head = "PASS" if self.ok else f"FAIL ({len(self.problems)} problems)"
@@ -51,83 +118,82 @@ class Verdict:
 
 @dataclass
 class History:
-    """Thread-safe record of write attempts."""
+    """Thread-safe record of write attempts. `clock` must be the clock the writer uses."""
 
+    clock: Clock = SYSTEM_CLOCK
     attempts: list[Attempt] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def ok(self, key: bytes, result: WriteResult) -> None:
-        with self._lock:
-            self.attempts.append(Attempt(key, True, result.message_id, result.duplicate))
+    def now(self) -> Stamp:
+        return Stamp(self.clock.now_ms(), time.monotonic_ns())
 
-    def failed(self, key: bytes, error: BaseException) -> None:
+    def ok(
+        self,
+        key: bytes | None,
+        payload: bytes,
+        result: WriteResult,
+        start: Stamp | None = None,
+        end: Stamp | None = None,
+    ) -> None:
+        """An acknowledged attempt. Without `start`, it may have begun at any time (weaker)."""
+        attempt = Attempt(
+            key,
+            bytes(payload),
+            start or UNKNOWN_START,
+            end or self.now(),
+            result.message_id,
+            bool(result.duplicate),
+        )
         with self._lock:
-            self.attempts.append(Attempt(key, False, error=f"{type(error).__name__}: {error}"))
+            self.attempts.append(attempt)
+
+    def failed(
+        self,
+        key: bytes | None,
+        payload: bytes,
+        error: BaseException | str,
+        start: Stamp | None = None,
+        end: Stamp | None = None,
+        timed_out: bool | None = None,
+    ) -> None:
+        """A failed attempt: it may or may not have landed. A TimeoutError counts as timed out."""
+        if timed_out is None:
+            timed_out = isinstance(error, TimeoutError)
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        attempt = Attempt(
+            key,
+            bytes(payload),
+            start or UNKNOWN_START,
+            end or self.now(),
+            error=text,
+            timed_out=timed_out,
+        )
+        with self._lock:
+            self.attempts.append(attempt)
+
+    def call(self, key: bytes | None, payload: bytes, fn: Callable[[], WriteResult]) -> WriteResult:
+        """Run one write `fn()` and record it (exceptions are recorded and re-raised)."""
+        start = self.now()
+        try:
+            result = fn()
+        except Exception as exc:
+            self.failed(key, payload, exc, start)
+            raise
+        self.ok(key, payload, result, start)
+        return result
 
     def check(
         self, messages: Iterable[LogMessage], window_ms: int, window_max_keys: int
     ) -> Verdict:
-        return check_history(self.attempts, messages, window_ms, window_max_keys)
+        with self._lock:
+            attempts = list(self.attempts)
+        return check_history(attempts, messages, window_ms, window_max_keys)
 
 
 def check_history(
     attempts: list[Attempt], messages: Iterable[LogMessage], window_ms: int, window_max_keys: int
 ) -> Verdict:
-    problems: list[str] = []
-    by_id: dict[LogMessageId, LogMessage] = {}
-    last_seen: dict[bytes, tuple[int, int, LogMessageId]] = {}  # key -> (commit index, ts, id)
-    rewritten = 0
-    keyed = 0
-    count = 0
-    for msg in messages:
-        by_id[msg.message_id] = msg
-        count += 1
-        key = msg.idempotency_key
-        if not key:
-            continue
-        keyed += 1
-        prev = last_seen.get(key)
-        if prev is not None:
-            index, ts, first_id = prev
-            in_window = msg.timestamp_ms - ts < window_ms and keyed - 1 - index <= window_max_keys
-            if in_window:
-                problems.append(
-                    f"key {key.hex()} appears at {first_id} and again at "
-                    f"{msg.message_id}, {msg.timestamp_ms - ts} ms later (in window)"
-                )
-            else:
-                rewritten += 1
-        last_seen[key] = (keyed - 1, msg.timestamp_ms, msg.message_id)
+    """Judge `messages` (the whole log, in log order) against `attempts`."""
+    from .history_rules import Judge
 
-    attempted = {a.key for a in attempts}
-    acknowledged = set()
-    duplicates = 0
-    for a in attempts:
-        if not a.ok:
-            continue
-        acknowledged.add(a.key)
-        duplicates += bool(a.duplicate)
-        found = by_id.get(a.message_id) if a.message_id is not None else None
-        if found is None:
-            problems.append(
-                f"key {a.key.hex()} was acknowledged at {a.message_id}, "
-                f"which is not in the log (lost)"
-            )
-        elif found.idempotency_key != a.key:
-            have = found.idempotency_key.hex() if found.idempotency_key else "no key"
-            problems.append(
-                f"key {a.key.hex()} was acknowledged at {a.message_id}, which holds {have}"
-            )
-    for key in last_seen:
-        if key not in attempted:
-            problems.append(f"key {key.hex()} is in the log but was never written")
-    return Verdict(
-        ok=not problems,
-        problems=problems,
-        attempts=len(attempts),
-        acknowledged_keys=len(acknowledged),
-        entries=count,
-        keyed_entries=keyed,
-        duplicates_returned=duplicates,
-        rewritten_after_window=rewritten,
-    )
+    return Judge(attempts, list(messages), window_ms, window_max_keys).verdict()

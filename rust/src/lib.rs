@@ -4,9 +4,10 @@
 //! no Python dependency and are unit-tested with `cargo test`; `py` (one file per class), `args` and
 //! `errors` are the PyO3 layer. The contract is `docs/core-api.md`.
 
-#![deny(unsafe_code)] // one exception, proven sound where it is: md5x::digest_many
+#![deny(unsafe_code)] // two exceptions, each proven sound where it is: md5x::digest_many, py::arrow (Arrow C data interface import)
 
 mod args;
+mod arrow_keys;
 mod entry;
 mod errors;
 mod fileput;
@@ -67,6 +68,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py::put_file, m)?)?;
     py::register_segfile(m)?;
     m.add("__version__", version())?;
+    py::register_arrow(m)?;
     m.add("KEY_SIZE", keys::KEY_LEN)?;
     m.add("SNAPSHOT_FORMAT_VERSION", snapshot::FORMAT_VERSION)?;
     Ok(())

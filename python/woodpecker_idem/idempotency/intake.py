@@ -15,9 +15,12 @@ from __future__ import annotations
 import time
 from array import array
 from concurrent.futures import Future
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .._core import KeyPipe
+
+if TYPE_CHECKING:
+    from .batch import RowSlot
 
 # Bytes a queued write counts against append.max_inflight_bytes until its record exists
 OVERHEAD = 64
@@ -33,7 +36,7 @@ TIMESTAMP_TYPECODE = "l" if array("l").itemsize == 8 else "q"
 class IntakeBatch(NamedTuple):
     payloads: list[bytes]
     properties: list[dict | None]
-    futures: list[Future]
+    futures: list[Future] | list[RowSlot]  # a batch call's rows report to one completion
     timestamps: array  # each write's queueing time, the time it is judged at
     nbytes: int  # what the writes count against append.max_inflight_bytes
     keys: bytes  # N*16 bytes, one key per write

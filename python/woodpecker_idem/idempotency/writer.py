@@ -9,8 +9,8 @@ The window is rebuilt (snapshot + gap) before the writer accepts anything.
 
 from __future__ import annotations
 
-import functools
 import logging
+import os
 import time
 from array import array
 from collections.abc import Sequence
@@ -18,8 +18,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .._core import DedupWindow, content_keys, encode_new_entries, explicit_keys
-from ..args import timeout_arg, wait_for
+from .._core import (
+    DedupWindow,
+    arrow_rows,
+    content_keys,
+    encode_new_entries,
+    explicit_keys,
+)
+from ..args import timeout_arg
 from ..client.futures import WriteFuture
 from ..client.segment import PendingEntry
 from ..client.workers import resolve
@@ -29,12 +35,15 @@ from ..errors import (
     ConfigError,
     InvalidArgumentError,
     InvalidTypeError,
+    PayloadTooLargeError,
     WoodpeckerError,
     WriterClosedError,
     WriterFencedError,
+    WriterForkedError,
 )
 from ..types import LogMessageId, WriteMessage, WriteResult
-from .intake import ADMIT_AT, ADMIT_MIN, OVERHEAD, Intake, IntakeBatch
+from .batch import BatchCompletion, RowSlot
+from .intake import ADMIT_AT, ADMIT_MIN, OVERHEAD, TIMESTAMP_TYPECODE, Intake, IntakeBatch
 from .recovery import RecoveryReport, rebuild_window
 from .snapshot import SnapshotSource, Snapshotter
 
@@ -42,6 +51,18 @@ if TYPE_CHECKING:
     from ..client.log import LogHandle
 
 log = logging.getLogger(__name__)
+
+# Bumped in every forked child: a writer made before the fork sees it changed (cheaper per write
+# than comparing os.getpid()).
+_fork_generation = 0
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _window_option(name: str, value: object, default: object) -> int | float:
@@ -103,6 +124,8 @@ class IdempotentLogWriter(LogWriter):
         self._new_keys = 0
         self._duplicates = 0
         self._intake = Intake()
+        self._pid = os.getpid()  # its threads and locks exist in this process only
+        self._generation = _fork_generation
         self.recovery: RecoveryReport | None = None
         self._snapshotter: Snapshotter | None = None
         super().__init__(handle)  # takes over, completes segments, rebuilds the window, opens one
@@ -162,6 +185,7 @@ class IdempotentLogWriter(LogWriter):
         properties: dict[str, str] | None = None,
         idempotency_id: str | bytes | None = None,
     ) -> Future[WriteResult]:
+        self._check_process()
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
         future: Future[WriteResult] = WriteFuture()
         with self._lock:
@@ -375,6 +399,7 @@ class IdempotentLogWriter(LogWriter):
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every write queued before this call is committed or failed."""
+        self._check_process()
         with self._lock:
             resolved = self._admit_locked(self._intake.take()) if self._intake.futures else None
         if resolved:
@@ -382,6 +407,7 @@ class IdempotentLogWriter(LogWriter):
         super().flush(timeout)
 
     def close(self, timeout: float | None = 30.0) -> None:
+        self._check_process()
         super().close(timeout)
         with self._lock:  # writes queued during the close: nobody will admit them
             futures = self._intake.drop()
@@ -412,39 +438,104 @@ class IdempotentLogWriter(LogWriter):
             p if isinstance(p, bytes) and len(p) <= limit else self._checked_row(p, i)
             for i, p in enumerate(payloads)
         ]
-        futures: list[tuple[int, Future]] = []
-        resolved: list = []
-        with self._lock:
-            self._check_open_locked()
-            status, segs, ents = self._window.get_many(keys, self._clock.now_ms())
-            seg_ids = array("q")
-            seg_ids.frombytes(segs)
-            entry_ids = array("q")
-            entry_ids.frombytes(ents)
-            duplicate = bytearray(b"\x01" * len(payloads))
-            committed = status.count(2)
-            self._duplicates += committed
-            if committed != len(payloads):
-                for i in range(len(payloads)):
-                    if status[i] == 2:
-                        continue
-                    future: Future = WriteFuture()
-                    key = keys[16 * i : 16 * i + 16]  # hashed once, above
-                    done = self._queue_locked(checked[i], None, None, future, key)
-                    if done:
-                        resolved.extend(done)
-                    futures.append((i, future))
-        resolve(resolved)
-        deadline = None if wait is None else time.monotonic() + wait
-        for i, future in futures:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            result: WriteResult = wait_for(future, left, functools.partial(self._row_pending, i))
-            seg_ids[i], entry_ids[i] = result.message_id
-            duplicate[i] = result.duplicate
-        return WriteManyResult(seg_ids, entry_ids, duplicate)
+        self._check_process()
+        return self._write_keyed(checked, keys, wait)
 
-    def _row_pending(self, i: int) -> str:
-        return f"row {i}: {self._still_pending_text()}"
+    def write_arrow(
+        self,
+        data: object,
+        *,
+        key_column: str | object | None = None,
+        payload_column: str | None = None,
+        exclude_columns: Sequence[str] = (),
+        timeout: float | None = None,
+    ) -> WriteManyResult:
+        """Write every row of Arrow data (a pyarrow/polars RecordBatch or Table, or a binary
+        column of payloads): keys are computed in Rust from the Arrow buffers, the whole batch is
+        validated before anything is queued, and the call completes once, with columnar results.
+
+        Payload: the `payload_column` (binary or string) as is, else the canonical JSON of the row
+        (without `exclude_columns`). Key: the explicit id in `key_column` (a column name, or an
+        Arrow column beside a payload column: string, binary or integer), else the payload's
+        content key.
+        """
+        wait = timeout_arg(timeout, allow_zero=False)
+        payloads, keys = arrow_rows(
+            data, key=key_column, payload=payload_column, exclude=list(exclude_columns)
+        )
+        return self.write_keyed(payloads, keys, wait)
+
+    def write_keyed(
+        self, payloads: list[bytes], keys: bytes, timeout: float | None = None
+    ) -> WriteManyResult:
+        """Write payloads whose 16-byte keys were computed already (N*16 bytes, by the `_core`
+        key functions, e.g. `arrow_rows`); checked whole before anything is queued."""
+        timeout = timeout_arg(timeout, allow_zero=False)
+        self._check_process()
+        n = len(payloads)
+        if len(keys) != 16 * n:
+            raise InvalidArgumentError(f"keys has {len(keys)} bytes; {n} payloads need {16 * n}")
+        limit = self._max_entry_bytes
+        if payloads and max(map(len, payloads)) > limit:
+            row = next(i for i, p in enumerate(payloads) if len(p) > limit)
+            raise PayloadTooLargeError(
+                f"row {row}: payload is {len(payloads[row])} bytes; append.max_entry_bytes "
+                f"allows {limit}; nothing of the batch was written"
+            )
+        return self._write_keyed(payloads, keys, timeout)
+
+    def _check_process(self) -> None:
+        if _fork_generation != self._generation:
+            raise WriterForkedError(
+                f"writer of log {self.log_id} was opened in process {self._pid} and used in "
+                f"process {os.getpid()} (a fork): its threads do not exist here; open a client "
+                "and writer in this process"
+            )
+
+    def _write_keyed(self, payloads: list[bytes], keys: bytes, timeout: float | None):
+        """Queue checked payloads with their keys in chunks (backpressure between chunks), in
+        order after any writes already queued; every row reports into one BatchCompletion.
+        The batch calls' only contact with the intake and admission."""
+        n = len(payloads)
+        done = BatchCompletion(n)
+        chunk = max(1, min(8192, self._max_inflight_entries // 2))
+        for start in range(0, n, chunk):
+            stop = min(n, start + chunk)
+            part = payloads[start:stop]
+            part_keys = keys[16 * start : 16 * stop]
+            with self._lock:
+                self._check_open_locked()
+                resolved = self._admit_locked(self._intake.take()) if self._intake.futures else []
+                # keys committed in the window are answered in bulk, without queueing
+                status, segs, ents = self._window.get_many(part_keys, self._clock.now_ms())
+                committed = done.answer_committed(start, status, segs, ents)
+                self._duplicates += committed
+                if committed:
+                    rows = [i for i, code in enumerate(status) if code != 2]
+                    part = [part[i] for i in rows]
+                    part_keys = b"".join([part_keys[16 * i : 16 * i + 16] for i in rows])
+                    slots = [RowSlot(done, start + i) for i in rows]
+                else:
+                    slots = done.slots(start, stop)
+                if part:
+                    nbytes = sum(map(len, part)) + OVERHEAD * len(part)
+                    self._wait_for_room_locked(nbytes)
+                    now = self._clock.now_ms()
+                    batch = IntakeBatch(
+                        part,
+                        [None] * len(part),
+                        slots,
+                        array(TIMESTAMP_TYPECODE, [now]) * len(part),
+                        nbytes,
+                        part_keys,
+                        time.monotonic(),
+                    )
+                    self._inflight_entries += len(part)  # admission counts them out again
+                    self._inflight_bytes += nbytes
+                    resolved += self._admit_locked(batch)
+            resolve(resolved)
+        done.wait(timeout)
+        return WriteManyResult(done.segment_ids, done.entry_ids, done.duplicate)
 
     def _checked_row(self, row: object, i: int) -> bytes:
         try:

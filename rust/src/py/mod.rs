@@ -2,6 +2,7 @@
 //! checking happens here with the GIL held; the work itself runs in the pure-Rust modules with the
 //! GIL released wherever it is more than a few hundred nanoseconds.
 
+mod arrow;
 mod convert;
 mod entry;
 mod fileput;
@@ -12,6 +13,7 @@ mod snapshot;
 mod window;
 mod window_entry;
 
+pub use arrow::register as register_arrow;
 pub use entry::{concat, count_records, encode_entry, encode_new_entries};
 pub use fileput::put_file;
 pub use keypipe::PyKeyPipe;

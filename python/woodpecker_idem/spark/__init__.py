@@ -1,0 +1,37 @@
+"""Spark integration (needs the `spark` extra: pyspark >= 4 and pyarrow; DESIGN.md section 10).
+
+from woodpecker_idem.spark import prepare, register
+register(spark)                                     # format("woodpecker")
+(prepare(df, "order_id", 4).write.format("woodpecker").option("log", "orders")
+    .option("idempotencyKey", "order_id").option("partitions", 4)
+    .option("dataDir", "/shared/woodpecker-data").mode("append").save())
+spark.read.format("woodpecker").option("log", "orders").option("dataDir", ...).load()
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .routing import ROUTE_COLUMN, prepare
+
+
+def __getattr__(name: str):  # the sink and UDF import pyspark: only when asked for
+    if name in ("write_partition", "idempotency_key"):
+        from . import functions
+
+        return getattr(functions, name)
+    raise AttributeError(name)
+
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def register(spark: SparkSession) -> None:
+    """Register the `woodpecker` data source on this session."""
+    from .sink import WoodpeckerDataSource
+
+    spark.dataSource.register(WoodpeckerDataSource)
+
+
+__all__ = ["ROUTE_COLUMN", "idempotency_key", "prepare", "register", "write_partition"]

@@ -1,0 +1,428 @@
+"""The `woodpecker` Python Data Source: exactly-once batch writes and reads of a log group.
+
+    prepare(df, "order_id", 4).write.format("woodpecker").option("log", "orders")
+        .option("idempotencyKey", "order_id").option("partitions", 4).option("dataDir", path)
+        .mode("append").save()
+
+The driver creates the log group `{log}` of P logs `{log}-{p}` (P stored in metadata; another P is
+refused). Each task attempt opens, after the fork, the idempotent writer of every route it meets
+(taking the log over: an earlier attempt of the task is fenced), recovers its window and writes
+its rows; rows an earlier attempt or job committed come back as duplicates. Rows without a route
+or with a wrong one are refused before anything of their batch is written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+
+from .._core import arrow_first_misrouted, arrow_rows, route_keys
+from ..client.client import connect
+from ..errors import (
+    EarlyEvictionError,
+    InvalidArgumentError,
+    LogExistsError,
+    LogGroupSizeMismatchError,
+    LogNotFoundError,
+    RowsNotPreparedError,
+)
+from .routing import ROUTE_COLUMN, check_partitions
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+    from ..client.client import WoodpeckerClient
+    from ..idempotency.writer import IdempotentLogWriter
+
+log = logging.getLogger(__name__)
+
+READ_SCHEMA = "payload binary, key binary, segment bigint, entry bigint, timestamp timestamp"
+READ_BATCH_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """The data source options, checked on the driver before any task runs."""
+
+    log: str
+    partitions: int | None
+    key: str | None = None
+    payload: str | None = None
+    data_dir: str | None = None
+    config: str | None = None
+    window_max_keys: int | None = None
+    window_duration_s: float | None = None
+    report_file: str | None = None
+
+    @classmethod
+    def parse(cls, options: Any, need_partitions: bool) -> SinkOptions:
+        def get(name: str) -> str | None:
+            value = options.get(name)
+            return None if value is None or value == "" else str(value)
+
+        name = get("log")
+        if name is None:
+            raise InvalidArgumentError('option "log" is required: the log group name')
+        if get("dataDir") is None and get("config") is None:
+            raise InvalidArgumentError(
+                'option "dataDir" (embedded: a directory every executor sees) or "config" '
+                "(a config file, e.g. etcd + S3) is required"
+            )
+        parts = get("partitions")
+        if parts is None and need_partitions:
+            raise InvalidArgumentError(
+                'option "partitions" is required: the P given to prepare(df, key, P)'
+            )
+        max_keys = get("windowMaxKeys")
+        duration = get("windowDurationS")
+        try:
+            return cls(
+                log=name,
+                partitions=check_partitions(parts) if parts is not None else None,
+                key=get("idempotencyKey"),
+                payload=get("payloadColumn"),
+                data_dir=get("dataDir"),
+                config=get("config"),
+                window_max_keys=int(max_keys) if max_keys is not None else None,
+                window_duration_s=float(duration) if duration is not None else None,
+                report_file=get("reportFile"),
+            )
+        except ValueError as exc:
+            if isinstance(exc, InvalidArgumentError):
+                raise
+            raise InvalidArgumentError(
+                f"windowMaxKeys must be an int and windowDurationS a number: {exc}"
+            ) from exc
+
+    def connect(self) -> WoodpeckerClient:
+        return connect(self.data_dir, self.config)
+
+    def writer_options(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.window_max_keys is not None:
+            out["window_max_keys"] = self.window_max_keys
+        if self.window_duration_s is not None:
+            out["window_duration_s"] = self.window_duration_s
+        return out
+
+
+def log_name(group: str, route: int) -> str:
+    return f"{group}-{route}"
+
+
+def ensure_log_group(client: WoodpeckerClient, name: str, partitions: int) -> None:
+    """Create the group and its P logs, or check that the existing group has P partitions."""
+    now = client.clock.now_ms()
+    try:
+        client.meta.create_log_group(name, partitions, now)
+    except LogGroupSizeMismatchError as exc:
+        have = client.meta.get_log_group(name)
+        size = have.partitions if have is not None else "another number of"
+        raise LogGroupSizeMismatchError(
+            f"{exc}. The route of a key depends on P, so a group keeps its P: write with "
+            f'option("partitions", {size}) after prepare(df, key, {size}), or write to a new '
+            "log name"
+        ) from exc
+    for p in range(partitions):
+        try:
+            client.meta.create_log(log_name(name, p), now, group=name)
+        except LogExistsError:
+            pass
+
+
+@dataclass
+class WoodpeckerCommitMessage(WriterCommitMessage):
+    """What one task attempt did (sent to the driver's commit)."""
+
+    partition: int
+    attempt: int
+    rows: int = 0
+    written: int = 0
+    duplicates: int = 0
+    routes: list[int] = field(default_factory=list)
+
+
+class TaskWriters:
+    """The writers of one task attempt, one per route it meets, opened after the fork."""
+
+    def __init__(self, opts: SinkOptions):
+        self._opts = opts
+        self._client = opts.connect()
+        self._writers: dict[int, IdempotentLogWriter] = {}
+        self._evictions: dict[int, int] = {}
+
+    def writer(self, route: int) -> IdempotentLogWriter:
+        w = self._writers.get(route)
+        if w is None:
+            handle = self._client.open_log(log_name(self._opts.log, route))
+            w = handle.open_writer(idempotent=True, **self._opts.writer_options())
+            self._writers[route] = w
+            self._evictions[route] = w.window.early_evictions
+        return w
+
+    def check_evictions(self, route: int) -> None:
+        w = self._writers[route]
+        early = w.window.early_evictions - self._evictions[route]
+        if early:
+            raise EarlyEvictionError(
+                f"{early} keys of log {log_name(self._opts.log, route)} left the window by "
+                f"capacity (window_max_keys={w.window.max_keys}) before its duration while this "
+                "task wrote: retries of them would be new writes. Raise the windowMaxKeys option "
+                "above the rows one route receives within windowDurationS"
+            )
+
+    @property
+    def routes(self) -> list[int]:
+        return sorted(self._writers)
+
+    def close(self) -> None:
+        try:
+            for w in self._writers.values():
+                w.close()
+        finally:
+            self._client.close()
+
+
+def _split_by_route(
+    payloads: list[bytes], keys: bytes, routes: memoryview
+) -> dict[int, tuple[list[bytes], bytes]]:
+    n = len(payloads)
+    first = routes[0]
+    if routes.tobytes() == first.to_bytes(4, "little", signed=True) * n:
+        return {first: (payloads, keys)}  # the usual batch after prepare(): one route
+    groups: dict[int, list[int]] = {}
+    for i, r in enumerate(routes):
+        groups.setdefault(r, []).append(i)
+    return {
+        r: ([payloads[i] for i in rows], b"".join(keys[16 * i : 16 * i + 16] for i in rows))
+        for r, rows in groups.items()
+    }
+
+
+def write_batches(
+    opts: SinkOptions, batches: Iterator[pa.RecordBatch], msg: WoodpeckerCommitMessage
+) -> None:
+    """Write prepared Arrow batches through the writers of their routes, counting into `msg`."""
+    partitions = opts.partitions or 1
+    task = TaskWriters(opts)
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if ROUTE_COLUMN not in batch.schema.names:
+                raise RowsNotPreparedError(
+                    f"rows have no {ROUTE_COLUMN} column: call woodpecker_idem.spark.prepare(df, "
+                    f"key, {partitions}) before writing, with the same key and partitions as the "
+                    "sink"
+                )
+            payloads, keys = arrow_rows(
+                batch, key=opts.key, payload=opts.payload, exclude=[ROUTE_COLUMN]
+            )
+            bad = arrow_first_misrouted(keys, partitions, batch.column(ROUTE_COLUMN))
+            if bad is not None:
+                row, found, want = bad
+                raise RowsNotPreparedError(
+                    f"row {msg.rows + row} of this task has route {found}, but its key routes to "
+                    f"{want} of {partitions}: call woodpecker_idem.spark.prepare(df, key, "
+                    f"{partitions}) with the same key (and payloadColumn) as the sink"
+                )
+            routes = memoryview(route_keys(keys, partitions)).cast("i")
+            for route, (part, part_keys) in _split_by_route(payloads, keys, routes).items():
+                res = task.writer(route).write_keyed(part, part_keys)
+                dups = res.duplicate.count(1)
+                msg.duplicates += dups
+                msg.written += len(part) - dups
+                task.check_evictions(route)
+            msg.rows += batch.num_rows
+        msg.routes = task.routes
+    finally:
+        task.close()
+
+
+class WoodpeckerArrowWriter(DataSourceArrowWriter):
+    """Batch writer: one task attempt per Spark partition, Arrow batches in."""
+
+    def __init__(self, opts: SinkOptions):
+        self.opts = opts
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WoodpeckerCommitMessage:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        msg = WoodpeckerCommitMessage(
+            partition=ctx.partitionId() if ctx else -1, attempt=ctx.attemptNumber() if ctx else 0
+        )
+        write_batches(self.opts, iterator, msg)
+        return msg
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        report_commit(self.opts, messages, None)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        done = [m for m in messages if isinstance(m, WoodpeckerCommitMessage)]
+        log.warning(
+            "woodpecker write to %s aborted: %d tasks had finished (%d rows written); what was "
+            "acknowledged stays, and re-running the job completes the log without duplicates",
+            self.opts.log,
+            len(done),
+            sum(m.written for m in done),
+        )
+
+
+def report_commit(
+    opts: SinkOptions, messages: list[WriterCommitMessage | None], batch_id: int | None
+) -> dict[str, Any]:
+    """Sum the tasks' messages: rows in, written, duplicates suppressed, attempts seen."""
+    done = [m for m in messages if isinstance(m, WoodpeckerCommitMessage)]
+    report: dict[str, Any] = {
+        "log": opts.log,
+        "time_ms": int(time.time() * 1000),
+        "tasks": len(done),
+        "rows": sum(m.rows for m in done),
+        "written": sum(m.written for m in done),
+        "duplicates": sum(m.duplicates for m in done),
+        "attempts": sum(m.attempt + 1 for m in done),
+        "retried_tasks": sum(1 for m in done if m.attempt > 0),
+        "tasks_detail": [asdict(m) for m in done],
+    }
+    if batch_id is not None:
+        report["batch_id"] = batch_id
+    log.info(
+        "woodpecker commit %s: %d rows, %d written, %d duplicates suppressed, %d attempts of %d "
+        "tasks",
+        opts.log,
+        report["rows"],
+        report["written"],
+        report["duplicates"],
+        report["attempts"],
+        report["tasks"],
+    )
+    if opts.report_file:
+        with open(opts.report_file, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(report, sort_keys=True) + "\n")
+    return report
+
+
+class WoodpeckerStreamWriter(DataSourceStreamArrowWriter):
+    """Structured Streaming sink. A micro-batch replayed after a stop or crash (from the query's
+    checkpoint) is written again by fresh task attempts: the rows it had committed come back as
+    duplicates, so the log keeps every key once."""
+
+    def __init__(self, opts: SinkOptions):
+        self.opts = opts
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WoodpeckerCommitMessage:
+        return WoodpeckerArrowWriter(self.opts).write(iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        report_commit(self.opts, messages, batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        log.warning(
+            "woodpecker micro-batch %d to %s aborted; restarting the query replays it and the "
+            "log keeps every key once",
+            batchId,
+            self.opts.log,
+        )
+
+
+class WoodpeckerReader(DataSourceReader):
+    """One Spark partition per log of the group: payload, key, segment, entry, timestamp."""
+
+    def __init__(self, opts: SinkOptions):
+        self.opts = opts
+
+    def partitions(self) -> list[InputPartition]:
+        client = self.opts.connect()
+        try:
+            group = client.meta.get_log_group(self.opts.log)
+        finally:
+            client.close()
+        if group is None:
+            raise LogNotFoundError(f"no log group {self.opts.log!r}: nothing was written to it")
+        return [InputPartition(p) for p in range(group.partitions)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        schema = pa.schema(
+            [
+                ("payload", pa.binary()),
+                ("key", pa.binary()),
+                ("segment", pa.int64()),
+                ("entry", pa.int64()),
+                ("timestamp", pa.timestamp("us", tz="UTC")),
+            ]
+        )
+        client = self.opts.connect()
+        try:
+            reader = client.open_log(log_name(self.opts.log, partition.value)).open_reader()
+            try:
+                cols: list[list] = [[], [], [], [], []]
+                for m in reader:
+                    cols[0].append(m.payload)
+                    cols[1].append(m.idempotency_key)
+                    cols[2].append(m.message_id.segment_id)
+                    cols[3].append(m.message_id.entry_id)
+                    cols[4].append(m.timestamp_ms * 1000)
+                    if len(cols[0]) >= READ_BATCH_ROWS:
+                        yield pa.RecordBatch.from_arrays(cols, schema=schema)
+                        cols = [[], [], [], [], []]
+                if cols[0]:
+                    yield pa.RecordBatch.from_arrays(cols, schema=schema)
+            finally:
+                reader.close()
+        finally:
+            client.close()
+
+
+class WoodpeckerDataSource(DataSource):
+    """`format("woodpecker")`: see the module docstring and docs/spark.md."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "woodpecker"
+
+    def schema(self) -> str:
+        return READ_SCHEMA
+
+    def writer(self, schema: StructType, overwrite: bool) -> WoodpeckerArrowWriter:
+        if overwrite:
+            raise InvalidArgumentError(
+                'mode("overwrite") is not supported: a log is append-only; use mode("append")'
+            )
+        opts = SinkOptions.parse(self.options, need_partitions=True)
+        for col in (opts.key, opts.payload):
+            if col is not None and col not in schema.names:
+                raise InvalidArgumentError(f"no column {col!r} in the DataFrame ({schema.names})")
+        if ROUTE_COLUMN not in schema.names:
+            raise RowsNotPreparedError(
+                f"the DataFrame has no {ROUTE_COLUMN} column: call woodpecker_idem.spark.prepare("
+                f"df, key, {opts.partitions}) before writing"
+            )
+        client = opts.connect()
+        try:
+            ensure_log_group(client, opts.log, opts.partitions or 1)
+        finally:
+            client.close()
+        return WoodpeckerArrowWriter(opts)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> WoodpeckerStreamWriter:  # noqa: N802
+        return WoodpeckerStreamWriter(self.writer(schema, overwrite).opts)
+
+    def reader(self, schema: StructType) -> WoodpeckerReader:
+        return WoodpeckerReader(SinkOptions.parse(self.options, need_partitions=False))

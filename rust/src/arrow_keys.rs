@@ -1,0 +1,801 @@
+//! Idempotency keys, canonical-JSON payloads and routes over Arrow columns (no Python here).
+//!
+//! - Explicit keys of a key column: string -> its UTF-8 bytes, binary -> as is, integer -> its
+//!   canonical decimal text (`-12`, `7`), each hashed like `keys::explicit_key` (same domain).
+//! - Content keys of a payload column (binary or string): MD5 of the value bytes.
+//! - Canonical JSON of a row (see [`write_json_value`] for the format), the payload of a row
+//!   written without a payload column; its key is the content key of those bytes.
+//! - `route(key, P)`: the first 8 key bytes as a big-endian u64, modulo P. Spark computes the same
+//!   thing natively (`conv(substr(hex(md5), 1, 16), 16, 10) % P`), and the writer recomputes it.
+//!
+//! A null key or payload, an empty or oversized id, or a type without a defined form is an error
+//! naming the column and the row (counted across chunks): nothing is keyed by accident.
+
+use std::fmt::Write as _;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Date32Type, Date64Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type,
+    TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
+    TimestampSecondType, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+};
+use arrow_array::{Array, ArrayRef, StructArray};
+use arrow_schema::{DataType, TimeUnit};
+
+use crate::keys::{self, Key, KEY_LEN};
+
+/// Why a column cannot be keyed: a wrong type, or a bad value (null, empty id, ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArrowKeyError {
+    Type(String),
+    Value(String),
+}
+
+pub type Result<T> = std::result::Result<T, ArrowKeyError>;
+
+fn type_err<T>(msg: String) -> Result<T> {
+    Err(ArrowKeyError::Type(msg))
+}
+
+fn value_err<T>(msg: String) -> Result<T> {
+    Err(ArrowKeyError::Value(msg))
+}
+
+/// Route of a key among `partitions` logs: first 8 bytes big-endian, modulo `partitions` (>= 1).
+pub fn route(key: &Key, partitions: u32) -> u32 {
+    let mut head = [0u8; 8];
+    head.copy_from_slice(&key[..8]);
+    // The remainder is below `partitions`, a u32, so the cast is lossless.
+    (u64::from_be_bytes(head) % u64::from(partitions.max(1))) as u32
+}
+
+/// Routes of N*16 key bytes.
+pub fn routes(keys: &[u8], partitions: u32) -> Vec<u32> {
+    keys.as_chunks::<KEY_LEN>()
+        .0
+        .iter()
+        .map(|k| route(k, partitions))
+        .collect()
+}
+
+/// Byte views of the string and binary types.
+enum ByteCol<'a> {
+    Utf8(&'a arrow_array::StringArray),
+    LargeUtf8(&'a arrow_array::LargeStringArray),
+    Utf8View(&'a arrow_array::StringViewArray),
+    Binary(&'a arrow_array::BinaryArray),
+    LargeBinary(&'a arrow_array::LargeBinaryArray),
+    BinaryView(&'a arrow_array::BinaryViewArray),
+    Fixed(&'a arrow_array::FixedSizeBinaryArray),
+}
+
+impl<'a> ByteCol<'a> {
+    fn of(arr: &'a dyn Array) -> Option<Self> {
+        Some(match arr.data_type() {
+            DataType::Utf8 => Self::Utf8(arr.as_string::<i32>()),
+            DataType::LargeUtf8 => Self::LargeUtf8(arr.as_string::<i64>()),
+            DataType::Utf8View => Self::Utf8View(arr.as_string_view()),
+            DataType::Binary => Self::Binary(arr.as_binary::<i32>()),
+            DataType::LargeBinary => Self::LargeBinary(arr.as_binary::<i64>()),
+            DataType::BinaryView => Self::BinaryView(arr.as_binary_view()),
+            DataType::FixedSizeBinary(_) => Self::Fixed(arr.as_fixed_size_binary()),
+            _ => return None,
+        })
+    }
+
+    fn value(&self, i: usize) -> &'a [u8] {
+        match self {
+            Self::Utf8(a) => a.value(i).as_bytes(),
+            Self::LargeUtf8(a) => a.value(i).as_bytes(),
+            Self::Utf8View(a) => a.value(i).as_bytes(),
+            Self::Binary(a) => a.value(i),
+            Self::LargeBinary(a) => a.value(i),
+            Self::BinaryView(a) => a.value(i),
+            Self::Fixed(a) => a.value(i),
+        }
+    }
+
+    fn is_text(&self) -> bool {
+        matches!(self, Self::Utf8(_) | Self::LargeUtf8(_) | Self::Utf8View(_))
+    }
+}
+
+fn is_integer(dt: &DataType) -> bool {
+    matches!(
+        dt,
+        DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::UInt8
+            | DataType::UInt16
+            | DataType::UInt32
+            | DataType::UInt64
+    )
+}
+
+/// Value `i` of an integer column as i128 (wide enough for every Arrow integer type).
+fn int_value(arr: &dyn Array, i: usize) -> i128 {
+    match arr.data_type() {
+        DataType::Int8 => arr.as_primitive::<Int8Type>().value(i).into(),
+        DataType::Int16 => arr.as_primitive::<Int16Type>().value(i).into(),
+        DataType::Int32 => arr.as_primitive::<Int32Type>().value(i).into(),
+        DataType::Int64 => arr.as_primitive::<Int64Type>().value(i).into(),
+        DataType::UInt8 => arr.as_primitive::<UInt8Type>().value(i).into(),
+        DataType::UInt16 => arr.as_primitive::<UInt16Type>().value(i).into(),
+        DataType::UInt32 => arr.as_primitive::<UInt32Type>().value(i).into(),
+        DataType::UInt64 => arr.as_primitive::<UInt64Type>().value(i).into(),
+        _ => 0,
+    }
+}
+
+/// Fails on the first null of `arr`, naming it as row `base + i` of `what`.
+fn no_nulls(arr: &dyn Array, base: usize, what: &str) -> Result<()> {
+    if arr.null_count() == 0 {
+        return Ok(());
+    }
+    let i = (0..arr.len()).find(|&i| arr.is_null(i)).unwrap_or(0);
+    value_err(format!(
+        "{what} is null at row {}: every row needs a value",
+        base + i
+    ))
+}
+
+/// Explicit keys of a key column (string, binary or integer), N*16 bytes.
+pub fn explicit_keys(chunks: &[ArrayRef], what: &str) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(chunks.iter().map(|c| c.len()).sum::<usize>() * KEY_LEN);
+    let mut base = 0;
+    for chunk in chunks {
+        let arr = chunk.as_ref();
+        no_nulls(arr, base, what)?;
+        if let Some(col) = ByteCol::of(arr) {
+            let mut ids = Vec::with_capacity(arr.len());
+            let mut total = 0;
+            for i in 0..arr.len() {
+                let id = col.value(i);
+                if let Some(problem) = keys::explicit_id_problem(id) {
+                    return value_err(format!("{what} at row {}: the id {problem}", base + i));
+                }
+                total += id.len();
+                ids.push(id);
+            }
+            out.extend(keys::hash_batch(&ids, total, |part, dst| {
+                keys::each_key_into(part, dst, |id| keys::explicit_key(id))
+            }));
+        } else if is_integer(arr.data_type()) {
+            let mut text = String::new();
+            for i in 0..arr.len() {
+                text.clear();
+                let _ = write!(text, "{}", int_value(arr, i));
+                out.extend_from_slice(&keys::explicit_key(text.as_bytes()));
+            }
+        } else {
+            return type_err(format!(
+                "{what} has type {}; a key column must be string, binary or integer",
+                arr.data_type()
+            ));
+        }
+        base += arr.len();
+    }
+    Ok(out)
+}
+
+/// Values of a payload column (binary or string), each as its bytes, in order.
+pub fn payload_values<'a>(chunks: &'a [ArrayRef], what: &str) -> Result<Vec<&'a [u8]>> {
+    let mut out = Vec::with_capacity(chunks.iter().map(|c| c.len()).sum());
+    let mut base = 0;
+    for chunk in chunks {
+        let arr = chunk.as_ref();
+        let Some(col) = ByteCol::of(arr) else {
+            return type_err(format!(
+                "{what} has type {}; a payload column must be binary or string",
+                arr.data_type()
+            ));
+        };
+        no_nulls(arr, base, what)?;
+        out.extend((0..arr.len()).map(|i| col.value(i)));
+        base += arr.len();
+    }
+    Ok(out)
+}
+
+/// Content keys (MD5) of byte strings, N*16 bytes; large batches use several cores.
+pub fn content_keys(values: &[&[u8]]) -> Vec<u8> {
+    let total = values.iter().map(|v| v.len()).sum();
+    keys::hash_batch(values, total, keys::content_keys_into)
+}
+
+/// Row payloads in one buffer: row `i` is `data[offsets[i]..offsets[i + 1]]`.
+#[derive(Debug, Default)]
+pub struct Rows {
+    pub data: Vec<u8>,
+    pub offsets: Vec<usize>,
+}
+
+impl Rows {
+    pub fn len(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+
+    pub fn row(&self, i: usize) -> &[u8] {
+        &self.data[self.offsets[i]..self.offsets[i + 1]]
+    }
+
+    pub fn slices(&self) -> Vec<&[u8]> {
+        (0..self.len()).map(|i| self.row(i)).collect()
+    }
+}
+
+/// The top-level columns of a batch chunk (a struct array), with their names.
+pub fn struct_of<'a>(chunk: &'a ArrayRef, what: &str) -> Result<&'a StructArray> {
+    match chunk.data_type() {
+        DataType::Struct(_) => Ok(chunk.as_struct()),
+        dt => type_err(format!(
+            "{what} must be a record batch or table (a struct of columns), not {dt}"
+        )),
+    }
+}
+
+/// Canonical JSON of every row of `chunks` (struct arrays: record batches), leaving out the
+/// top-level columns named in `exclude`.
+pub fn json_rows(chunks: &[ArrayRef], exclude: &[String]) -> Result<Rows> {
+    let mut rows = Rows {
+        data: Vec::new(),
+        offsets: vec![0],
+    };
+    let mut base = 0;
+    for chunk in chunks {
+        let batch = struct_of(chunk, "the batch")?;
+        let fields = sorted_fields(batch, |name| !exclude.iter().any(|e| e == name))?;
+        rows.data.reserve(batch.len() * 64);
+        for i in 0..batch.len() {
+            write_object(&fields, i, &mut rows.data).map_err(|e| at_row(e, base + i))?;
+            rows.offsets.push(rows.data.len());
+        }
+        base += batch.len();
+    }
+    Ok(rows)
+}
+
+fn at_row(e: ArrowKeyError, row: usize) -> ArrowKeyError {
+    match e {
+        ArrowKeyError::Value(m) => ArrowKeyError::Value(format!("row {row}: {m}")),
+        t => t,
+    }
+}
+
+/// (pre-encoded `"name":`, column) pairs in byte order of the names.
+type Fields<'a> = Vec<(Vec<u8>, &'a dyn Array)>;
+
+fn sorted_fields<'a>(s: &'a StructArray, keep: impl Fn(&str) -> bool) -> Result<Fields<'a>> {
+    let DataType::Struct(defs) = s.data_type() else {
+        return Ok(Vec::new());
+    };
+    let mut named: Vec<(&str, &dyn Array)> = defs
+        .iter()
+        .zip(s.columns())
+        .filter(|(f, _)| keep(f.name()))
+        .map(|(f, c)| (f.name().as_str(), c.as_ref()))
+        .collect();
+    named.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    if let Some(w) = named.windows(2).find(|w| w[0].0 == w[1].0) {
+        return value_err(format!(
+            "two columns are named '{}': canonical JSON needs unique names",
+            w[0].0
+        ));
+    }
+    for (name, col) in &named {
+        check_json_type(col.data_type(), name)?;
+    }
+    Ok(named
+        .into_iter()
+        .map(|(name, col)| {
+            let mut key = Vec::with_capacity(name.len() + 3);
+            write_json_string(name.as_bytes(), &mut key);
+            key.push(b':');
+            (key, col)
+        })
+        .collect())
+}
+
+fn write_object(fields: &Fields<'_>, i: usize, out: &mut Vec<u8>) -> Result<()> {
+    out.push(b'{');
+    for (n, (key, col)) in fields.iter().enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(key);
+        write_json_value(*col, i, out)?;
+    }
+    out.push(b'}');
+    Ok(())
+}
+
+/// Fails unless canonical JSON defines a form for `dt` (checked once per column, up front).
+fn check_json_type(dt: &DataType, name: &str) -> Result<()> {
+    match dt {
+        DataType::Null
+        | DataType::Boolean
+        | DataType::Float32
+        | DataType::Float64
+        | DataType::Utf8
+        | DataType::LargeUtf8
+        | DataType::Utf8View
+        | DataType::Binary
+        | DataType::LargeBinary
+        | DataType::BinaryView
+        | DataType::FixedSizeBinary(_)
+        | DataType::Date32
+        | DataType::Date64
+        | DataType::Timestamp(_, _)
+        | DataType::Decimal128(_, _) => Ok(()),
+        d if is_integer(d) => Ok(()),
+        DataType::List(f) | DataType::LargeList(f) => check_json_type(f.data_type(), name),
+        DataType::Struct(fs) => fs
+            .iter()
+            .try_for_each(|f| check_json_type(f.data_type(), name)),
+        other => type_err(format!(
+            "column '{name}' has type {other}, which canonical JSON does not cover (null, bool, \
+             integers, floats, decimal128, strings, binary, dates, timestamps, lists, structs): \
+             cast it, or write a payload column"
+        )),
+    }
+}
+
+/// Canonical JSON of value `i` of `arr`; the format every process must agree on:
+/// - objects (rows, structs): fields sorted by the UTF-8 bytes of their names, `{"a":1,"b":2}`,
+///   no whitespace, null fields written as `null`;
+/// - strings: UTF-8 as is, escaping only `"`, `\` and control characters (`\b \f \n \r \t`, other
+///   ones as `\u00XX` with lowercase hex), like Python's `json.dumps(..., ensure_ascii=False)`;
+/// - integers: decimal; decimal128: its exact text with its scale (`1.50`);
+/// - floats: ECMAScript's shortest round-trip form (RFC 8785): `1`, `0.1`, `1e+21`, `1.5e-7`;
+///   float32 values use their own shortest digits (float32 0.1 -> `0.1`); NaN and infinities are
+///   refused;
+/// - binary: standard padded base64 in a string;
+/// - date: `"YYYY-MM-DD"`; timestamp: the instant in UTC, `"YYYY-MM-DDTHH:MM:SS[.fff]Z"` with 0, 3,
+///   6 or 9 fraction digits (the fewest that are exact, whatever the unit);
+/// - lists: `[v,...]`.
+pub fn write_json_value(arr: &dyn Array, i: usize, out: &mut Vec<u8>) -> Result<()> {
+    if arr.is_null(i) {
+        out.extend_from_slice(b"null");
+        return Ok(());
+    }
+    let dt = arr.data_type();
+    if let Some(col) = ByteCol::of(arr) {
+        if col.is_text() {
+            write_json_string(col.value(i), out);
+        } else {
+            out.push(b'"');
+            base64(col.value(i), out);
+            out.push(b'"');
+        }
+        return Ok(());
+    }
+    if is_integer(dt) {
+        let _ = std::io::Write::write_fmt(out, format_args!("{}", int_value(arr, i)));
+        return Ok(());
+    }
+    match dt {
+        DataType::Boolean => {
+            let v = arr.as_boolean().value(i);
+            out.extend_from_slice(if v { b"true" } else { b"false" });
+        }
+        DataType::Float64 => {
+            write_es_number(arr.as_primitive::<Float64Type>().value(i), out)?;
+        }
+        DataType::Float32 => {
+            write_es_number_f32(arr.as_primitive::<Float32Type>().value(i), out)?;
+        }
+        DataType::Decimal128(_, _) => {
+            let text = arr
+                .as_primitive::<arrow_array::types::Decimal128Type>()
+                .value_as_string(i);
+            out.extend_from_slice(text.as_bytes());
+        }
+        DataType::Date32 => {
+            let days = arr.as_primitive::<Date32Type>().value(i);
+            out.push(b'"');
+            write_date(i64::from(days), out);
+            out.push(b'"');
+        }
+        DataType::Date64 => {
+            let ms = arr.as_primitive::<Date64Type>().value(i);
+            out.push(b'"');
+            write_date(ms.div_euclid(86_400_000), out);
+            out.push(b'"');
+        }
+        DataType::Timestamp(unit, _) => {
+            let (per_sec, v) = match unit {
+                TimeUnit::Second => (1, arr.as_primitive::<TimestampSecondType>().value(i)),
+                TimeUnit::Millisecond => (
+                    1_000,
+                    arr.as_primitive::<TimestampMillisecondType>().value(i),
+                ),
+                TimeUnit::Microsecond => (
+                    1_000_000,
+                    arr.as_primitive::<TimestampMicrosecondType>().value(i),
+                ),
+                TimeUnit::Nanosecond => (
+                    1_000_000_000,
+                    arr.as_primitive::<TimestampNanosecondType>().value(i),
+                ),
+            };
+            let secs = v.div_euclid(per_sec);
+            let nanos = v.rem_euclid(per_sec) * (1_000_000_000 / per_sec);
+            out.push(b'"');
+            write_timestamp(secs, nanos, out);
+            out.push(b'"');
+        }
+        DataType::List(_) => write_list(arr.as_list::<i32>().value(i), out)?,
+        DataType::LargeList(_) => write_list(arr.as_list::<i64>().value(i), out)?,
+        DataType::Struct(_) => {
+            let s = arr.as_struct();
+            let fields = sorted_fields(s, |_| true)?;
+            write_object(&fields, i, out)?;
+        }
+        DataType::Null => out.extend_from_slice(b"null"),
+        other => {
+            return type_err(format!("canonical JSON does not cover type {other}"));
+        }
+    }
+    Ok(())
+}
+
+fn write_list(items: ArrayRef, out: &mut Vec<u8>) -> Result<()> {
+    out.push(b'[');
+    for j in 0..items.len() {
+        if j > 0 {
+            out.push(b',');
+        }
+        write_json_value(items.as_ref(), j, out)?;
+    }
+    out.push(b']');
+    Ok(())
+}
+
+/// A JSON string of UTF-8 bytes (valid UTF-8: Arrow string columns are validated on import).
+pub fn write_json_string(s: &[u8], out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push(b'"');
+    let mut start = 0;
+    for (i, &b) in s.iter().enumerate() {
+        let esc: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&s[start..i]);
+        if esc.is_empty() {
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[usize::from(b >> 4)]);
+            out.push(HEX[usize::from(b & 15)]);
+        } else {
+            out.extend_from_slice(esc);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&s[start..]);
+    out.push(b'"');
+}
+
+/// ECMAScript Number::toString of the shortest round-trip digits in `sci` (Rust's `{:e}`).
+fn write_es_digits(negative: bool, sci: &str, out: &mut Vec<u8>) {
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((sci, "0"));
+    let digits: Vec<u8> = mantissa.bytes().filter(u8::is_ascii_digit).collect();
+    let k = digits.len() as i64;
+    let n = exp.parse::<i64>().unwrap_or(0) + 1; // value = 0.d1d2..dk * 10^n
+    if negative {
+        out.push(b'-');
+    }
+    if k <= n && n <= 21 {
+        out.extend_from_slice(&digits);
+        out.extend(std::iter::repeat_n(b'0', (n - k) as usize));
+    } else if 0 < n && n <= 21 {
+        out.extend_from_slice(&digits[..n as usize]);
+        out.push(b'.');
+        out.extend_from_slice(&digits[n as usize..]);
+    } else if -6 < n && n <= 0 {
+        out.extend_from_slice(b"0.");
+        out.extend(std::iter::repeat_n(b'0', (-n) as usize));
+        out.extend_from_slice(&digits);
+    } else {
+        out.push(digits[0]);
+        if k > 1 {
+            out.push(b'.');
+            out.extend_from_slice(&digits[1..]);
+        }
+        let e = n - 1;
+        let _ = std::io::Write::write_fmt(
+            out,
+            format_args!("e{}{}", if e > 0 { "+" } else { "-" }, e.abs()),
+        );
+    }
+}
+
+fn not_finite(v: f64) -> Result<()> {
+    value_err(format!(
+        "{v} has no JSON form; replace NaN and infinities before writing"
+    ))
+}
+
+/// A float64 in ECMAScript form (RFC 8785).
+pub fn write_es_number(v: f64, out: &mut Vec<u8>) -> Result<()> {
+    if !v.is_finite() {
+        return not_finite(v);
+    }
+    if v == 0.0 {
+        out.push(b'0');
+        return Ok(());
+    }
+    write_es_digits(v < 0.0, &format!("{:e}", v.abs()), out);
+    Ok(())
+}
+
+/// A float32 in ECMAScript form, from its own shortest digits.
+pub fn write_es_number_f32(v: f32, out: &mut Vec<u8>) -> Result<()> {
+    if !v.is_finite() {
+        return not_finite(f64::from(v));
+    }
+    if v == 0.0 {
+        out.push(b'0');
+        return Ok(());
+    }
+    write_es_digits(v < 0.0, &format!("{:e}", v.abs()), out);
+    Ok(())
+}
+
+/// Standard base64 with padding.
+pub fn base64(data: &[u8], out: &mut Vec<u8>) {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for j in 0..4 {
+            if j <= chunk.len() {
+                out.push(ABC[((n >> (18 - 6 * j)) & 63) as usize]);
+            } else {
+                out.push(b'=');
+            }
+        }
+    }
+}
+
+/// (year, month, day) of a day count since 1970-01-01 (proleptic Gregorian; H. Hinnant's
+/// civil_from_days).
+fn civil(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn write_date(days: i64, out: &mut Vec<u8>) {
+    let (y, m, d) = civil(days);
+    let _ = std::io::Write::write_fmt(out, format_args!("{y:04}-{m:02}-{d:02}"));
+}
+
+fn write_timestamp(secs: i64, nanos: i64, out: &mut Vec<u8>) {
+    write_date(secs.div_euclid(86_400), out);
+    let s = secs.rem_euclid(86_400);
+    let _ = std::io::Write::write_fmt(
+        out,
+        format_args!("T{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60),
+    );
+    let _ = if nanos == 0 {
+        Ok(())
+    } else if nanos % 1_000_000 == 0 {
+        std::io::Write::write_fmt(out, format_args!(".{:03}", nanos / 1_000_000))
+    } else if nanos % 1_000 == 0 {
+        std::io::Write::write_fmt(out, format_args!(".{:06}", nanos / 1_000))
+    } else {
+        std::io::Write::write_fmt(out, format_args!(".{nanos:09}"))
+    };
+    out.push(b'Z');
+}
+
+/// First row whose route column disagrees with the route of its key: (row, found, expected);
+/// `found` is None for a null route.
+pub fn first_misrouted(
+    keys: &[u8],
+    partitions: u32,
+    chunks: &[ArrayRef],
+) -> Result<Option<(usize, Option<i128>, u32)>> {
+    let expected = routes(keys, partitions);
+    let mut base = 0;
+    for chunk in chunks {
+        let arr = chunk.as_ref();
+        if !is_integer(arr.data_type()) {
+            return type_err(format!(
+                "the route column has type {}; prepare() makes it an integer column",
+                arr.data_type()
+            ));
+        }
+        for i in 0..arr.len() {
+            let want = expected.get(base + i).copied().unwrap_or(u32::MAX);
+            if arr.is_null(i) {
+                return Ok(Some((base + i, None, want)));
+            }
+            let found = int_value(arr, i);
+            if found != i128::from(want) {
+                return Ok(Some((base + i, Some(found), want)));
+            }
+        }
+        base += arr.len();
+    }
+    if base != expected.len() {
+        return value_err(format!(
+            "the route column has {base} rows but there are {} keys",
+            expected.len()
+        ));
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use arrow_array::{
+        BinaryArray, Float32Array, Float64Array, Int32Array, Int64Array, LargeStringArray,
+        StringArray, TimestampMicrosecondArray, TimestampMillisecondArray, UInt8Array,
+    };
+    use arrow_schema::{Field, Fields as SchemaFields};
+
+    fn es(v: f64) -> String {
+        let mut out = Vec::new();
+        write_es_number(v, &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn ecmascript_numbers() {
+        for (v, s) in [
+            (1.0, "1"),
+            (-1.5, "-1.5"),
+            (0.1, "0.1"),
+            (100.0, "100"),
+            (1e21, "1e+21"),
+            (1e20, "100000000000000000000"),
+            (1.5e-7, "1.5e-7"),
+            (0.000001, "0.000001"),
+            (123456789.125, "123456789.125"),
+            (-0.0, "0"),
+            (5e-324, "5e-324"),
+        ] {
+            assert_eq!(es(v), s, "{v}");
+        }
+        let mut out = Vec::new();
+        write_es_number_f32(0.1f32, &mut out).unwrap();
+        assert_eq!(out, b"0.1");
+        assert!(write_es_number(f64::NAN, &mut out).is_err());
+    }
+
+    #[test]
+    fn strings_dates_base64() {
+        let mut out = Vec::new();
+        write_json_string("a\"\\\n\x01é/".as_bytes(), &mut out);
+        assert_eq!(String::from_utf8(out).unwrap(), "\"a\\\"\\\\\\n\\u0001é/\"");
+        let mut b = Vec::new();
+        base64(b"any carnal pleas", &mut b);
+        assert_eq!(b, b"YW55IGNhcm5hbCBwbGVhcw==");
+        b.clear();
+        base64(b"ab", &mut b);
+        assert_eq!(b, b"YWI=");
+        let mut d = Vec::new();
+        write_date(0, &mut d);
+        write_date(19_723, &mut d); // 2024-01-01
+        write_date(-1, &mut d);
+        assert_eq!(d, b"1970-01-012024-01-011969-12-31");
+    }
+
+    #[test]
+    fn rows_are_sorted_json_whatever_the_types() {
+        let a: ArrayRef = Arc::new(Int32Array::from(vec![1, -2]));
+        let b: ArrayRef = Arc::new(StringArray::from(vec![Some("x"), None]));
+        let f: ArrayRef = Arc::new(Float64Array::from(vec![0.5, 2.0]));
+        let s1 = StructArray::new(
+            SchemaFields::from(vec![
+                Field::new("b", DataType::Utf8, true),
+                Field::new("a", DataType::Int32, false),
+                Field::new("f", DataType::Float64, false),
+            ]),
+            vec![b, a, f],
+            None,
+        );
+        let rows = json_rows(&[Arc::new(s1) as ArrayRef], &[]).unwrap();
+        assert_eq!(rows.row(0), br#"{"a":1,"b":"x","f":0.5}"#);
+        assert_eq!(rows.row(1), br#"{"a":-2,"b":null,"f":2}"#);
+        // the same rows with wider types give the same bytes
+        let a: ArrayRef = Arc::new(Int64Array::from(vec![1, -2]));
+        let b: ArrayRef = Arc::new(LargeStringArray::from(vec![Some("x"), None]));
+        let f: ArrayRef = Arc::new(Float32Array::from(vec![0.5, 2.0]));
+        let s2 = StructArray::new(
+            SchemaFields::from(vec![
+                Field::new("f", DataType::Float32, false),
+                Field::new("b", DataType::LargeUtf8, true),
+                Field::new("a", DataType::Int64, false),
+                Field::new("route", DataType::Int64, false),
+            ]),
+            vec![f, b, a.clone(), a],
+            None,
+        );
+        let rows2 = json_rows(&[Arc::new(s2) as ArrayRef], &["route".to_owned()]).unwrap();
+        assert_eq!(rows.data, rows2.data);
+    }
+
+    #[test]
+    fn timestamps_print_the_same_instant_the_same_way() {
+        let us: ArrayRef = Arc::new(TimestampMicrosecondArray::from(vec![1_500_000, 1_000_000]));
+        let ms: ArrayRef = Arc::new(TimestampMillisecondArray::from(vec![1_500, 1_000]));
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        for i in 0..2 {
+            write_json_value(us.as_ref(), i, &mut a).unwrap();
+            write_json_value(ms.as_ref(), i, &mut b).unwrap();
+        }
+        assert_eq!(a, b);
+        assert_eq!(a, br#""1970-01-01T00:00:01.500Z""1970-01-01T00:00:01Z""#);
+    }
+
+    #[test]
+    fn explicit_keys_of_types_and_nulls() {
+        let s: ArrayRef = Arc::new(StringArray::from(vec!["12", "x"]));
+        let i: ArrayRef = Arc::new(Int64Array::from(vec![12]));
+        let u: ArrayRef = Arc::new(UInt8Array::from(vec![12]));
+        let b: ArrayRef = Arc::new(BinaryArray::from(vec![b"12".as_ref()]));
+        let ks = explicit_keys(&[s], "k").unwrap();
+        assert_eq!(&ks[..16], &keys::explicit_key(b"12"));
+        for col in [i, u, b] {
+            assert_eq!(explicit_keys(&[col], "k").unwrap(), ks[..16]);
+        }
+        let n: ArrayRef = Arc::new(StringArray::from(vec![Some("a"), None]));
+        let first: ArrayRef = Arc::new(StringArray::from(vec!["a", "b", "c"]));
+        let err = explicit_keys(&[first, n], "key column 'k'").unwrap_err();
+        assert_eq!(
+            err,
+            ArrowKeyError::Value("key column 'k' is null at row 4: every row needs a value".into())
+        );
+        let e: ArrayRef = Arc::new(StringArray::from(vec![""]));
+        assert!(matches!(
+            explicit_keys(&[e], "k"),
+            Err(ArrowKeyError::Value(_))
+        ));
+        let f: ArrayRef = Arc::new(Float64Array::from(vec![1.0]));
+        assert!(matches!(
+            explicit_keys(&[f], "k"),
+            Err(ArrowKeyError::Type(_))
+        ));
+    }
+
+    #[test]
+    fn routes_and_misrouted_rows() {
+        let mut key = [0u8; 16];
+        key[7] = 7;
+        assert_eq!(route(&key, 4), 3);
+        key[0] = 0xff;
+        let big = u64::from_be_bytes(key[..8].try_into().unwrap());
+        assert_eq!(u64::from(route(&key, 1000)), big % 1000);
+        let keys: Vec<u8> = [[0u8; 16], key].concat();
+        let good: ArrayRef = Arc::new(Int32Array::from(vec![0, route(&key, 1000) as i32]));
+        assert_eq!(first_misrouted(&keys, 1000, &[good]).unwrap(), None);
+        let bad: ArrayRef = Arc::new(Int32Array::from(vec![Some(0), None]));
+        let hit = first_misrouted(&keys, 1000, &[bad]).unwrap().unwrap();
+        assert_eq!((hit.0, hit.1), (1, None));
+    }
+}
