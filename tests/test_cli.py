@@ -15,7 +15,8 @@ import pytest
 
 import woodpecker_idem as wp
 
-ROOT = Path(__file__).resolve().parent.parent
+# children import the same woodpecker_idem as this process (the installed wheel in CI)
+PACKAGE_ROOT = str(Path(wp.__file__).resolve().parent.parent)
 
 
 def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -24,7 +25,7 @@ def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+        env={**os.environ, "PYTHONPATH": PACKAGE_ROOT},
     )
 
 

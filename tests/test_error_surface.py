@@ -16,7 +16,8 @@ import pytest
 import woodpecker_idem as wp
 from woodpecker_idem import errors
 
-ROOT = Path(__file__).resolve().parent.parent
+# children import the same woodpecker_idem as this process (the installed wheel in CI)
+PACKAGE_ROOT = str(Path(wp.__file__).resolve().parent.parent)
 
 
 # --- exports -----------------------------------------------------------------------------------
@@ -204,7 +205,7 @@ def test_calls_racing_close_get_client_closed_and_never_crash(tmp_path: Path) ->
         capture_output=True,
         text=True,
         timeout=240,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+        env={**os.environ, "PYTHONPATH": PACKAGE_ROOT},
     )
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert out.stdout.strip() == "errors [] 0", out.stdout
@@ -277,7 +278,7 @@ def test_a_read_only_data_dir_can_be_read(tmp_path: Path, way, cleanly_closed) -
             capture_output=True,
             text=True,
             timeout=60,
-            env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+            env={**os.environ, "PYTHONPATH": PACKAGE_ROOT},
         )
         if way == "ro-bind-mount" and "mount" in out.stderr and out.returncode != 0:
             pytest.skip(f"no read-only bind mount here: {out.stderr.strip()}")
