@@ -422,10 +422,11 @@ def test_metadata_outage_at_roll_writes_go_on_and_roll_later(tmp_path, wp_connec
     deadline = time.monotonic() + 10
     while len(handle.segments()) < 2:
         assert time.monotonic() < deadline, "the roll was never retried"
-        results["late"] = writer.write_async(
-            payload("late"), **({"idempotency_id": "late"} if idempotent else {})
+        late = f"late{len(results)}"  # a new key: a duplicate needs no segment (nor a roll)
+        results[late] = writer.write_async(
+            payload(late), **({"idempotency_id": late} if idempotent else {})
         )
-        results["late"].result(5)
+        results[late].result(5)
         time.sleep(0.05)
     assert meta.injected == 4
     wait_sealed_before_current(handle)

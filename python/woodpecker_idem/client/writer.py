@@ -1,7 +1,10 @@
 """LogWriter: the single writer of a log (Woodpecker's LogWriter).
 
-`write_async` assigns (segment, entry), encodes the entry once and queues it; a flusher thread cuts
-batches (size or linger) and hands each to one worker thread per node, which retries it up to
+`write_async` assigns (segment, entry), encodes the entry once and queues it. Batches are cut by
+group commit: an entry queued while nothing of its segment is in flight is sent at once; entries
+queued while a batch is in flight go together as the next batch when its ack arrives or when they
+fill a batch (or after `append.linger_ms` if a node failed the batch in flight once and it is
+being retried). Each batch goes to one worker thread per node, which retries it up to
 `append.max_retries` times. A batch commits at aq acks, in entry order. A node that keeps failing is
 dropped from the segment; when fewer than aq nodes remain, the segment is completed by the recovery
 rule and its pending entries are resolved against it (present -> committed, absent -> dropped with
@@ -314,21 +317,70 @@ class LogWriter:
         # burst) raised in encode_entry or above leaves no id taken without its entry queued.
         unsent = seg.unsent
         was_empty = not unsent
+        if was_empty:
+            seg.unsent_since = now
         self._seq += 1
         seg.next_entry_id = entry_id + 1
         seg.pending.append(entry)
         unsent.append(entry)
         seg.by_entry[entry_id] = entry
-        if was_empty:
-            seg.unsent_since = now
-            self._wake.notify()
         seg.unsent_bytes += size
         seg.size_bytes += size
         self._inflight_entries += 1
         self._inflight_bytes += size
-        if len(unsent) >= self._max_batch_entries or seg.unsent_bytes >= self._max_batch_bytes:
-            self._wake.notify()
+        if (
+            not seg.batches
+            or len(unsent) >= self._max_batch_entries
+            or seg.unsent_bytes >= self._max_batch_bytes
+        ):
+            self._send_locked(seg)
         return entry
+
+    def _send_locked(self, seg: SegmentHandle) -> None:
+        """Group commit: cut `seg`'s unsent entries into batches and hand them to the node senders.
+
+        With nothing of the segment in flight they go at once: a lone write waits for no company.
+        While a batch is in flight, entries that do not fill a batch wait for its ack (which calls
+        this again): they go together as the next batch, so under load batches grow to what
+        arrives during one durable put (sending them early would gain nothing: commits go in
+        entry order and each node stores batches one at a time). Only a batch some node failed
+        once (being retried) holds them at most `append.linger_ms`: then they go too and wait
+        at the nodes behind it. Submitting under the lock keeps every node's queue in order.
+        """
+        if seg.status is not SegmentStatus.OPEN and seg.status is not SegmentStatus.ROLLED:
+            return
+        max_entries = self._max_batch_entries
+        max_bytes = self._max_batch_bytes
+        while seg.unsent:
+            if (
+                seg.batches
+                and seg.status is SegmentStatus.OPEN
+                and len(seg.unsent) < max_entries
+                and seg.unsent_bytes < max_bytes
+                and (
+                    len(seg.batches) > 1
+                    or not seg.batches[0].retrying
+                    or time.monotonic() - seg.unsent_since < self._linger_s
+                )
+            ):
+                return  # held for the ack of the batch in flight
+            batch = seg.take_batch(max_entries, max_bytes)
+            if seg.lac > seg.lac_sent:
+                seg.lac_sent = seg.lac  # the batch carries the LAC
+            failed = seg.failed_nodes
+            for node in seg.meta.nodes:
+                if node in failed:
+                    batch.failed.add(node)
+                else:
+                    self._workers[node].submit(seg, batch)
+            if seg.unsent:
+                seg.unsent_since = time.monotonic()
+
+    def _send_due(self, seg: SegmentHandle, now: float) -> float | None:
+        """Seconds until `seg`'s held entries go without an ack (None: they wait for one)."""
+        if not seg.unsent or len(seg.batches) != 1 or not seg.batches[0].retrying:
+            return None
+        return seg.unsent_since + self._linger_s - now
 
     def _wait_for_room_locked(self, size: int) -> None:
         """Backpressure: block until in-flight entries/bytes fall below the limits."""
@@ -379,7 +431,11 @@ class LogWriter:
                 return seg
             self._roll_backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
             seg.status = SegmentStatus.ROLLED
-            self._wake.notify()
+            if seg.drained():
+                seg.status = SegmentStatus.DONE
+                self._maint.submit(self._complete_drained, seg)
+            else:
+                self._send_locked(seg)  # its held entries need not wait for company any more
             self.metrics["segments_rolled"] += 1
             seg = new
         return seg
@@ -408,9 +464,6 @@ class LogWriter:
             if self._closed:
                 self._check_open_locked()
             target = self._seq
-            for seg in self._segments.values():
-                seg.unsent_since = 0.0  # send now
-            self._wake.notify()
             while self._fenced is None:
                 oldest = min(
                     (s.pending[0].seq for s in self._segments.values() if s.pending),
@@ -503,10 +556,11 @@ class LogWriter:
     def _on_close(self) -> None:
         """The writer closed (fenced or not): stop what the subclass runs."""
 
-    def _process_intake(self) -> float | None:
-        """Flusher thread, without the lock: admit queued `_intake` writes that are due; returns
-        the seconds until the rest are."""
-        return None
+    def _admit_queued_locked(self, idle: bool) -> tuple[list, float | None]:
+        """Give queued `_intake` writes their ids if the current segment is `idle` (nothing in
+        flight) or the oldest has waited linger_ms; returns the outcomes to set after the lock
+        and the seconds until the rest are due (None: nothing queued)."""
+        return [], None
 
     # --- flusher -----------------------------------------------------------------------------
 
@@ -530,8 +584,11 @@ class LogWriter:
             if not committed:
                 return
             resolved = self._commit_locked(seg, committed)
-            if not seg.batches and (seg.unsent or self._intake):
-                self._wake.notify()  # a batch was held while this one was in flight
+            if self._intake:  # writes queued while this batch was in flight
+                current = self._current
+                admitted, _ = self._admit_queued_locked(current is None or not current.batches)
+                resolved.extend(admitted)
+            self._send_locked(seg)  # what was held while this batch was in flight
             if seg.status is SegmentStatus.ROLLED and seg.drained():
                 seg.status = SegmentStatus.DONE
                 self._maint.submit(self._complete_drained, seg)

@@ -3,8 +3,9 @@
 A producer thread queues a write (payload, properties, future) with its queueing time, and pushes
 it into a `KeyPipe`: payloads' content keys are computed 64 at a time (by the pipe's Rust thread,
 without the GIL, when a chunk is large); an explicit id's (short) key at once. Queued writes are
-admitted (given ids, in one window pass and one encoding call per batch) by the producer itself
-once a batch's keys are ready, or by the flusher when the oldest has waited `append.linger_ms`.
+admitted (given ids, in one window pass and one encoding call per batch) at once when nothing is
+in flight, else by the ack of the batch in flight (group commit), by the producer itself once a
+batch's keys are ready, or by the flusher once the oldest has waited `append.linger_ms`.
 That hashes payloads many at a time and turns per-write window and encoding calls into one per
 batch.
 Every method is called with the writer's lock held.
@@ -97,5 +98,6 @@ class Intake:
         self.payloads, self.properties, self.futures = [], [], []
         self.timestamps = array(TIMESTAMP_TYPECODE)
         self.nbytes = 0
+        self.since = 0.0
         self.pipe.clear()
         return futures
