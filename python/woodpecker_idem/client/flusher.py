@@ -47,12 +47,9 @@ class Flusher:
                     return
                 now = time.monotonic()
                 wait = TICK_S
-                current = w._current
-                if w._intake:
+                if w._hooks.queued():
                     try:
-                        admitted, due = w._admit_queued_locked(
-                            current is None or not current.batches
-                        )
+                        admitted, due = w._hooks.admit_locked(w.idle_locked())
                         if due is not None:
                             wait = min(wait, due)
                     except Exception:  # a bug must not stop the flusher (and hang every call)

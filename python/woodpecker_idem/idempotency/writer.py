@@ -1,5 +1,10 @@
 """IdempotentLogWriter: every retry of one logical write lands at most once within the window.
 
+It wraps the writer core (a `LogWriter`, as Woodpecker's idempotentWriterImpl wraps its
+LogWriter): the core assigns ids, sends, commits and completes segments and tells this layer
+through the `WriterHooks` this class implements; this layer owns the dedup window, the intake
+of queued writes and the snapshots, and calls only the core's layer API.
+
 write(msg, idempotency_id) -> key -> window lookup:
   committed -> the original id, duplicate=True, no server round trip;
   pending   -> join the in-flight entry (same future outcome, duplicate=True);
@@ -28,7 +33,8 @@ from .._core import (
 )
 from ..args import timeout_arg, wait_for
 from ..client.futures import WriteFuture
-from ..client.segment import PendingEntry
+from ..client.hooks import Outcomes
+from ..client.segment import PendingEntry, SegmentHandle
 from ..client.workers import resolve
 from ..client.writer import LogWriter, coerce_message
 from ..config import KEYS, check_value
@@ -91,10 +97,8 @@ class WriteManyResult:
         return LogMessageId(self.segment_ids[i], self.entry_ids[i])
 
 
-class IdempotentLogWriter(LogWriter):
-    """A LogWriter with a dedup window, snapshots and window recovery."""
-
-    _intake: Intake
+class IdempotentLogWriter:
+    """A dedup window, snapshots and window recovery over a writer core (`core`)."""
 
     def __init__(
         self,
@@ -112,9 +116,17 @@ class IdempotentLogWriter(LogWriter):
         self._new_keys = 0
         self._duplicates = 0
         self._intake = Intake()
+        self._handle = handle
+        self.log_id = handle.log_id
+        self._clock = handle.client.clock
         self.recovery: RecoveryReport | None = None
         self._snapshotter: Snapshotter | None = None
-        super().__init__(handle)  # takes over, completes segments, rebuilds the window, opens one
+        # takes over, completes segments, calls taken_over (window rebuilt), opens one
+        self._core = core = LogWriter(handle, hooks=self)
+        self._lock = core.lock  # the core's lock: the layer API and these hooks run under it
+        self._max_entry_bytes = core.max_entry_bytes
+        self.epoch = core.epoch
+        self.owner = core.owner
         self._snapshotter = Snapshotter(
             handle.client.objects,
             self.log_id,
@@ -128,10 +140,30 @@ class IdempotentLogWriter(LogWriter):
             cfg.snapshots_kept,
         )
 
+    @property
+    def core(self) -> LogWriter:
+        """The writer core this layer wraps (ids, sends, commits, segments)."""
+        return self._core
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The core's counters (segments rolled and repaired, background retries)."""
+        return self._core.metrics
+
+    @property
+    def fenced(self) -> bool:
+        return self._core.fenced
+
+    def __enter__(self) -> IdempotentLogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # --- recovery (runs inside LogWriter.__init__, before any write is accepted) ---------------
 
-    def _take_over_segments(self) -> None:
-        super()._take_over_segments()
+    def taken_over(self) -> None:
+        """Hook: rebuild the window (snapshot + gap) before the core accepts any write."""
         client = self._handle.client
         report, covered = rebuild_window(
             self._window,
@@ -216,8 +248,7 @@ class IdempotentLogWriter(LogWriter):
         """The original result if `key` is committed in the window and no write is queued ahead
         of this one (an earlier queued write of the same key must be judged first, DESIGN.md
         1.1); then the write needs neither the intake nor the nodes."""
-        if self._fenced is not None or self._closed:
-            self._check_open_locked()
+        self._core.check_open_locked()
         if self._intake.futures:
             return None
         hit = self._window.get(key, self._clock.now_ms())
@@ -233,20 +264,27 @@ class IdempotentLogWriter(LogWriter):
             "a retry with the same key joins it and returns its id"
         )
 
-    def _queue_locked(self, payload: bytes, props: dict | None, ident, future, key=None):
+    def _queue_locked(
+        self,
+        payload: bytes,
+        props: dict | None,
+        ident: str | bytes | None,
+        future: Future,
+        key: bytes | None = None,
+        alone: bool = True,
+    ) -> list | None:
         """Queue one write; its key is `key` if given (computed already), else that of `ident`
-        (an explicit id), else the payload's. Returns the outcomes to set after the lock."""
-        if self._fenced is not None or self._closed:
-            self._check_open_locked()
+        (an explicit id), else the payload's. `alone`: admitted at once if nothing is in flight
+        (False: the caller queues more rows and admits them together). Returns the outcomes to
+        set after the lock."""
+        core = self._core
+        core.check_open_locked()
         size = len(payload) + OVERHEAD
         early = None
-        if (
-            self._inflight_entries >= self._max_inflight_entries
-            or self._inflight_bytes + size > self._max_inflight_bytes
-        ):
+        if core.full_locked(size):
             if self._intake.futures:  # room comes from commits: queued writes must be entries
                 early = self._admit_locked(self._intake.take())
-            self._wait_for_room_locked(size)
+            core.wait_for_room_locked(size)
         intake = self._intake
         stamps = intake.timestamps
         stamps.append(self._clock.now_ms())
@@ -266,15 +304,13 @@ class IdempotentLogWriter(LogWriter):
         intake.payloads.append(payload)
         intake.properties.append(props)
         futures.append(future)
-        self._inflight_entries += 1
-        self._inflight_bytes += size
+        core.hold_locked(1, size)
         intake.nbytes += size
-        seg = self._current
-        if seg is None or not seg.batches:  # nothing in flight: no company worth waiting for
+        if alone and core.idle_locked():  # nothing in flight: no company worth waiting for
             resolved = self._admit_locked(intake.take())
             return early + resolved if early else resolved
         if len(futures) == 1:
-            self._wake.notify()  # the flusher admits it after linger_ms unless an ack comes first
+            core.wake_locked()  # the flusher admits it after linger_ms unless an ack comes first
         if len(futures) >= ADMIT_AT and len(futures) % 16 == 0:
             ready = intake.pipe.ready_count()
             if ready >= ADMIT_MIN:
@@ -282,34 +318,33 @@ class IdempotentLogWriter(LogWriter):
                 return early + resolved if early else resolved
         return early
 
-    def _admit_queued_locked(self, idle: bool) -> tuple[list, float | None]:
+    # --- hooks: admission (the core calls these with its lock held) -------------------------------
+
+    def queued(self) -> int:
+        return len(self._intake.futures)
+
+    def admit_locked(self, idle: bool) -> tuple[Outcomes, float | None]:
         """Admit every queued write if nothing is in flight in the current segment (`idle`: an
         ack just came) or the oldest has waited linger_ms; returns the outcomes to set after the
         lock and the seconds until the queued writes are due (None: nothing queued)."""
         if not self._intake.futures:
             return [], None
         if not idle:
-            due = self._intake.since + self._linger_s - time.monotonic()
+            due = self._intake.since + self._core.linger_s - time.monotonic()
             if due > 0:
                 return [], due
         return self._admit_locked(self._intake.take()), None
 
     def _admit_locked(self, batch: IntakeBatch) -> list:
         """Give queued writes their ids; returns the outcomes to set after the lock."""
-        n = len(batch.futures)
         resolved: list = []
-        self._inflight_entries -= n
-        self._inflight_bytes -= batch.nbytes
-        if self._fenced is not None or self._closed:
-            exc = (
-                WriterFencedError(str(self._fenced))
-                if self._fenced is not None
-                else WriterClosedError(f"writer of log {self.log_id} closed")
-            )
-            resolved = [(f, exc) for f in batch.futures]
-        else:
-            self._assign_locked(batch, resolved)
-        self._space.notify_all()
+        core = self._core
+        core.release_locked(len(batch.futures), batch.nbytes)
+        try:
+            core.check_open_locked()
+        except WoodpeckerError as exc:  # fenced or closed: nobody will send them
+            return [(f, exc) for f in batch.futures]
+        self._assign_locked(batch, resolved)
         return resolved
 
     def _assign_locked(self, batch: IntakeBatch, resolved: list) -> None:
@@ -320,9 +355,10 @@ class IdempotentLogWriter(LogWriter):
             self._next_evict_ms = stamps[0] + self._evict_every_ms
         n = len(stamps)
         start = 0
+        core = self._core
         while start < n:
             try:
-                seg = self._writable_segment_locked()
+                seg = core.writable_segment_locked()
             except WriterFencedError as exc:  # a roll found the log taken over
                 resolved.extend(
                     (batch.futures[i], WriterFencedError(str(exc))) for i in range(start, n)
@@ -335,13 +371,10 @@ class IdempotentLogWriter(LogWriter):
                 return
             # a chunk stays within the segment's entry and byte limits; rolls happen in between
             # (a segment past them could not be rolled: the rest goes into it, see the roll)
-            room = self._roll_entries - seg.next_entry_id
+            room, room_bytes = core.segment_room_locked(seg)
             end = min(n, start + room) if room > 0 else n
-            if (
-                self._roll_bytes > seg.size_bytes
-                and seg.size_bytes + batch.nbytes >= self._roll_bytes
-            ):
-                room = self._roll_bytes - seg.size_bytes
+            if 0 < room_bytes <= batch.nbytes:
+                room = room_bytes
                 for i in range(start, end):
                     room -= len(batch.payloads[i]) + OVERHEAD
                     if room <= 0:
@@ -353,43 +386,38 @@ class IdempotentLogWriter(LogWriter):
             self._enqueue_locked(seg, batch, start, end, status, seg_col, ent_col, resolved)
             start = end
 
-    def _enqueue_locked(self, seg, batch, start, end, status, seg_col, ent_col, resolved):
-        """The hot loop of admission: kept flat on purpose (no per-entry helper calls)."""
+    def _enqueue_locked(
+        self,
+        seg: SegmentHandle,
+        batch: IntakeBatch,
+        start: int,
+        end: int,
+        status: bytes,
+        seg_col: bytes,
+        ent_col: bytes,
+        resolved: list,
+    ) -> None:
+        """Rows start..end of an admitted batch, judged by the window: new ones become entries
+        (one encoding call, the core's one enqueue path), duplicates are answered or joined."""
         whole = start == 0 and end == len(batch.futures)
         cut = slice(start, end)
         futures = batch.futures if whole else batch.futures[cut]
         keys = batch.keys if whole else batch.keys[16 * start : 16 * end]
-        segment_id = seg.segment_id
-        first = entry_id = seg.next_entry_id
         records = encode_new_entries(
             status,
-            segment_id,
-            first,
+            seg.segment_id,
+            seg.next_entry_id,
             batch.timestamps if whole else batch.timestamps[cut],
             batch.payloads if whole else batch.payloads[cut],
             batch.properties if whole else batch.properties[cut],
             keys,
         )
-        deadline = time.monotonic() + self._timeout_s
-        pending = seg.pending
-        unsent = seg.unsent
-        was_empty = not unsent
-        by_entry = seg.by_entry
-        added = 0
-        seq = self._seq
         duplicates = len(records) != len(futures)
         if duplicates:
             new_futures = [futures[i] for i, code in enumerate(status) if not code]
         else:  # the common case
             new_futures = futures
-        for record, future in zip(records, new_futures, strict=True):
-            seq += 1
-            entry = PendingEntry(seq, segment_id, entry_id, record, future, deadline)
-            pending.append(entry)
-            unsent.append(entry)
-            by_entry[entry_id] = entry
-            added += len(record)
-            entry_id += 1
+        self._core.enqueue_locked(seg, records, new_futures, batch.since)
         if duplicates:  # after the new entries: a row may join one made by an earlier row
             for i, code in enumerate(status):
                 if code == 1:
@@ -398,22 +426,11 @@ class IdempotentLogWriter(LogWriter):
                     self._duplicates += 1
                     mid = LogMessageId(_i64(seg_col, i), _i64(ent_col, i))
                     resolved.append((futures[i], WriteResult(mid, True)))
-        self._seq = seq
-        seg.next_entry_id = entry_id
-        seg.unsent_bytes += added
-        seg.size_bytes += added
-        self._inflight_entries += entry_id - first
-        self._inflight_bytes += added
-        if was_empty and unsent:
-            seg.unsent_since = batch.since  # the linger started when the oldest was queued
-        self._send_locked(seg)
-        if was_empty and unsent:
-            self._wake.notify()  # held behind a batch in flight: the flusher knows for how long
 
     def _admit_one_unavailable_locked(self, future, key: bytes, ts: int, resolved) -> None:
         hit = self._window.get(key, ts)
         if hit is None:
-            resolved.append((future, self._unavailable_error()))
+            resolved.append((future, self._core.unavailable_error()))
         elif hit.committed:
             self._duplicates += 1
             mid = LogMessageId(hit.segment_id, hit.entry_id)
@@ -422,17 +439,8 @@ class IdempotentLogWriter(LogWriter):
             self._join_locked(hit.segment_id, hit.entry_id, future)
 
     def _join_locked(self, segment_id: int, entry_id: int, future: Future) -> None:
-        seg = self._segments.get(segment_id)
-        entry = seg.by_entry.get(entry_id) if seg is not None else None
-        if entry is None:  # cannot happen while pending keys and segments move together
-            raise RuntimeError(f"pending key without its entry {segment_id}:{entry_id}")
-        if entry.joiners is None:
-            entry.joiners = []
-        entry.joiners.append(future)
+        self._core.join_locked(segment_id, entry_id, future)
         self._duplicates += 1
-        if entry.timed_out:  # a retry after a timeout gets a fresh deadline
-            entry.timed_out = False
-            entry.deadline = time.monotonic() + self._timeout_s
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every write queued before this call is committed or failed."""
@@ -440,14 +448,12 @@ class IdempotentLogWriter(LogWriter):
             resolved = self._admit_locked(self._intake.take()) if self._intake.futures else None
         if resolved:
             resolve(resolved)
-        super().flush(timeout)
+        self._core.flush(timeout)
 
     def close(self, timeout: float | None = 30.0) -> None:
-        super().close(timeout)
-        with self._lock:  # writes queued during the close: nobody will admit them
-            futures = self._intake.drop()
-        exc = WriterClosedError(f"writer of log {self.log_id} closed before this write was queued")
-        resolve([(f, exc) for f in futures])
+        """Admit what is queued, then close the core (`LogWriter.close`); writes queued during
+        the close fail with `WriterClosedError`; a clean close leaves a fresh snapshot."""
+        self._core.close(timeout)
 
     def write_many(
         self,
@@ -473,28 +479,46 @@ class IdempotentLogWriter(LogWriter):
             p if isinstance(p, bytes) and len(p) <= limit else self._checked_row(p, i)
             for i, p in enumerate(payloads)
         ]
+        return self._write_keyed_rows(checked, keys, wait)
+
+    def _write_keyed_rows(
+        self, payloads: list[bytes], keys: bytes, wait: float | None
+    ) -> WriteManyResult:
+        """The one entry point for rows checked already: `payloads` are bytes within
+        append.max_entry_bytes, `keys` their N*16-byte keys (hashed by the caller, e.g. in Rust
+        from an Arrow batch). Committed keys are answered at once (unless writes are queued
+        ahead), the rest queued through the intake together; waits up to `wait` seconds."""
+        n = len(payloads)
+        if len(keys) != 16 * n:
+            raise InvalidArgumentError(f"{len(keys)} key bytes for {n} rows (16 per row)")
         futures: list[tuple[int, Future]] = []
         resolved: list = []
         with self._lock:
-            self._check_open_locked()
-            status, segs, ents = self._window.get_many(keys, self._clock.now_ms())
+            core = self._core
+            core.check_open_locked()
+            if self._intake.futures:  # writes queued ahead are judged first: no early answers
+                status, segs, ents = bytes(n), bytes(8 * n), bytes(8 * n)
+            else:
+                status, segs, ents = self._window.get_many(keys, self._clock.now_ms())
             seg_ids = array("q")
             seg_ids.frombytes(segs)
             entry_ids = array("q")
             entry_ids.frombytes(ents)
-            duplicate = bytearray(b"\x01" * len(payloads))
+            duplicate = bytearray(b"\x01" * n)
             committed = status.count(2)
             self._duplicates += committed
-            if committed != len(payloads):
-                for i in range(len(payloads)):
+            if committed != n:
+                for i in range(n):
                     if status[i] == 2:
                         continue
                     future: Future = WriteFuture()
                     key = keys[16 * i : 16 * i + 16]  # hashed once, above
-                    done = self._queue_locked(checked[i], None, None, future, key)
+                    done = self._queue_locked(payloads[i], None, None, future, key, alone=False)
                     if done:
                         resolved.extend(done)
                     futures.append((i, future))
+                if self._intake.futures and core.idle_locked():  # the rows go as one batch
+                    resolved.extend(self._admit_locked(self._intake.take()))
         resolve(resolved)
         deadline = None if wait is None else time.monotonic() + wait
         for i, future in futures:
@@ -514,9 +538,9 @@ class IdempotentLogWriter(LogWriter):
             raise type(exc)(f"payloads[{i}]: {exc}") from None
         return payload
 
-    # --- hooks from LogWriter (lock held) ------------------------------------------------------
+    # --- hooks: entries and segments ------------------------------------------------------------
 
-    def _on_committed(self, segment_id: int, entries: list[PendingEntry]) -> None:
+    def committed_locked(self, segment_id: int, entries: list[PendingEntry]) -> None:
         window = self._window
         before = window.early_evictions
         last = entries[-1].entry_id
@@ -534,14 +558,28 @@ class IdempotentLogWriter(LogWriter):
         if self._snapshotter is not None and self._new_keys >= self._snapshotter.threshold:
             self._snapshotter.kick()
 
-    def _on_dropped(self, segment_id: int, entries: list[PendingEntry]) -> None:
+    def dropped_locked(self, segment_id: int, entries: list[PendingEntry]) -> None:
         self._window.drop_segment(segment_id)  # completed without them: all that is left
 
-    def _on_segment_completed(self, segment_id: int, last_entry_id: int) -> None:
-        with self._lock:
-            self._watermarks[segment_id] = last_entry_id
+    def segment_completed_locked(self, segment_id: int, last_entry_id: int) -> None:
+        self._watermarks[segment_id] = last_entry_id
 
-    def _on_close(self) -> None:
+    def fenced_locked(self, exc: WriterFencedError) -> Outcomes:
+        if self._snapshotter is not None:
+            self._snapshotter.cancel()
+        return [(f, WriterFencedError(str(exc))) for f in self._intake.drop()]
+
+    def closing(self) -> None:
+        with self._lock:
+            resolved = self._admit_locked(self._intake.take()) if self._intake.futures else None
+        if resolved:
+            resolve(resolved)
+
+    def closed(self) -> None:
+        with self._lock:  # writes queued during the close: nobody will admit them
+            futures = self._intake.drop()
+        exc = WriterClosedError(f"writer of log {self.log_id} closed before this write was queued")
+        resolve([(f, exc) for f in futures])
         if self._snapshotter is not None:
             self._snapshotter.stop()
             self._snapshotter.write_now()  # a clean close leaves a fresh snapshot (if still owner)
@@ -551,33 +589,16 @@ class IdempotentLogWriter(LogWriter):
     def _capture(self) -> SnapshotSource | None:
         """A committed-only copy of the window and watermarks, under one lock (DESIGN.md 7)."""
         with self._lock:
-            if self._fenced is not None:
+            if self._core.fenced:
                 return None
             marks = dict(self._watermarks)
-            for seg in self._segments.values():
-                marks[seg.segment_id] = seg.lac
+            marks.update(self._core.open_lacs_locked())
             source = SnapshotSource(self._window.clone_committed(), marks, self._new_keys)
             self._new_keys = 0
         return source
 
     def _still_owner(self) -> bool:
-        if self._fenced is not None:
-            return False
-        try:
-            self._meta.check_epoch(self.log_id, self.epoch)
-        except WriterFencedError as exc:
-            with self._lock:
-                resolved = self._fence_locked(exc)
-            resolve(resolved)
-            return False
-        return True
-
-    def _fence_locked(self, exc: WriterFencedError):
-        resolved = super()._fence_locked(exc)
-        resolved.extend((f, WriterFencedError(str(exc))) for f in self._intake.drop())
-        if self._snapshotter is not None:
-            self._snapshotter.cancel()
-        return resolved
+        return self._core.still_owner()
 
     # --- metrics -------------------------------------------------------------------------------
 
