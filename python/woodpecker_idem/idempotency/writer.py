@@ -27,14 +27,13 @@ from .._core import (
     DedupWindow,
     content_key,
     content_keys,
-    encode_new_entries,
     explicit_key,
     explicit_keys,
 )
 from ..args import timeout_arg, wait_for
 from ..client.futures import WriteFuture
 from ..client.hooks import Outcomes
-from ..client.segment import PendingEntry, SegmentHandle
+from ..client.segment import PendingEntry
 from ..client.workers import resolve
 from ..client.writer import LogWriter, coerce_message
 from ..config import KEYS, check_value
@@ -47,7 +46,8 @@ from ..errors import (
     WriterFencedError,
 )
 from ..types import LogMessageId, WriteMessage, WriteResult
-from .intake import ADMIT_AT, ADMIT_MIN, OVERHEAD, Intake, IntakeBatch
+from .admission import Admission
+from .intake import Intake
 from .recovery import RecoveryReport, rebuild_window
 from .snapshot import SnapshotSource, Snapshotter
 
@@ -55,8 +55,6 @@ if TYPE_CHECKING:
     from ..client.log import LogHandle
 
 log = logging.getLogger(__name__)
-
-_new = tuple.__new__
 
 
 def _window_option(name: str, value: object, default: object) -> int | float:
@@ -76,10 +74,6 @@ def _window_option(name: str, value: object, default: object) -> int | float:
     except ConfigError:
         raise InvalidArgumentError(f"{name} must be {key.allowed()}, not {value!r}") from None
     return key_value
-
-
-def _i64(column: bytes, i: int) -> int:
-    return int.from_bytes(column[8 * i : 8 * i + 8], "little", signed=True)
 
 
 @dataclass(frozen=True)
@@ -110,12 +104,9 @@ class IdempotentLogWriter:
         duration = _window_option("window_duration_s", window_duration_s, cfg.window_duration_s)
         max_keys = int(_window_option("window_max_keys", window_max_keys, cfg.window_max_keys))
         self._window = DedupWindow(max_keys, max(1, int(duration * 1000)))
-        self._next_evict_ms = 0
-        self._evict_every_ms = max(1, min(1000, self._window.window_ms // 100))
         self._watermarks: dict[int, int] = {}
+        self._intake = Intake()  # before the core: its threads ask `queued()` from the start
         self._new_keys = 0
-        self._duplicates = 0
-        self._intake = Intake()
         self._handle = handle
         self.log_id = handle.log_id
         self._clock = handle.client.clock
@@ -124,6 +115,7 @@ class IdempotentLogWriter:
         # takes over, completes segments, calls taken_over (window rebuilt), opens one
         self._core = core = LogWriter(handle, hooks=self)
         self._lock = core.lock  # the core's lock: the layer API and these hooks run under it
+        self._admission = Admission(core, self._window, self._clock, self._intake)
         self._max_entry_bytes = core.max_entry_bytes
         self.epoch = core.epoch
         self.owner = core.owner
@@ -211,11 +203,11 @@ class IdempotentLogWriter:
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
         key = content_key(payload) if idempotency_id is None else explicit_key(idempotency_id)
         with self._lock:
-            hit = self._committed_locked(key)
+            hit = self._admission.committed_locked(key)
             if hit is not None:
                 return hit
             future: Future[WriteResult] = WriteFuture()
-            resolved = self._queue_locked(payload, props, None, future, key)
+            resolved = self._admission.queue_locked(payload, props, None, future, key)
         if resolved:
             resolve(resolved)
         return wait_for(future, wait, self._still_pending_text)
@@ -235,28 +227,14 @@ class IdempotentLogWriter:
         if not self._intake:  # a hint (re-checked under the lock): nothing queued ahead of it
             key = content_key(payload) if idempotency_id is None else explicit_key(idempotency_id)
         with self._lock:
-            hit = None if key is None else self._committed_locked(key)
+            hit = None if key is None else self._admission.committed_locked(key)
             if hit is None:
-                resolved = self._queue_locked(payload, props, idempotency_id, future, key)
+                resolved = self._admission.queue_locked(payload, props, idempotency_id, future, key)
             else:
                 resolved = [(future, hit)]
         if resolved:
             resolve(resolved)
         return future
-
-    def _committed_locked(self, key: bytes) -> WriteResult | None:
-        """The original result if `key` is committed in the window and no write is queued ahead
-        of this one (an earlier queued write of the same key must be judged first, DESIGN.md
-        1.1); then the write needs neither the intake nor the nodes."""
-        self._core.check_open_locked()
-        if self._intake.futures:
-            return None
-        hit = self._window.get(key, self._clock.now_ms())
-        if hit is None or not hit.committed:
-            return None
-        self._duplicates += 1
-        # tuple.__new__: a NamedTuple's own __new__ costs a microsecond on this 5 us path
-        return _new(WriteResult, (_new(LogMessageId, (hit.segment_id, hit.entry_id)), True))
 
     def _still_pending_text(self) -> str:
         return (
@@ -264,188 +242,18 @@ class IdempotentLogWriter:
             "a retry with the same key joins it and returns its id"
         )
 
-    def _queue_locked(
-        self,
-        payload: bytes,
-        props: dict | None,
-        ident: str | bytes | None,
-        future: Future,
-        key: bytes | None = None,
-        alone: bool = True,
-    ) -> list | None:
-        """Queue one write; its key is `key` if given (computed already), else that of `ident`
-        (an explicit id), else the payload's. `alone`: admitted at once if nothing is in flight
-        (False: the caller queues more rows and admits them together). Returns the outcomes to
-        set after the lock."""
-        core = self._core
-        core.check_open_locked()
-        size = len(payload) + OVERHEAD
-        early = None
-        if core.full_locked(size):
-            if self._intake.futures:  # room comes from commits: queued writes must be entries
-                early = self._admit_locked(self._intake.take())
-            core.wait_for_room_locked(size)
-        intake = self._intake
-        stamps = intake.timestamps
-        stamps.append(self._clock.now_ms())
-        try:
-            if key is not None:
-                intake.pipe.push_key(key)
-            elif ident is None:
-                intake.pipe.push(payload)
-            else:
-                intake.pipe.push_id(ident)  # a bad id raises here
-        except BaseException:
-            stamps.pop()
-            raise
-        futures = intake.futures
-        if not futures:
-            intake.since = time.monotonic()
-        intake.payloads.append(payload)
-        intake.properties.append(props)
-        futures.append(future)
-        core.hold_locked(1, size)
-        intake.nbytes += size
-        if alone and core.idle_locked():  # nothing in flight: no company worth waiting for
-            resolved = self._admit_locked(intake.take())
-            return early + resolved if early else resolved
-        if len(futures) == 1:
-            core.wake_locked()  # the flusher admits it after linger_ms unless an ack comes first
-        if len(futures) >= ADMIT_AT and len(futures) % 16 == 0:
-            ready = intake.pipe.ready_count()
-            if ready >= ADMIT_MIN:
-                resolved = self._admit_locked(intake.take(ready))
-                return early + resolved if early else resolved
-        return early
-
-    # --- hooks: admission (the core calls these with its lock held) -------------------------------
+    # --- hooks: admission (the core calls these with its lock held) ----------------------------
 
     def queued(self) -> int:
         return len(self._intake.futures)
 
     def admit_locked(self, idle: bool) -> tuple[Outcomes, float | None]:
-        """Admit every queued write if nothing is in flight in the current segment (`idle`: an
-        ack just came) or the oldest has waited linger_ms; returns the outcomes to set after the
-        lock and the seconds until the queued writes are due (None: nothing queued)."""
-        if not self._intake.futures:
-            return [], None
-        if not idle:
-            due = self._intake.since + self._core.linger_s - time.monotonic()
-            if due > 0:
-                return [], due
-        return self._admit_locked(self._intake.take()), None
-
-    def _admit_locked(self, batch: IntakeBatch) -> list:
-        """Give queued writes their ids; returns the outcomes to set after the lock."""
-        resolved: list = []
-        core = self._core
-        core.release_locked(len(batch.futures), batch.nbytes)
-        try:
-            core.check_open_locked()
-        except WoodpeckerError as exc:  # fenced or closed: nobody will send them
-            return [(f, exc) for f in batch.futures]
-        self._assign_locked(batch, resolved)
-        return resolved
-
-    def _assign_locked(self, batch: IntakeBatch, resolved: list) -> None:
-        stamps, keys = batch.timestamps, batch.keys
-        window = self._window
-        if stamps[0] >= self._next_evict_ms:  # lookups ignore expired keys in between
-            window.evict(stamps[0])
-            self._next_evict_ms = stamps[0] + self._evict_every_ms
-        n = len(stamps)
-        start = 0
-        core = self._core
-        while start < n:
-            try:
-                seg = core.writable_segment_locked()
-            except WriterFencedError as exc:  # a roll found the log taken over
-                resolved.extend(
-                    (batch.futures[i], WriterFencedError(str(exc))) for i in range(start, n)
-                )
-                return
-            if seg is None:  # repairing: duplicates are still answered, new writes fail fast
-                for i in range(start, n):
-                    key = keys[16 * i : 16 * i + 16]
-                    self._admit_one_unavailable_locked(batch.futures[i], key, stamps[i], resolved)
-                return
-            # a chunk stays within the segment's entry and byte limits; rolls happen in between
-            # (a segment past them could not be rolled: the rest goes into it, see the roll)
-            room, room_bytes = core.segment_room_locked(seg)
-            end = min(n, start + room) if room > 0 else n
-            if 0 < room_bytes <= batch.nbytes:
-                room = room_bytes
-                for i in range(start, end):
-                    room -= len(batch.payloads[i]) + OVERHEAD
-                    if room <= 0:
-                        end = i + 1
-                        break
-            status, seg_col, ent_col = window.reserve_many(
-                keys[16 * start : 16 * end], stamps[start:end], seg.segment_id, seg.next_entry_id
-            )
-            self._enqueue_locked(seg, batch, start, end, status, seg_col, ent_col, resolved)
-            start = end
-
-    def _enqueue_locked(
-        self,
-        seg: SegmentHandle,
-        batch: IntakeBatch,
-        start: int,
-        end: int,
-        status: bytes,
-        seg_col: bytes,
-        ent_col: bytes,
-        resolved: list,
-    ) -> None:
-        """Rows start..end of an admitted batch, judged by the window: new ones become entries
-        (one encoding call, the core's one enqueue path), duplicates are answered or joined."""
-        whole = start == 0 and end == len(batch.futures)
-        cut = slice(start, end)
-        futures = batch.futures if whole else batch.futures[cut]
-        keys = batch.keys if whole else batch.keys[16 * start : 16 * end]
-        records = encode_new_entries(
-            status,
-            seg.segment_id,
-            seg.next_entry_id,
-            batch.timestamps if whole else batch.timestamps[cut],
-            batch.payloads if whole else batch.payloads[cut],
-            batch.properties if whole else batch.properties[cut],
-            keys,
-        )
-        duplicates = len(records) != len(futures)
-        if duplicates:
-            new_futures = [futures[i] for i, code in enumerate(status) if not code]
-        else:  # the common case
-            new_futures = futures
-        self._core.enqueue_locked(seg, records, new_futures, batch.since)
-        if duplicates:  # after the new entries: a row may join one made by an earlier row
-            for i, code in enumerate(status):
-                if code == 1:
-                    self._join_locked(_i64(seg_col, i), _i64(ent_col, i), futures[i])
-                elif code == 2:
-                    self._duplicates += 1
-                    mid = LogMessageId(_i64(seg_col, i), _i64(ent_col, i))
-                    resolved.append((futures[i], WriteResult(mid, True)))
-
-    def _admit_one_unavailable_locked(self, future, key: bytes, ts: int, resolved) -> None:
-        hit = self._window.get(key, ts)
-        if hit is None:
-            resolved.append((future, self._core.unavailable_error()))
-        elif hit.committed:
-            self._duplicates += 1
-            mid = LogMessageId(hit.segment_id, hit.entry_id)
-            resolved.append((future, WriteResult(mid, True)))
-        else:
-            self._join_locked(hit.segment_id, hit.entry_id, future)
-
-    def _join_locked(self, segment_id: int, entry_id: int, future: Future) -> None:
-        self._core.join_locked(segment_id, entry_id, future)
-        self._duplicates += 1
+        return self._admission.admit_locked(idle)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every write queued before this call is committed or failed."""
         with self._lock:
-            resolved = self._admit_locked(self._intake.take()) if self._intake.futures else None
+            resolved = self._admission.admit_all_locked()
         if resolved:
             resolve(resolved)
         self._core.flush(timeout)
@@ -506,19 +314,21 @@ class IdempotentLogWriter:
             entry_ids.frombytes(ents)
             duplicate = bytearray(b"\x01" * n)
             committed = status.count(2)
-            self._duplicates += committed
+            self._admission.duplicates += committed
             if committed != n:
                 for i in range(n):
                     if status[i] == 2:
                         continue
                     future: Future = WriteFuture()
                     key = keys[16 * i : 16 * i + 16]  # hashed once, above
-                    done = self._queue_locked(payloads[i], None, None, future, key, alone=False)
+                    done = self._admission.queue_locked(
+                        payloads[i], None, None, future, key, alone=False
+                    )
                     if done:
                         resolved.extend(done)
                     futures.append((i, future))
-                if self._intake.futures and core.idle_locked():  # the rows go as one batch
-                    resolved.extend(self._admit_locked(self._intake.take()))
+                if core.idle_locked():  # the rows go as one batch
+                    resolved.extend(self._admission.admit_all_locked())
         resolve(resolved)
         deadline = None if wait is None else time.monotonic() + wait
         for i, future in futures:
@@ -571,7 +381,7 @@ class IdempotentLogWriter:
 
     def closing(self) -> None:
         with self._lock:
-            resolved = self._admit_locked(self._intake.take()) if self._intake.futures else None
+            resolved = self._admission.admit_all_locked()
         if resolved:
             resolve(resolved)
 
@@ -610,7 +420,7 @@ class IdempotentLogWriter:
         with self._lock:
             pending = w.pending_count + len(self._intake)
         return {
-            "duplicates_suppressed": self._duplicates,
+            "duplicates_suppressed": self._admission.duplicates,
             "pending": pending,
             "window_keys": w.committed_count,
             "window_memory_bytes": w.memory_bytes(),
