@@ -34,8 +34,8 @@ DUPLICATES = 3000
 PAYLOAD = b"x" * 1024
 
 DUPLICATE_P50_S = 5e-6
-# floor p50 / write p50; the block-per-batch store measures ~0.3 here (machine shared and noisy)
-MIN_FLOOR_RATIO = 0.15
+# floor p50 / write p50: the block-per-batch store measured 0.19-0.49 here (machine shared, noisy)
+MIN_FLOOR_RATIO = 0.1
 TARGET_P50_S = 0.5e-3
 TARGET_P99_S = 2e-3
 TARGET_WRITES_PER_S = 2000
