@@ -509,7 +509,7 @@ def test_pending_keys_of_completed_segment(env_factory):
     env.faults.fail_node("node-0")
     env.faults.fail_node("node-2")
     q_futures = {f"q{i}": w.write_async(b"q%d" % i, idempotency_id=f"q{i}") for i in range(5)}
-    wait_for(lambda: w._repairing is not None, what="segment 0 losing its quorum")
+    wait_for(lambda: w.core.repairing, what="segment 0 losing its quorum")
     with pytest.raises(QuorumUnavailableError):
         env.write(w, b"during", "during")
     env.faults.heal_all()

@@ -1,12 +1,16 @@
-"""The idempotent writer's intake: writes are queued, then admitted in batches (by the producer
-once a batch's keys are ready, by the flusher after linger_ms, by flush/close), each judged as
-of the time it was queued."""
+"""The idempotent writer's intake: a write is admitted at once when nothing is in flight; writes
+queued while a batch is in flight are admitted in batches (by the ack of that batch, by the
+producer once a batch's keys are ready, by flush/close), each judged as of the time it was
+queued. A key committed in the window is answered at once unless a write is queued ahead."""
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from gate import GatedTransport, gate
 
 import woodpecker_idem as wp
 from woodpecker_idem import ManualClock, WriterFencedError, content_key, explicit_key
@@ -22,6 +26,14 @@ def _client(path: Path, **cfg: object):
     return client, clock, client.open_log("intake", create=True)
 
 
+def _in_flight(w, gated: GatedTransport, payload: bytes = b"blocker"):
+    """Hold a batch in flight: writes after this one queue in the intake behind it."""
+    gated.hold()
+    blocker = w.write_async(payload, idempotency_id=payload.decode())
+    assert gated.waiting.acquire(timeout=5)  # its add reached the gate
+    return blocker
+
+
 def _entries(log) -> list[wp.LogMessage]:
     log.open_writer().close()  # a plain writer completes every segment
     return list(log.open_reader())
@@ -29,15 +41,20 @@ def _entries(log) -> list[wp.LogMessage]:
 
 def test_a_queued_write_is_judged_at_its_queueing_time(tmp_path: Path):
     client, clock, log = _client(tmp_path, **SLOW_LINGER)
+    gated = gate(client)
     w = log.open_writer(idempotent=True, window_duration_s=60, window_max_keys=100)
     first = w.write_async(b"x", idempotency_id="K")
     w.flush()
     r1 = first.result(5)
     assert r1.duplicate is False
     clock.advance(59_999)  # the retry is queued inside the window ...
-    retry = w.write_async(b"x", idempotency_id="K")
-    assert w.metrics_snapshot()["pending"] == 1  # queued, not admitted yet
+    blocker = _in_flight(w, gated)
+    ahead = w.write_async(b"a", idempotency_id="A")  # queued: a batch is in flight
+    retry = w.write_async(b"x", idempotency_id="K")  # queued behind it, not answered early
+    assert w.metrics_snapshot()["pending"] == 3  # the blocker's entry and two queued writes
+    assert not retry.done()
     clock.advance(10)  # ... and admitted after the window has passed: still a duplicate
+    gated.release()
     w.flush()
     assert retry.result(5) == wp.WriteResult(r1.message_id, True)
     late = w.write_async(b"x", idempotency_id="K")  # queued after the window: a new write
@@ -45,13 +62,16 @@ def test_a_queued_write_is_judged_at_its_queueing_time(tmp_path: Path):
     r3 = late.result(5)
     assert r3.duplicate is False and r3.message_id != r1.message_id
     w.close()
-    assert [m.message_id for m in _entries(log)] == [r1.message_id, r3.message_id]
+    expected = [r1, blocker.result(5), ahead.result(5), r3]
+    assert [m.message_id for m in _entries(log)] == [r.message_id for r in expected]
     client.close()
 
 
 def test_one_batch_mixes_ids_and_content_keys_with_repeats(tmp_path: Path):
     client, _, log = _client(tmp_path, **SLOW_LINGER)
+    gated = gate(client)
     w = log.open_writer(idempotent=True)
+    _in_flight(w, gated)
     writes = [
         (b"a-payload", "a"),
         (b"p", None),
@@ -63,6 +83,7 @@ def test_one_batch_mixes_ids_and_content_keys_with_repeats(tmp_path: Path):
     ]
     futures = [w.write_async(p, idempotency_id=i) for p, i in writes]
     assert len(w._intake) == len(writes)
+    gated.release()
     w.flush()
     results = [f.result(5) for f in futures]
     assert [r.duplicate for r in results] == [False, False, True, True, False, False, False]
@@ -70,8 +91,9 @@ def test_one_batch_mixes_ids_and_content_keys_with_repeats(tmp_path: Path):
     assert results[3].message_id == results[1].message_id
     w.close()
     msgs = _entries(log)
-    assert [m.payload for m in msgs] == [b"a-payload", b"p", b"q", b"p", b"b"]
+    assert [m.payload for m in msgs] == [b"blocker", b"a-payload", b"p", b"q", b"p", b"b"]
     assert [m.idempotency_key for m in msgs] == [
+        explicit_key("blocker"),
         explicit_key("a"),
         content_key(b"p"),
         content_key(b"q"),
@@ -83,13 +105,16 @@ def test_one_batch_mixes_ids_and_content_keys_with_repeats(tmp_path: Path):
 
 def test_the_producer_admits_full_batches_itself(tmp_path: Path):
     client, _, log = _client(tmp_path, **SLOW_LINGER, **{"append.max_batch_entries": 100})
+    gated = gate(client)
     w = log.open_writer(idempotent=True)
+    _in_flight(w, gated)
     futures = [w.write_async(b"v%d" % i, idempotency_id=f"id-{i}") for i in range(5000)]
-    # the flusher admits nothing for a second (linger): the producer admitted batches itself
+    # no ack comes while the gate holds the first batch: the producer admitted batches itself
     # as soon as their keys were ready (ids are hashed as they are pushed)
     assert len(w._intake) < 4000
     admitted = 5000 - len(w._intake)
-    assert w.window.pending_count + w.window.committed_count == admitted
+    assert w.window.pending_count + w.window.committed_count == admitted + 1  # + the blocker
+    gated.release()
     w.flush()
     ids = [f.result(5).message_id for f in futures]
     assert len(set(ids)) == 5000 and ids == sorted(ids)
@@ -118,18 +143,25 @@ def test_an_admitted_batch_rolls_segments_at_their_limits(tmp_path: Path, limit)
 
 def test_a_fenced_writer_fails_its_queued_writes(tmp_path: Path):
     client, _, log = _client(tmp_path, **SLOW_LINGER)
+    gated = gate(client)
     a = log.open_writer(idempotent=True)
+    blocker = _in_flight(a, gated)
     queued = a.write_async(b"q", idempotency_id="Q")
-    b = log.open_writer(idempotent=True)  # takes the log over
+    assert len(a._intake) == 1
+    b = log.open_writer(idempotent=True)  # takes the log over (recovery adds nothing)
     assert a._still_owner() is False
     with pytest.raises(WriterFencedError):
         queued.result(5)
+    with pytest.raises(WriterFencedError):
+        blocker.result(5)
+    gated.release()  # A's held add reaches a fenced segment: refused
     r = b.write_async(b"q", idempotency_id="Q")
     b.flush()
     assert r.result(5).duplicate is False  # A wrote nothing
     b.close()
     history = History()
     history.failed(explicit_key("Q"), b"q", WriterFencedError("fenced"))
+    history.failed(explicit_key("blocker"), b"blocker", WriterFencedError("fenced"))
     history.ok(explicit_key("Q"), b"q", r.result())
     assert history.check(_entries(log), 600_000, 100_000).ok
     a.close()
@@ -137,7 +169,7 @@ def test_a_fenced_writer_fails_its_queued_writes(tmp_path: Path):
 
 
 def test_close_admits_and_commits_queued_writes(tmp_path: Path):
-    client, _, log = _client(tmp_path, **SLOW_LINGER)
+    client, _, log = _client(tmp_path)
     w = log.open_writer(idempotent=True)
     futures = [w.write_async(b"c%d" % i) for i in range(5)]
     w.close()
@@ -146,11 +178,70 @@ def test_close_admits_and_commits_queued_writes(tmp_path: Path):
     client.close()
 
 
-def test_the_flusher_admits_a_lone_write_after_linger(tmp_path: Path):
-    client, _, log = _client(tmp_path, **{"append.linger_ms": 20})
+def test_a_lone_write_is_admitted_and_sent_at_once(tmp_path: Path):
+    """Nothing in flight: a write waits for no company (append.linger_ms is not a delay)."""
+    client, _, log = _client(tmp_path, **{"append.linger_ms": 500})
     w = log.open_writer(idempotent=True)
-    r = w.write(b"lone", idempotency_id="lone", timeout=5)  # nobody flushes: the flusher admits
-    assert r.duplicate is False
-    assert w.write(b"lone", idempotency_id="lone", timeout=5) == wp.WriteResult(r.message_id, True)
+    for i in range(5):
+        t0 = time.monotonic()
+        r = w.write(b"lone-%d" % i, idempotency_id=f"lone-{i}", timeout=5)
+        assert time.monotonic() - t0 < 0.25, "a lone write waited for a linger"
+        assert r.duplicate is False
     w.close()
+    client.close()
+
+
+@pytest.mark.parametrize("ident", ["K", None])
+def test_a_committed_duplicate_is_answered_without_the_intake(tmp_path: Path, ident):
+    """No write queued ahead: a key committed in the window returns at once, while the batch in
+    flight is stalled (no ack, no admission), for explicit ids and content keys alike."""
+    client, _, log = _client(tmp_path, **{"append.linger_ms": 500})
+    gated = gate(client)
+    w = log.open_writer(idempotent=True)
+    r1 = w.write(b"payload", idempotency_id=ident, timeout=5)
+    blocker = _in_flight(w, gated)
+    t0 = time.monotonic()
+    assert w.write(b"payload", idempotency_id=ident, timeout=5) == wp.WriteResult(
+        r1.message_id, True
+    )
+    again = w.write_async(b"payload", idempotency_id=ident)
+    assert again.done() and again.result(0) == wp.WriteResult(r1.message_id, True)
+    assert time.monotonic() - t0 < 0.2
+    assert w.metrics_snapshot()["duplicates_suppressed"] == 2
+    gated.release()
+    assert blocker.result(5).duplicate is False
+    w.close()
+    assert [m.message_id for m in _entries(log)] == [r1.message_id, blocker.result().message_id]
+    client.close()
+
+
+def test_a_duplicate_queued_behind_a_write_is_judged_after_it(tmp_path: Path):
+    """Ordering (DESIGN.md 1.1): with a write queued ahead, a committed key is not answered
+    early but judged in queueing order; a repeat of a queued key joins the queued write."""
+    client, _, log = _client(tmp_path, **SLOW_LINGER)
+    gated = gate(client)
+    w = log.open_writer(idempotent=True)
+    r1 = w.write(b"x", idempotency_id="K", timeout=5)
+    _in_flight(w, gated)
+    first_n = w.write_async(b"n1", idempotency_id="N")  # queued behind the batch in flight
+    second_n = w.write_async(b"n2", idempotency_id="N")  # same key, queued after it
+    with ThreadPoolExecutor(1) as pool:
+        # committed, but writes are queued ahead: write() queues it too (it hashes the key in
+        # the caller's thread, write_async leaves that to the intake while writes are queued)
+        k = pool.submit(w.write, b"x", idempotency_id="K", timeout=10)
+        deadline = time.monotonic() + 5
+        while len(w._intake) < 3 and not k.done():
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        k_async = w.write_async(b"x", idempotency_id="K")
+        assert not any(f.done() for f in (first_n, second_n, k, k_async))
+        assert len(w._intake) == 4
+        gated.release()
+        w.flush()
+        n = first_n.result(5)
+        assert n.duplicate is False
+        assert second_n.result(5) == wp.WriteResult(n.message_id, True)
+        assert k.result(5) == k_async.result(5) == wp.WriteResult(r1.message_id, True)
+    w.close()
+    assert [m.payload for m in _entries(log)] == [b"x", b"blocker", b"n1"]
     client.close()

@@ -9,6 +9,7 @@ Same conventions as test_idem_edge_cases.py (its `Env` is reused): in-process, a
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -315,11 +316,13 @@ def test_snapshot_with_pending_entries_then_crash(env_factory):
     time.sleep(0.05)  # the last acks land before acks start getting lost
     log_id = env.log.log_id
 
+    pool = ThreadPoolExecutor(3)  # write_many blocks: each call waits in its own thread
+
     def send(prefix: str) -> list:
-        return [
-            a.write_async(b"%s%d" % (prefix.encode(), i), idempotency_id=f"{prefix}{i}")
-            for i in range(5)
-        ]
+        # one write_many: its 5 rows are admitted together, one full batch (a lone write_async
+        # would go alone at once, group commit, and the other four in a second batch)
+        rows = [b"%s%d" % (prefix.encode(), i) for i in range(5)]
+        return [pool.submit(a.write_many, rows, [f"{prefix}{i}" for i in range(5)])]
 
     def on(nodes, entry_id):
         wait_for(
@@ -360,6 +363,7 @@ def test_snapshot_with_pending_entries_then_crash(env_factory):
         assert env.write(b, b"x", k) == wp.WriteResult(first.message_id, True)
     faults_a.heal_all()  # the old writer comes back: fenced, it writes nothing more
     wait_for(lambda: a.fenced, what="old writer fenced")
+    pool.shutdown(wait=True)  # the fenced writer failed every call
     b.close()
     v = env.check(*DEFAULT_WINDOW)
     assert v.keyed_entries == 25

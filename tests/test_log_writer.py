@@ -122,6 +122,18 @@ def test_flush_commits_and_resolves_everything_queued(tmp_path, wp_connect):
     assert len(read_all(client.open_log("f"))) == 250
 
 
+def test_a_lone_write_is_sent_at_once(tmp_path, wp_connect):
+    """Group commit: with nothing in flight a write waits for no company, whatever
+    append.linger_ms says (it no longer delays anything)."""
+    client = wp_connect(tmp_path, {"append.linger_ms": 500})
+    writer = client.create_log("lone").open_writer()
+    for i in range(5):
+        t0 = time.monotonic()
+        assert writer.write(b"w%d" % i, timeout=5).message_id == LogMessageId(0, i)
+        assert time.monotonic() - t0 < 0.25, "a lone write waited for a linger"
+    writer.close()
+
+
 def test_lingered_batch_waits_for_the_batch_in_flight(tmp_path, wp_connect):
     """Under load a batch fills while the previous one is in flight: one durable put for all of
     it, not one per linger (each would only queue behind the first). Order and acks unchanged."""

@@ -184,7 +184,11 @@ def demo(data_dir: Path, records: int, seed: int) -> int:
     producer = _Producer(log_handle.open_writer(idempotent=True), history)
     for i in range(half):
         if rng.random() < 0.03:
-            faults.drop_acks("node-0")  # the node applies the batch, its ack is lost
+            # the node applies the next batch, its ack is lost (settled first: with group commit
+            # a batch is sent at once, and lost acks piled up on one batch would exhaust its
+            # append.max_retries and drop the only node; one at a time, each costs one resend)
+            producer.settle()
+            faults.drop_acks("node-0")
             lost_acks += 1
         producer.attempt(i)
         if rng.random() < 0.2:  # the application resends anyway (it lost the ack itself)

@@ -181,7 +181,7 @@ KEYS: tuple[Key, ...] = (
     Key("quorum.es", "int", 1, "ensemble size; wq = es, aq = es // 2 + 1", choices=(1, 3, 5)),
     _int("append.max_batch_entries", 1000, 1, 100_000, "most entries in one AddEntries batch"),
     _size("append.max_batch_bytes", 2 * MiB, KiB, 64 * MiB, "most bytes in one AddEntries batch"),
-    _int("append.linger_ms", 2, 0, 1000, "how long a batch waits for more entries"),
+    _int("append.linger_ms", 2, 0, 1000, "most wait behind a batch a node is retrying"),
     _int("append.max_inflight_entries", 10_000, 1, 10**7, "backpressure: entries not yet acked"),
     _size("append.max_inflight_bytes", 64 * MiB, KiB, 16 * GiB, "backpressure: bytes not acked"),
     _int("append.timeout_ms", 10_000, 1, 3_600_000, "per AppendOp: time to reach the ack quorum"),

@@ -8,7 +8,7 @@ import threading
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from ..args import bool_arg, timeout_arg
 from ..clock import SYSTEM_CLOCK, Clock
@@ -26,12 +26,11 @@ from ..logstore.transport import InProcessTransport, LogStoreTransport
 from ..meta import MetadataStore, NodeInfo, open_metadata_store
 from ..objectstore import ObjectStore, open_object_store
 from ..objectstore.owner import claim_root
-from .log import LogHandle
-
-if TYPE_CHECKING:
-    from .writer import LogWriter
+from .log import ClosableWriter, IdempotentWriterFactory, LogHandle
 
 log = logging.getLogger(__name__)
+
+W = TypeVar("W", bound=ClosableWriter)
 
 DEFAULT_DATA_DIR = "./woodpecker-data"
 
@@ -59,6 +58,7 @@ class WoodpeckerClient:
         meta: MetadataStore,
         objects: ObjectStore,
         transport: LogStoreTransport,
+        idempotent_writer: IdempotentWriterFactory | None = None,
     ):
         self.config = config
         self.data_dir = data_dir
@@ -66,7 +66,10 @@ class WoodpeckerClient:
         self.meta = meta
         self.objects = objects
         self.transport = transport
-        self._writers: weakref.WeakSet[LogWriter] = weakref.WeakSet()
+        # open_writer(idempotent=True) builds its writer with this (given by the composition
+        # root: client/ does not import the layer above it)
+        self.idempotent_writer = idempotent_writer
+        self._writers: weakref.WeakSet[ClosableWriter] = weakref.WeakSet()
         self._writers_lock = threading.Lock()
         self._closed = False
 
@@ -81,7 +84,7 @@ class WoodpeckerClient:
         if self._closed:
             raise ClientClosedError(f"client is closed (data_dir {str(self.data_dir)!r})")
 
-    def _track(self, writer: LogWriter) -> LogWriter:
+    def _track(self, writer: W) -> W:
         with self._writers_lock:
             self._writers.add(writer)
         return writer
@@ -270,4 +273,10 @@ def connect(
         transport = InProcessTransport(engines)
         for node_id in engines:
             meta.register_node(NodeInfo(node_id, f"inproc://{node_id}"))
-    return WoodpeckerClient(cfg, root, clock or SYSTEM_CLOCK, meta, objects, transport)
+    # The composition root: the idempotent layer is wired in here (the client's package does
+    # not import it)
+    from ..idempotency.writer import IdempotentLogWriter
+
+    return WoodpeckerClient(
+        cfg, root, clock or SYSTEM_CLOCK, meta, objects, transport, IdempotentLogWriter
+    )

@@ -1,5 +1,7 @@
-"""The writer's flusher thread: cuts batches (size or linger), hands them to the node senders,
-fails waiters past their deadline (their entries stay pending), and keeps readers' LAC fresh."""
+"""The writer's flusher thread: the slow, periodic side of writing. Batches are cut on the write
+and ack paths (group commit, see `LogWriter._send_locked`); this thread fails waiters past their
+deadline (their entries stay pending), keeps readers' LAC fresh, completes drained rolled
+segments, renews the lease, and is the safety net that sends or admits anything left waiting."""
 
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from ..errors import WriteTimeoutError
-from .segment import Batch, PendingEntry, SegmentHandle, SegmentStatus
+from .segment import PendingEntry, SegmentHandle, SegmentStatus
+from .workers import resolve
 
 if TYPE_CHECKING:
     from .writer import LogWriter
 
 LEASE_RENEW_EVERY_S = 10.0
+TICK_S = 0.05
 
 log = logging.getLogger(__name__)
 
@@ -35,29 +39,34 @@ class Flusher:
     def run(self) -> None:
         w = self.writer
         while True:
-            intake_due = None
-            if w._intake:
-                try:
-                    intake_due = w._process_intake()
-                except Exception:  # a bug must not stop batching (and hang every writer call)
-                    log.exception("log %s: admitting queued writes failed", w.log_id)
-            sends: list[tuple[SegmentHandle, Batch | None]] = []
-            expired: list[tuple[Future, BaseException]] = []
+            lac_only: list[SegmentHandle] = []
+            expired: list[tuple[Future, object]] = []
+            admitted: list = []
             with w._lock:
                 if w._closed or w._fenced is not None:
                     return
                 now = time.monotonic()
-                wait = 0.05
+                wait = TICK_S
+                if w._hooks.queued():
+                    try:
+                        admitted, due = w._hooks.admit_locked(w.idle_locked())
+                        if due is not None:
+                            wait = min(wait, due)
+                    except Exception:  # a bug must not stop the flusher (and hang every call)
+                        log.exception("log %s: admitting queued writes failed", w.log_id)
                 for seg in list(w._segments.values()):
                     if seg.status in (SegmentStatus.OPEN, SegmentStatus.ROLLED):
-                        wait = min(wait, self._cut_batches_locked(seg, now, sends))
+                        w._send_locked(seg)
+                        due = w._send_due(seg, now)
+                        if due is not None:
+                            wait = min(wait, due)
                         if (
                             seg.aq > 1
                             and not seg.unsent
                             and not seg.batches
                             and seg.lac > seg.lac_sent
                         ):
-                            sends.append((seg, None))  # LAC-only update for tail readers
+                            lac_only.append(seg)  # LAC-only update for tail readers
                             seg.lac_sent = seg.lac
                     self._expire_locked(seg, now, expired)
                     if seg.status is SegmentStatus.ROLLED and seg.drained():
@@ -66,43 +75,14 @@ class Flusher:
                 if now - self.lease_renewed > LEASE_RENEW_EVERY_S:
                     self.lease_renewed = now
                     w._maint.submit(w._renew_lease)
-                if not sends and not expired:
-                    w._wake.wait(wait if intake_due is None else min(wait, intake_due))
+                if not lac_only and not expired and not admitted:
+                    w._wake.wait(max(wait, 0.0005))
                     continue
-            for seg, batch in sends:
-                for node in seg.meta.nodes:
-                    if node in seg.failed_nodes:
-                        if batch is not None:
-                            batch.failed.add(node)
-                    else:
-                        w._workers[node].submit(seg, batch)
-            for future, exc in expired:
-                if not future.done():
-                    future.set_exception(exc)
-
-    def _cut_batches_locked(self, seg: SegmentHandle, now: float, sends: list) -> float:
-        """Move full or lingered entries into batches; returns how long until the next is due.
-
-        A lingered (not full) batch also waits while an earlier batch of the segment is in
-        flight: commits go in entry order and each node stores batches one at a time, so sending
-        it early gains nothing, while waiting lets it fill (fewer, larger durable puts under load).
-        The ack of the batch in flight wakes the flusher.
-        """
-        w = self.writer
-        while seg.unsent:
-            full = len(seg.unsent) >= w._max_batch_entries or seg.unsent_bytes >= w._max_batch_bytes
-            if not full and seg.status is SegmentStatus.OPEN:
-                due = seg.unsent_since + w._linger_s - now
-                if due > 0:
-                    return due
-                if seg.batches:
-                    return 0.05  # held until the ack (which notifies)
-            sends.append((seg, seg.take_batch(w._max_batch_entries, w._max_batch_bytes)))
-            if seg.lac > seg.lac_sent:
-                seg.lac_sent = seg.lac
-            if seg.unsent:
-                seg.unsent_since = now
-        return 0.05
+                for seg in lac_only:
+                    for node in seg.live_nodes():
+                        w._workers[node].submit(seg, None)
+            resolve(expired)
+            resolve(admitted)
 
     def _expire_locked(self, seg: SegmentHandle, now: float, expired: list) -> None:
         """Fail waiters past their deadline (the entries stay pending), in any segment state."""

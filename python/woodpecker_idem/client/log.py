@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Literal, overload
+from typing import TYPE_CHECKING, Literal, Protocol, overload
 
 from ..args import bool_arg, message_id_arg
 from ..errors import InvalidArgumentError, NodeUnavailableError
@@ -18,6 +18,23 @@ if TYPE_CHECKING:
     from .client import WoodpeckerClient
 
 log = logging.getLogger(__name__)
+
+
+class ClosableWriter(Protocol):
+    """What the client closes when it closes (every writer it opened)."""
+
+    def close(self, timeout: float | None = 30.0) -> None: ...
+
+
+class IdempotentWriterFactory(Protocol):
+    """Builds the idempotent writer of a log (the composition root passes the class)."""
+
+    def __call__(
+        self,
+        handle: LogHandle,
+        window_duration_s: float | None = None,
+        window_max_keys: int | None = None,
+    ) -> IdempotentLogWriter: ...
 
 
 class LogHandle:
@@ -64,13 +81,15 @@ class LogHandle:
         self.client.check_open()
         bool_arg(idempotent, "idempotent")
         if idempotent:
-            from ..idempotency.writer import IdempotentLogWriter
-
-            writer = IdempotentLogWriter(
+            factory = self.client.idempotent_writer
+            if factory is None:
+                raise InvalidArgumentError(
+                    "this client was built without an idempotent writer; open it with connect()"
+                )
+            writer = factory(
                 self, window_duration_s=window_duration_s, window_max_keys=window_max_keys
             )
-            self.client._track(writer)
-            return writer
+            return self.client._track(writer)
         given = [
             name
             for name, value in (

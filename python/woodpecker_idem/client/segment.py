@@ -72,6 +72,7 @@ class Batch:
     frame: bytes
     acks: set[str] = field(default_factory=set)
     failed: set[str] = field(default_factory=set)
+    retrying: bool = False  # a node failed it once: entries held behind it go after linger_ms
 
     @property
     def last_entry_id(self) -> int:
@@ -91,7 +92,7 @@ class SegmentHandle:
         self.pending: deque[PendingEntry] = deque()  # uncommitted, in entry order
         self.unsent: list[PendingEntry] = []  # not yet in a batch
         self.unsent_bytes = 0
-        self.unsent_since = 0.0
+        self.unsent_since = 0.0  # time.monotonic() when the oldest unsent entry was queued
         self.batches: deque[Batch] = deque()  # sent, not committed, in order
         self.failed_nodes: dict[str, str] = {}  # node -> why
         self.lac = -1
@@ -108,10 +109,9 @@ class SegmentHandle:
     def live_nodes(self) -> list[str]:
         return [n for n in self.meta.nodes if n not in self.failed_nodes]
 
-    def take_batch(self, max_entries: int, max_bytes: int) -> Batch | None:
-        """Cut the next batch from the unsent entries (at least one entry, even if oversized)."""
-        if not self.unsent:
-            return None
+    def take_batch(self, max_entries: int, max_bytes: int) -> Batch:
+        """Cut the next batch from the unsent entries (at least one entry, even if oversized);
+        called only while there are unsent entries."""
         count = 0
         size = 0
         for entry in self.unsent:
@@ -152,6 +152,7 @@ class SegmentHandle:
         self.pending.clear()
         self.unsent.clear()
         self.unsent_bytes = 0
+        self.unsent_since = 0.0  # time.monotonic() when the oldest unsent entry was queued
         self.batches.clear()
         self.by_entry.clear()
         self.lac = max(self.lac, last_entry_id)

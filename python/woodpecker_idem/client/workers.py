@@ -89,6 +89,7 @@ class NodeWorker:
                 if not exc.retriable or backoff.attempts >= w._max_retries:
                     w._on_node_failed(self.node, seg, batch, exc)
                     return
+                batch.retrying = True  # later entries stop waiting for its ack (linger_ms)
                 if not backoff.wait():
                     return  # the writer is closing: close() fails what is still pending
                 continue

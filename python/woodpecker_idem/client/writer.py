@@ -1,7 +1,10 @@
 """LogWriter: the single writer of a log (Woodpecker's LogWriter).
 
-`write_async` assigns (segment, entry), encodes the entry once and queues it; a flusher thread cuts
-batches (size or linger) and hands each to one worker thread per node, which retries it up to
+`write_async` assigns (segment, entry), encodes the entry once and queues it. Batches are cut by
+group commit: an entry queued while nothing of its segment is in flight is sent at once; entries
+queued while a batch is in flight go together as the next batch when its ack arrives or when they
+fill a batch (or after `append.linger_ms` if a node failed the batch in flight once and it is
+being retried). Each batch goes to one worker thread per node, which retries it up to
 `append.max_retries` times. A batch commits at aq acks, in entry order. A node that keeps failing is
 dropped from the segment; when fewer than aq nodes remain, the segment is completed by the recovery
 rule and its pending entries are resolved against it (present -> committed, absent -> dropped with
@@ -17,7 +20,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Sized
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -44,6 +47,7 @@ from ..types import LogMessageId, SegmentState, WriteMessage, WriteResult
 from . import atexit_close
 from .flusher import Flusher
 from .futures import WriteFuture
+from .hooks import NO_HOOKS, WriterHooks
 from .recovery import choose_nodes, recover_segment, seal
 from .segment import Batch, PendingEntry, SegmentHandle, SegmentStatus
 from .workers import Maintenance, NodeWorker, resolve
@@ -116,16 +120,19 @@ def _transient(exc: BaseException) -> bool:
 
 
 class LogWriter:
-    """Appends to one log; thread-safe. Open it with `LogHandle.open_writer()`."""
+    """Appends to one log; thread-safe. Open it with `LogHandle.open_writer()`.
 
-    # Writes accepted but not given ids yet: the idempotent writer's intake; none here
-    _intake: Sized = ()
+    Also the writer core a layer above composes (the idempotent writer): it passes its
+    `WriterHooks` (hooks.py) and calls only the package API below ("layer API").
+    """
 
-    def __init__(self, handle: LogHandle):
+    def __init__(self, handle: LogHandle, hooks: WriterHooks = NO_HOOKS):
         self._handle = handle
+        self._hooks = hooks
         client = handle.client
         self._cfg = client.config
         self._clock = client.clock
+        self.clock = client.clock
         self._meta = client.meta
         self._transport = client.transport
         self.log_id = handle.log_id
@@ -137,6 +144,8 @@ class LogWriter:
         self._timeout_s = ap.timeout_ms / 1000
         self._max_retries = ap.max_retries
         self._max_entry_bytes = ap.max_entry_bytes
+        self.max_entry_bytes = ap.max_entry_bytes
+        self.linger_s = self._linger_s
         self._max_inflight_entries = ap.max_inflight_entries
         self._max_inflight_bytes = ap.max_inflight_bytes
         sg = self._cfg.segment
@@ -145,6 +154,7 @@ class LogWriter:
         self._roll_s = sg.max_interval_s
 
         self._lock = threading.Lock()
+        self.lock = self._lock  # the layer API's lock: `_locked` methods and hooks run under it
         self._space = threading.Condition(self._lock)  # backpressure, flush, drain
         self._wake = threading.Condition(self._lock)  # the flusher
         self._closed = False
@@ -180,7 +190,8 @@ class LogWriter:
         for seg in self._meta.list_segments(self.log_id):
             if seg.state in (SegmentState.ACTIVE, SegmentState.COMPLETED):
                 done = self._recover_with_retries(seg)
-                self._on_segment_completed(done.segment_id, done.last_entry_id)
+                self._segment_completed(done.segment_id, done.last_entry_id)
+        self._hooks.taken_over()
 
     def _recover_with_retries(self, seg: SegmentMeta) -> SegmentMeta:
         """Recovery meets the same transient faults as writes (nodes, metadata store, a race with
@@ -289,71 +300,203 @@ class LogWriter:
         props: dict | None,
         future: Future | None,
         now_ms: int,
-    ) -> PendingEntry | None:
-        """Assign the next id and queue the entry; on failure sets the future's exception.
-
-        The hot path of every write: kept flat on purpose (no per-entry helper calls).
-        """
+    ) -> None:
+        """Assign the next id, encode and queue the entry; on failure sets the future's
+        exception."""
         if self._fenced is not None or self._closed:
-            self._check_open_locked()
-        if (
-            self._inflight_entries >= self._max_inflight_entries
-            or self._inflight_bytes + len(payload) + 64 > self._max_inflight_bytes
-        ):
-            self._wait_for_room_locked(len(payload) + 64)
+            self.check_open_locked()
+        size = len(payload) + 64
+        if self.full_locked(size):
+            self.wait_for_room_locked(size)
         now = time.monotonic()
         seg = self._current
-        if (
-            seg is None
-            or seg.next_entry_id >= self._roll_entries
-            or seg.size_bytes >= self._roll_bytes
-            or now - seg.created >= self._roll_s
-        ):
-            seg = self._writable_segment_locked()
+        if seg is None or self._needs_roll(seg, now):
+            seg = self.writable_segment_locked()
             if seg is None:
                 if future is not None:
-                    future.set_exception(self._unavailable_error())
-                return None
-        entry_id = seg.next_entry_id
-        record = encode_entry(seg.segment_id, entry_id, now_ms, payload, props)
-        deadline = now + self._timeout_s
-        entry = PendingEntry(self._seq + 1, seg.segment_id, entry_id, record, future, deadline)
-        size = len(record)
-        # The state changes come last and together: a KeyboardInterrupt (Ctrl-C in a write
-        # burst) raised in encode_entry or above leaves no id taken without its entry queued.
-        unsent = seg.unsent
-        was_empty = not unsent
-        self._seq += 1
-        seg.next_entry_id = entry_id + 1
-        seg.pending.append(entry)
-        unsent.append(entry)
-        seg.by_entry[entry_id] = entry
-        if was_empty:
-            seg.unsent_since = now
-            self._wake.notify()
-        seg.unsent_bytes += size
-        seg.size_bytes += size
-        self._inflight_entries += 1
-        self._inflight_bytes += size
-        if len(unsent) >= self._max_batch_entries or seg.unsent_bytes >= self._max_batch_bytes:
-            self._wake.notify()
-        return entry
+                    future.set_exception(self.unavailable_error())
+                return
+        # encode first: a KeyboardInterrupt (Ctrl-C in a write burst) raised here leaves no id
+        # taken without its entry queued
+        record = encode_entry(seg.segment_id, seg.next_entry_id, now_ms, payload, props)
+        self.enqueue_locked(seg, (record,), (future,), now)
 
-    def _wait_for_room_locked(self, size: int) -> None:
+    # --- layer API: what a layer over this core (hooks.py) may call --------------------------
+
+    def enqueue_locked(
+        self,
+        seg: SegmentHandle,
+        records: Sequence[bytes],
+        futures: Sequence[Future | None],
+        since: float,
+    ) -> None:
+        """The one enqueue path of both writers: `records` (encoded for the ids from
+        `seg.next_entry_id` on) become `seg`'s next entries, each with its future, pending until
+        the quorum ack; sent per group commit (`_send_locked`). `since`: when the oldest was
+        queued (time.monotonic()). Kept flat on purpose: the hot path of every write."""
+        segment_id = seg.segment_id
+        first = entry_id = seg.next_entry_id
+        deadline = time.monotonic() + self._timeout_s
+        pending = seg.pending
+        unsent = seg.unsent
+        by_entry = seg.by_entry
+        was_empty = not unsent
+        seq = self._seq
+        added = 0
+        for record, future in zip(records, futures, strict=True):
+            seq += 1
+            entry = PendingEntry(seq, segment_id, entry_id, record, future, deadline)
+            pending.append(entry)
+            unsent.append(entry)
+            by_entry[entry_id] = entry
+            added += len(record)
+            entry_id += 1
+        self._seq = seq
+        seg.next_entry_id = entry_id
+        seg.unsent_bytes += added
+        seg.size_bytes += added
+        self._inflight_entries += entry_id - first
+        self._inflight_bytes += added
+        if was_empty and unsent:
+            seg.unsent_since = since
+        if (
+            not seg.batches
+            or len(unsent) >= self._max_batch_entries
+            or seg.unsent_bytes >= self._max_batch_bytes
+        ):
+            self._send_locked(seg)
+
+    def full_locked(self, size: int) -> bool:
+        """Backpressure: would `size` more bytes (one more entry) pass the in-flight limits?"""
+        return (
+            self._inflight_entries >= self._max_inflight_entries
+            or self._inflight_bytes + size > self._max_inflight_bytes
+        )
+
+    def hold_locked(self, entries: int, nbytes: int) -> None:
+        """Count writes the layer queued (no entries yet) against the in-flight limits."""
+        self._inflight_entries += entries
+        self._inflight_bytes += nbytes
+
+    def release_locked(self, entries: int, nbytes: int) -> None:
+        """Stop counting writes held with `hold_locked` (they became entries, or failed)."""
+        self._inflight_entries -= entries
+        self._inflight_bytes -= nbytes
+        self._space.notify_all()
+
+    def idle_locked(self) -> bool:
+        """Nothing is in flight in the current segment (or there is none: being repaired)."""
+        current = self._current
+        return current is None or not current.batches
+
+    def wake_locked(self) -> None:
+        """Wake the flusher (it asks `WriterHooks.admit_locked` when queued writes are due)."""
+        self._wake.notify()
+
+    def segment_room_locked(self, seg: SegmentHandle) -> tuple[int, int]:
+        """(entries, bytes) `seg` takes before its roll limits; <= 0 once past them."""
+        return self._roll_entries - seg.next_entry_id, self._roll_bytes - seg.size_bytes
+
+    def join_locked(self, segment_id: int, entry_id: int, future: Future) -> None:
+        """`future` also ends with pending entry `segment_id:entry_id` (a retry joins it)."""
+        seg = self._segments.get(segment_id)
+        entry = seg.by_entry.get(entry_id) if seg is not None else None
+        if entry is None:  # cannot happen while pending keys and segments move together
+            raise RuntimeError(f"pending key without its entry {segment_id}:{entry_id}")
+        if entry.joiners is None:
+            entry.joiners = []
+        entry.joiners.append(future)
+        if entry.timed_out:  # a retry after a timeout gets a fresh deadline
+            entry.timed_out = False
+            entry.deadline = time.monotonic() + self._timeout_s
+
+    def open_lacs_locked(self) -> dict[int, int]:
+        """The LAC of every segment not completed yet (what a snapshot may cover of them)."""
+        return {seg.segment_id: seg.lac for seg in self._segments.values()}
+
+    def still_owner(self) -> bool:
+        """Ask the metadata store whether this writer still owns the log; fences it if not."""
+        if self._fenced is not None:
+            return False
+        try:
+            self._meta.check_epoch(self.log_id, self.epoch)
+        except WriterFencedError as exc:
+            with self._lock:
+                resolved = self._fence_locked(exc)
+            resolve(resolved)
+            return False
+        return True
+
+    @property
+    def repairing(self) -> bool:
+        """A segment lost its ack quorum and is being completed: new writes are refused."""
+        return self._repairing is not None
+
+    def _needs_roll(self, seg: SegmentHandle, now: float) -> bool:
+        return (
+            seg.next_entry_id >= self._roll_entries
+            or seg.size_bytes >= self._roll_bytes
+            or now - seg.created >= self._roll_s
+        )
+
+    def _send_locked(self, seg: SegmentHandle) -> None:
+        """Group commit: cut `seg`'s unsent entries into batches and hand them to the node senders.
+
+        With nothing of the segment in flight they go at once: a lone write waits for no company.
+        While a batch is in flight, entries that do not fill a batch wait for its ack (which calls
+        this again): they go together as the next batch, so under load batches grow to what
+        arrives during one durable put (sending them early would gain nothing: commits go in
+        entry order and each node stores batches one at a time). Only a batch some node failed
+        once (being retried) holds them at most `append.linger_ms`: then they go too and wait
+        at the nodes behind it. Submitting under the lock keeps every node's queue in order.
+        """
+        if seg.status is not SegmentStatus.OPEN and seg.status is not SegmentStatus.ROLLED:
+            return
+        max_entries = self._max_batch_entries
+        max_bytes = self._max_batch_bytes
+        while seg.unsent:
+            if (
+                seg.batches
+                and seg.status is SegmentStatus.OPEN
+                and len(seg.unsent) < max_entries
+                and seg.unsent_bytes < max_bytes
+                and (
+                    len(seg.batches) > 1
+                    or not seg.batches[0].retrying
+                    or time.monotonic() - seg.unsent_since < self._linger_s
+                )
+            ):
+                return  # held for the ack of the batch in flight
+            batch = seg.take_batch(max_entries, max_bytes)
+            if seg.lac > seg.lac_sent:
+                seg.lac_sent = seg.lac  # the batch carries the LAC
+            failed = seg.failed_nodes
+            for node in seg.meta.nodes:
+                if node in failed:
+                    batch.failed.add(node)
+                else:
+                    self._workers[node].submit(seg, batch)
+            if seg.unsent:
+                seg.unsent_since = time.monotonic()
+
+    def _send_due(self, seg: SegmentHandle, now: float) -> float | None:
+        """Seconds until `seg`'s held entries go without an ack (None: they wait for one)."""
+        if not seg.unsent or len(seg.batches) != 1 or not seg.batches[0].retrying:
+            return None
+        return seg.unsent_since + self._linger_s - now
+
+    def wait_for_room_locked(self, size: int) -> None:
         """Backpressure: block until in-flight entries/bytes fall below the limits."""
         while (
-            (
-                self._inflight_entries >= self._max_inflight_entries
-                or self._inflight_bytes + size > self._max_inflight_bytes
-            )
+            self.full_locked(size)
             and self._inflight_entries
             and not self._closed
             and self._fenced is None
         ):
             self._space.wait(0.1)
-        self._check_open_locked()
+        self.check_open_locked()
 
-    def _writable_segment_locked(self) -> SegmentHandle | None:
+    def writable_segment_locked(self) -> SegmentHandle | None:
         """The current segment, rolled first if it is full or old; None while repairing.
 
         The segment limits are targets, not bounds: if the metadata store cannot create the next
@@ -365,11 +508,7 @@ class LogWriter:
         if seg is None:
             return None
         now = time.monotonic()
-        if (
-            seg.next_entry_id >= self._roll_entries
-            or seg.size_bytes >= self._roll_bytes
-            or now - seg.created >= self._roll_s
-        ) and now >= self._roll_retry_at:
+        if self._needs_roll(seg, now) and now >= self._roll_retry_at:
             try:
                 new = self._open_segment_locked()
             except WriterFencedError as exc:
@@ -388,12 +527,16 @@ class LogWriter:
                 return seg
             self._roll_backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
             seg.status = SegmentStatus.ROLLED
-            self._wake.notify()
+            if seg.drained():
+                seg.status = SegmentStatus.DONE
+                self._maint.submit(self._complete_drained, seg)
+            else:
+                self._send_locked(seg)  # its held entries need not wait for company any more
             self.metrics["segments_rolled"] += 1
             seg = new
         return seg
 
-    def _unavailable_error(self) -> WoodpeckerError:
+    def unavailable_error(self) -> WoodpeckerError:
         bad = self._repairing
         why = bad.failed_nodes if bad is not None else {}
         return QuorumUnavailableError(
@@ -401,7 +544,7 @@ class LogWriter:
             f"({why}); writes resume once it is completed and a new segment is open"
         )
 
-    def _check_open_locked(self) -> None:
+    def check_open_locked(self) -> None:
         if self._fenced is not None:
             raise WriterFencedError(str(self._fenced))
         if self._closed:
@@ -415,11 +558,8 @@ class LogWriter:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             if self._closed:
-                self._check_open_locked()
+                self.check_open_locked()
             target = self._seq
-            for seg in self._segments.values():
-                seg.unsent_since = 0.0  # send now
-            self._wake.notify()
             while self._fenced is None:
                 oldest = min(
                     (s.pending[0].seq for s in self._segments.values() if s.pending),
@@ -443,6 +583,7 @@ class LogWriter:
         timeout = timeout_arg(timeout)
         if self._closed:
             return
+        self._hooks.closing()
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def left(default: float) -> float:
@@ -486,7 +627,7 @@ class LogWriter:
                     log.warning(
                         "log %s: segment %s left for recovery: %s", self.log_id, seg.segment_id, exc
                     )
-        self._on_close()
+        self._hooks.closed()
 
     def __enter__(self) -> LogWriter:
         return self
@@ -498,24 +639,9 @@ class LogWriter:
     def fenced(self) -> bool:
         return self._fenced is not None
 
-    # --- hooks for the idempotent writer -------------------------------------------------------
-
-    def _on_committed(self, segment_id: int, entries: list[PendingEntry]) -> None:
-        """Entries reached aq, in entry order (called with the writer's lock held)."""
-
-    def _on_dropped(self, segment_id: int, entries: list[PendingEntry]) -> None:
-        """Entries of a completed segment that are not in it (called with the lock held)."""
-
-    def _on_segment_completed(self, segment_id: int, last_entry_id: int) -> None:
-        """A segment of this log is completed at `last_entry_id` (called without the lock)."""
-
-    def _on_close(self) -> None:
-        """The writer closed (fenced or not): stop what the subclass runs."""
-
-    def _process_intake(self) -> float | None:
-        """Flusher thread, without the lock: admit queued `_intake` writes that are due; returns
-        the seconds until the rest are."""
-        return None
+    def _segment_completed(self, segment_id: int, last_entry_id: int) -> None:
+        with self._lock:
+            self._hooks.segment_completed_locked(segment_id, last_entry_id)
 
     # --- flusher -----------------------------------------------------------------------------
 
@@ -539,15 +665,17 @@ class LogWriter:
             if not committed:
                 return
             resolved = self._commit_locked(seg, committed)
-            if not seg.batches and (seg.unsent or self._intake):
-                self._wake.notify()  # a batch was held while this one was in flight
+            if self._hooks.queued():  # writes queued while this batch was in flight
+                admitted, _ = self._hooks.admit_locked(self.idle_locked())
+                resolved.extend(admitted)
+            self._send_locked(seg)  # what was held while this batch was in flight
             if seg.status is SegmentStatus.ROLLED and seg.drained():
                 seg.status = SegmentStatus.DONE
                 self._maint.submit(self._complete_drained, seg)
         resolve(resolved)
 
     def _commit_locked(self, seg: SegmentHandle, committed: list[PendingEntry]):
-        self._on_committed(seg.segment_id, committed)
+        self._hooks.committed_locked(seg.segment_id, committed)
         resolved = []
         nbytes = 0
         for entry in committed:
@@ -613,7 +741,7 @@ class LogWriter:
                         self._segments.pop(seg.segment_id, None)
                         self.metrics["segments_repaired"] += 1
                     resolve(resolved)
-                    self._on_segment_completed(done.segment_id, done.last_entry_id)
+                    self._segment_completed(done.segment_id, done.last_entry_id)
                 with self._lock:
                     if self._current is None and not self._closed and self._fenced is None:
                         self._open_segment_locked()  # only a current segment is replaced
@@ -643,7 +771,7 @@ class LogWriter:
         committed, dropped = seg.resolve_completed(last_entry_id)
         resolved = self._commit_locked(seg, committed) if committed else []
         if dropped:
-            self._on_dropped(seg.segment_id, dropped)
+            self._hooks.dropped_locked(seg.segment_id, dropped)
             exc = SegmentClosedError(
                 f"segment {self.log_id}/{seg.segment_id} was completed at entry {last_entry_id} "
                 f"without these entries; a retry writes them anew"
@@ -705,7 +833,7 @@ class LogWriter:
         with self._lock:
             seg.status = SegmentStatus.DONE
             self._segments.pop(seg.segment_id, None)
-        self._on_segment_completed(seg.segment_id, last)
+        self._segment_completed(seg.segment_id, last)
 
     def _fence_locked(self, exc: WriterFencedError):
         """Another writer took over: fail everything pending; every later call fails too."""
@@ -718,6 +846,7 @@ class LogWriter:
         for seg in self._segments.values():
             for entry in seg.pending:
                 resolved.extend((f, WriterFencedError(str(exc))) for f, _ in entry.waiters())
+        resolved.extend(self._hooks.fenced_locked(exc))
         self._wake.notify_all()
         self._space.notify_all()
         return resolved

@@ -3,8 +3,9 @@
 A producer thread queues a write (payload, properties, future) with its queueing time, and pushes
 it into a `KeyPipe`: payloads' content keys are computed 64 at a time (by the pipe's Rust thread,
 without the GIL, when a chunk is large); an explicit id's (short) key at once. Queued writes are
-admitted (given ids, in one window pass and one encoding call per batch) by the producer itself
-once a batch's keys are ready, or by the flusher when the oldest has waited `append.linger_ms`.
+admitted (given ids, in one window pass and one encoding call per batch) at once when nothing is
+in flight, else by the ack of the batch in flight (group commit), by the producer itself once a
+batch's keys are ready, or by the flusher once the oldest has waited `append.linger_ms`.
 That hashes payloads many at a time and turns per-write window and encoding calls into one per
 batch.
 Every method is called with the writer's lock held.
@@ -15,12 +16,9 @@ from __future__ import annotations
 import time
 from array import array
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from .._core import KeyPipe
-
-if TYPE_CHECKING:
-    from .batch import RowSlot
 
 # Bytes a queued write counts against append.max_inflight_bytes until its record exists
 OVERHEAD = 64
@@ -36,7 +34,7 @@ TIMESTAMP_TYPECODE = "l" if array("l").itemsize == 8 else "q"
 class IntakeBatch(NamedTuple):
     payloads: list[bytes]
     properties: list[dict | None]
-    futures: list[Future] | list[RowSlot]  # a batch call's rows report to one completion
+    futures: list[Future]
     timestamps: array  # each write's queueing time, the time it is judged at
     nbytes: int  # what the writes count against append.max_inflight_bytes
     keys: bytes  # N*16 bytes, one key per write
@@ -100,5 +98,6 @@ class Intake:
         self.payloads, self.properties, self.futures = [], [], []
         self.timestamps = array(TIMESTAMP_TYPECODE)
         self.nbytes = 0
+        self.since = 0.0
         self.pipe.clear()
         return futures

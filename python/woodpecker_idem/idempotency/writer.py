@@ -1,5 +1,10 @@
 """IdempotentLogWriter: every retry of one logical write lands at most once within the window.
 
+It wraps the writer core (a `LogWriter`, as Woodpecker's idempotentWriterImpl wraps its
+LogWriter): the core assigns ids, sends, commits and completes segments and tells this layer
+through the `WriterHooks` this class implements; this layer owns the dedup window, the intake
+of queued writes and the snapshots, and calls only the core's layer API.
+
 write(msg, idempotency_id) -> key -> window lookup:
   committed -> the original id, duplicate=True, no server round trip;
   pending   -> join the in-flight entry (same future outcome, duplicate=True);
@@ -9,6 +14,7 @@ The window is rebuilt (snapshot + gap) before the writer accepts anything.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -21,12 +27,14 @@ from typing import TYPE_CHECKING
 from .._core import (
     DedupWindow,
     arrow_rows,
+    content_key,
     content_keys,
-    encode_new_entries,
+    explicit_key,
     explicit_keys,
 )
-from ..args import timeout_arg
+from ..args import timeout_arg, wait_for
 from ..client.futures import WriteFuture
+from ..client.hooks import Outcomes
 from ..client.segment import PendingEntry
 from ..client.workers import resolve
 from ..client.writer import LogWriter, coerce_message
@@ -42,8 +50,8 @@ from ..errors import (
     WriterForkedError,
 )
 from ..types import LogMessageId, WriteMessage, WriteResult
-from .batch import BatchCompletion, RowSlot
-from .intake import ADMIT_AT, ADMIT_MIN, OVERHEAD, TIMESTAMP_TYPECODE, Intake, IntakeBatch
+from .admission import Admission
+from .intake import Intake
 from .recovery import RecoveryReport, rebuild_window
 from .snapshot import SnapshotSource, Snapshotter
 
@@ -84,10 +92,6 @@ def _window_option(name: str, value: object, default: object) -> int | float:
     return key_value
 
 
-def _i64(column: bytes, i: int) -> int:
-    return int.from_bytes(column[8 * i : 8 * i + 8], "little", signed=True)
-
-
 @dataclass(frozen=True)
 class WriteManyResult:
     """Columnar results of `write_many`: no object per row."""
@@ -103,10 +107,8 @@ class WriteManyResult:
         return LogMessageId(self.segment_ids[i], self.entry_ids[i])
 
 
-class IdempotentLogWriter(LogWriter):
-    """A LogWriter with a dedup window, snapshots and window recovery."""
-
-    _intake: Intake
+class IdempotentLogWriter:
+    """A dedup window, snapshots and window recovery over a writer core (`core`)."""
 
     def __init__(
         self,
@@ -118,17 +120,23 @@ class IdempotentLogWriter(LogWriter):
         duration = _window_option("window_duration_s", window_duration_s, cfg.window_duration_s)
         max_keys = int(_window_option("window_max_keys", window_max_keys, cfg.window_max_keys))
         self._window = DedupWindow(max_keys, max(1, int(duration * 1000)))
-        self._next_evict_ms = 0
-        self._evict_every_ms = max(1, min(1000, self._window.window_ms // 100))
         self._watermarks: dict[int, int] = {}
+        self._intake = Intake()  # before the core: its threads ask `queued()` from the start
         self._new_keys = 0
-        self._duplicates = 0
-        self._intake = Intake()
+        self._handle = handle
+        self.log_id = handle.log_id
+        self._clock = handle.client.clock
         self._pid = os.getpid()  # its threads and locks exist in this process only
         self._generation = _fork_generation
         self.recovery: RecoveryReport | None = None
         self._snapshotter: Snapshotter | None = None
-        super().__init__(handle)  # takes over, completes segments, rebuilds the window, opens one
+        # takes over, completes segments, calls taken_over (window rebuilt), opens one
+        self._core = core = LogWriter(handle, hooks=self)
+        self._lock = core.lock  # the core's lock: the layer API and these hooks run under it
+        self._admission = Admission(core, self._window, self._clock, self._intake)
+        self._max_entry_bytes = core.max_entry_bytes
+        self.epoch = core.epoch
+        self.owner = core.owner
         self._snapshotter = Snapshotter(
             handle.client.objects,
             self.log_id,
@@ -142,10 +150,30 @@ class IdempotentLogWriter(LogWriter):
             cfg.snapshots_kept,
         )
 
+    @property
+    def core(self) -> LogWriter:
+        """The writer core this layer wraps (ids, sends, commits, segments)."""
+        return self._core
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The core's counters (segments rolled and repaired, background retries)."""
+        return self._core.metrics
+
+    @property
+    def fenced(self) -> bool:
+        return self._core.fenced
+
+    def __enter__(self) -> IdempotentLogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # --- recovery (runs inside LogWriter.__init__, before any write is accepted) ---------------
 
-    def _take_over_segments(self) -> None:
-        super()._take_over_segments()
+    def taken_over(self) -> None:
+        """Hook: rebuild the window (snapshot + gap) before the core accepts any write."""
         client = self._handle.client
         report, covered = rebuild_window(
             self._window,
@@ -178,6 +206,31 @@ class IdempotentLogWriter(LogWriter):
     # queued writes are admitted in queueing order: each judged as of its own queueing time in
     # one window pass (`reserve_many`), duplicates answered or joined, the rest new entries.
 
+    def write(
+        self,
+        message: WriteMessage | bytes,
+        *,
+        properties: dict[str, str] | None = None,
+        idempotency_id: str | bytes | None = None,
+        timeout: float | None = None,
+    ) -> WriteResult:
+        """Append and wait for the quorum ack; a key committed in the window returns its original
+        id at once (duplicate=True) unless an earlier write is still queued (it is judged first).
+        `timeout`: None or seconds > 0; a wait that ends first raises `WriteTimeoutError`."""
+        wait = None if timeout is None else timeout_arg(timeout, allow_zero=False)
+        self._check_process()
+        payload, props = coerce_message(message, properties, self._max_entry_bytes)
+        key = content_key(payload) if idempotency_id is None else explicit_key(idempotency_id)
+        with self._lock:
+            hit = self._admission.committed_locked(key)
+            if hit is not None:
+                return hit
+            future: Future[WriteResult] = WriteFuture()
+            resolved = self._admission.queue_locked(payload, props, None, future, key)
+        if resolved:
+            resolve(resolved)
+        return wait_for(future, wait, self._still_pending_text)
+
     def write_async(
         self,
         message: WriteMessage | bytes,
@@ -185,11 +238,20 @@ class IdempotentLogWriter(LogWriter):
         properties: dict[str, str] | None = None,
         idempotency_id: str | bytes | None = None,
     ) -> Future[WriteResult]:
+        """Queue a write; the future resolves at the quorum ack (or with the failure outcome), at
+        once for a key committed in the window when no earlier write is queued."""
         self._check_process()
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
         future: Future[WriteResult] = WriteFuture()
+        key = None
+        if not self._intake:  # a hint (re-checked under the lock): nothing queued ahead of it
+            key = content_key(payload) if idempotency_id is None else explicit_key(idempotency_id)
         with self._lock:
-            resolved = self._queue_locked(payload, props, idempotency_id, future)
+            hit = None if key is None else self._admission.committed_locked(key)
+            if hit is None:
+                resolved = self._admission.queue_locked(payload, props, idempotency_id, future, key)
+            else:
+                resolved = [(future, hit)]
         if resolved:
             resolve(resolved)
         return future
@@ -200,219 +262,28 @@ class IdempotentLogWriter(LogWriter):
             "a retry with the same key joins it and returns its id"
         )
 
-    def _queue_locked(self, payload: bytes, props: dict | None, ident, future, key=None):
-        """Queue one write; its key is `key` if given (computed already), else that of `ident`
-        (an explicit id), else the payload's. Returns the outcomes to set after the lock."""
-        if self._fenced is not None or self._closed:
-            self._check_open_locked()
-        size = len(payload) + OVERHEAD
-        early = None
-        if (
-            self._inflight_entries >= self._max_inflight_entries
-            or self._inflight_bytes + size > self._max_inflight_bytes
-        ):
-            if self._intake.futures:  # room comes from commits: queued writes must be entries
-                early = self._admit_locked(self._intake.take())
-            self._wait_for_room_locked(size)
-        intake = self._intake
-        stamps = intake.timestamps
-        stamps.append(self._clock.now_ms())
-        try:
-            if key is not None:
-                intake.pipe.push_key(key)
-            elif ident is None:
-                intake.pipe.push(payload)
-            else:
-                intake.pipe.push_id(ident)  # a bad id raises here
-        except BaseException:
-            stamps.pop()
-            raise
-        futures = intake.futures
-        if not futures:
-            intake.since = time.monotonic()
-            seg = self._current
-            if seg is None or not seg.unsent:  # else the flusher wakes within linger_ms anyway
-                self._wake.notify()  # it admits the write after linger_ms if nobody does sooner
-        intake.payloads.append(payload)
-        intake.properties.append(props)
-        futures.append(future)
-        self._inflight_entries += 1
-        self._inflight_bytes += size
-        intake.nbytes += size
-        if len(futures) >= ADMIT_AT and len(futures) % 16 == 0:
-            ready = intake.pipe.ready_count()
-            if ready >= ADMIT_MIN:
-                resolved = self._admit_locked(intake.take(ready))
-                return early + resolved if early else resolved
-        return early
+    # --- hooks: admission (the core calls these with its lock held) ----------------------------
 
-    def _process_intake(self) -> float | None:
-        """Flusher: admit the queued writes once the oldest has waited linger_ms; returns the
-        seconds until that, or None when nothing is queued."""
-        with self._lock:
-            if not self._intake.futures:
-                return None
-            due = self._intake.since + self._linger_s - time.monotonic()
-            if due > 0:
-                return due
-            resolved = self._admit_locked(self._intake.take())
-        resolve(resolved)
-        return None
+    def queued(self) -> int:
+        return len(self._intake.futures)
 
-    def _admit_locked(self, batch: IntakeBatch) -> list:
-        """Give queued writes their ids; returns the outcomes to set after the lock."""
-        n = len(batch.futures)
-        resolved: list = []
-        self._inflight_entries -= n
-        self._inflight_bytes -= batch.nbytes
-        if self._fenced is not None or self._closed:
-            exc = (
-                WriterFencedError(str(self._fenced))
-                if self._fenced is not None
-                else WriterClosedError(f"writer of log {self.log_id} closed")
-            )
-            resolved = [(f, exc) for f in batch.futures]
-        else:
-            self._assign_locked(batch, resolved)
-        self._space.notify_all()
-        return resolved
-
-    def _assign_locked(self, batch: IntakeBatch, resolved: list) -> None:
-        stamps, keys = batch.timestamps, batch.keys
-        window = self._window
-        if stamps[0] >= self._next_evict_ms:  # lookups ignore expired keys in between
-            window.evict(stamps[0])
-            self._next_evict_ms = stamps[0] + self._evict_every_ms
-        n = len(stamps)
-        start = 0
-        while start < n:
-            try:
-                seg = self._writable_segment_locked()
-            except WoodpeckerError as exc:  # a roll failed (metadata unreachable, fenced): these
-                resolved.extend((f, exc) for f in batch.futures[start:])  # writes end with it
-                return
-            if seg is None:  # repairing: duplicates are still answered, new writes fail fast
-                for i in range(start, n):
-                    key = keys[16 * i : 16 * i + 16]
-                    self._admit_one_unavailable_locked(batch.futures[i], key, stamps[i], resolved)
-                return
-            # a chunk stays within the segment's entry and byte limits; rolls happen in between
-            # (a segment past them could not be rolled: the rest goes into it, see the roll)
-            room = self._roll_entries - seg.next_entry_id
-            end = min(n, start + room) if room > 0 else n
-            if (
-                self._roll_bytes > seg.size_bytes
-                and seg.size_bytes + batch.nbytes >= self._roll_bytes
-            ):
-                room = self._roll_bytes - seg.size_bytes
-                for i in range(start, end):
-                    room -= len(batch.payloads[i]) + OVERHEAD
-                    if room <= 0:
-                        end = i + 1
-                        break
-            status, seg_col, ent_col = window.reserve_many(
-                keys[16 * start : 16 * end], stamps[start:end], seg.segment_id, seg.next_entry_id
-            )
-            self._enqueue_locked(seg, batch, start, end, status, seg_col, ent_col, resolved)
-            start = end
-
-    def _enqueue_locked(self, seg, batch, start, end, status, seg_col, ent_col, resolved):
-        """The hot loop of admission: kept flat on purpose (no per-entry helper calls)."""
-        whole = start == 0 and end == len(batch.futures)
-        cut = slice(start, end)
-        futures = batch.futures if whole else batch.futures[cut]
-        keys = batch.keys if whole else batch.keys[16 * start : 16 * end]
-        segment_id = seg.segment_id
-        first = entry_id = seg.next_entry_id
-        records = encode_new_entries(
-            status,
-            segment_id,
-            first,
-            batch.timestamps if whole else batch.timestamps[cut],
-            batch.payloads if whole else batch.payloads[cut],
-            batch.properties if whole else batch.properties[cut],
-            keys,
-        )
-        deadline = time.monotonic() + self._timeout_s
-        pending = seg.pending
-        unsent = seg.unsent
-        was_empty = not unsent
-        by_entry = seg.by_entry
-        added = 0
-        seq = self._seq
-        duplicates = len(records) != len(futures)
-        if duplicates:
-            new_futures = [futures[i] for i, code in enumerate(status) if not code]
-        else:  # the common case
-            new_futures = futures
-        for record, future in zip(records, new_futures, strict=True):
-            seq += 1
-            entry = PendingEntry(seq, segment_id, entry_id, record, future, deadline)
-            pending.append(entry)
-            unsent.append(entry)
-            by_entry[entry_id] = entry
-            added += len(record)
-            entry_id += 1
-        if duplicates:  # after the new entries: a row may join one made by an earlier row
-            for i, code in enumerate(status):
-                if code == 1:
-                    self._join_locked(_i64(seg_col, i), _i64(ent_col, i), futures[i])
-                elif code == 2:
-                    self._duplicates += 1
-                    mid = LogMessageId(_i64(seg_col, i), _i64(ent_col, i))
-                    resolved.append((futures[i], WriteResult(mid, True)))
-        self._seq = seq
-        seg.next_entry_id = entry_id
-        seg.unsent_bytes += added
-        seg.size_bytes += added
-        self._inflight_entries += entry_id - first
-        self._inflight_bytes += added
-        if was_empty and unsent:
-            seg.unsent_since = batch.since  # the linger started when the oldest was queued
-            self._wake.notify()
-        if len(unsent) >= self._max_batch_entries or seg.unsent_bytes >= self._max_batch_bytes:
-            self._wake.notify()
-
-    def _admit_one_unavailable_locked(self, future, key: bytes, ts: int, resolved) -> None:
-        hit = self._window.get(key, ts)
-        if hit is None:
-            resolved.append((future, self._unavailable_error()))
-        elif hit.committed:
-            self._duplicates += 1
-            mid = LogMessageId(hit.segment_id, hit.entry_id)
-            resolved.append((future, WriteResult(mid, True)))
-        else:
-            self._join_locked(hit.segment_id, hit.entry_id, future)
-
-    def _join_locked(self, segment_id: int, entry_id: int, future: Future) -> None:
-        seg = self._segments.get(segment_id)
-        entry = seg.by_entry.get(entry_id) if seg is not None else None
-        if entry is None:  # cannot happen while pending keys and segments move together
-            raise RuntimeError(f"pending key without its entry {segment_id}:{entry_id}")
-        if entry.joiners is None:
-            entry.joiners = []
-        entry.joiners.append(future)
-        self._duplicates += 1
-        if entry.timed_out:  # a retry after a timeout gets a fresh deadline
-            entry.timed_out = False
-            entry.deadline = time.monotonic() + self._timeout_s
+    def admit_locked(self, idle: bool) -> tuple[Outcomes, float | None]:
+        return self._admission.admit_locked(idle)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every write queued before this call is committed or failed."""
         self._check_process()
         with self._lock:
-            resolved = self._admit_locked(self._intake.take()) if self._intake.futures else None
+            resolved = self._admission.admit_all_locked()
         if resolved:
             resolve(resolved)
-        super().flush(timeout)
+        self._core.flush(timeout)
 
     def close(self, timeout: float | None = 30.0) -> None:
+        """Admit what is queued, then close the core (`LogWriter.close`); writes queued during
+        the close fail with `WriterClosedError`; a clean close leaves a fresh snapshot."""
         self._check_process()
-        super().close(timeout)
-        with self._lock:  # writes queued during the close: nobody will admit them
-            futures = self._intake.drop()
-        exc = WriterClosedError(f"writer of log {self.log_id} closed before this write was queued")
-        resolve([(f, exc) for f in futures])
+        self._core.close(timeout)
 
     def write_many(
         self,
@@ -439,7 +310,7 @@ class IdempotentLogWriter(LogWriter):
             for i, p in enumerate(payloads)
         ]
         self._check_process()
-        return self._write_keyed(checked, keys, wait)
+        return self._write_keyed_rows(checked, keys, wait)
 
     def write_arrow(
         self,
@@ -470,7 +341,7 @@ class IdempotentLogWriter(LogWriter):
     ) -> WriteManyResult:
         """Write payloads whose 16-byte keys were computed already (N*16 bytes, by the `_core`
         key functions, e.g. `arrow_rows`); checked whole before anything is queued."""
-        timeout = timeout_arg(timeout, allow_zero=False)
+        wait = timeout_arg(timeout, allow_zero=False)
         self._check_process()
         n = len(payloads)
         if len(keys) != 16 * n:
@@ -482,7 +353,7 @@ class IdempotentLogWriter(LogWriter):
                 f"row {row}: payload is {len(payloads[row])} bytes; append.max_entry_bytes "
                 f"allows {limit}; nothing of the batch was written"
             )
-        return self._write_keyed(payloads, keys, timeout)
+        return self._write_keyed_rows(payloads, keys, wait)
 
     def _check_process(self) -> None:
         if _fork_generation != self._generation:
@@ -492,50 +363,57 @@ class IdempotentLogWriter(LogWriter):
                 "and writer in this process"
             )
 
-    def _write_keyed(self, payloads: list[bytes], keys: bytes, timeout: float | None):
-        """Queue checked payloads with their keys in chunks (backpressure between chunks), in
-        order after any writes already queued; every row reports into one BatchCompletion.
-        The batch calls' only contact with the intake and admission."""
+    def _write_keyed_rows(
+        self, payloads: list[bytes], keys: bytes, wait: float | None
+    ) -> WriteManyResult:
+        """The one entry point for rows checked already: `payloads` are bytes within
+        append.max_entry_bytes, `keys` their N*16-byte keys (hashed by the caller, e.g. in Rust
+        from an Arrow batch). Committed keys are answered at once (unless writes are queued
+        ahead), the rest queued through the intake together; waits up to `wait` seconds."""
         n = len(payloads)
-        done = BatchCompletion(n)
-        chunk = max(1, min(8192, self._max_inflight_entries // 2))
-        for start in range(0, n, chunk):
-            stop = min(n, start + chunk)
-            part = payloads[start:stop]
-            part_keys = keys[16 * start : 16 * stop]
-            with self._lock:
-                self._check_open_locked()
-                resolved = self._admit_locked(self._intake.take()) if self._intake.futures else []
-                # keys committed in the window are answered in bulk, without queueing
-                status, segs, ents = self._window.get_many(part_keys, self._clock.now_ms())
-                committed = done.answer_committed(start, status, segs, ents)
-                self._duplicates += committed
-                if committed:
-                    rows = [i for i, code in enumerate(status) if code != 2]
-                    part = [part[i] for i in rows]
-                    part_keys = b"".join([part_keys[16 * i : 16 * i + 16] for i in rows])
-                    slots = [RowSlot(done, start + i) for i in rows]
-                else:
-                    slots = done.slots(start, stop)
-                if part:
-                    nbytes = sum(map(len, part)) + OVERHEAD * len(part)
-                    self._wait_for_room_locked(nbytes)
-                    now = self._clock.now_ms()
-                    batch = IntakeBatch(
-                        part,
-                        [None] * len(part),
-                        slots,
-                        array(TIMESTAMP_TYPECODE, [now]) * len(part),
-                        nbytes,
-                        part_keys,
-                        time.monotonic(),
+        if len(keys) != 16 * n:
+            raise InvalidArgumentError(f"{len(keys)} key bytes for {n} rows (16 per row)")
+        futures: list[tuple[int, Future]] = []
+        resolved: list = []
+        with self._lock:
+            core = self._core
+            core.check_open_locked()
+            if self._intake.futures:  # writes queued ahead are judged first: no early answers
+                status, segs, ents = bytes(n), bytes(8 * n), bytes(8 * n)
+            else:
+                status, segs, ents = self._window.get_many(keys, self._clock.now_ms())
+            seg_ids = array("q")
+            seg_ids.frombytes(segs)
+            entry_ids = array("q")
+            entry_ids.frombytes(ents)
+            duplicate = bytearray(b"\x01" * n)
+            committed = status.count(2)
+            self._admission.duplicates += committed
+            if committed != n:
+                for i in range(n):
+                    if status[i] == 2:
+                        continue
+                    future: Future = WriteFuture()
+                    key = keys[16 * i : 16 * i + 16]  # hashed once, above
+                    done = self._admission.queue_locked(
+                        payloads[i], None, None, future, key, alone=False
                     )
-                    self._inflight_entries += len(part)  # admission counts them out again
-                    self._inflight_bytes += nbytes
-                    resolved += self._admit_locked(batch)
-            resolve(resolved)
-        done.wait(timeout)
-        return WriteManyResult(done.segment_ids, done.entry_ids, done.duplicate)
+                    if done:
+                        resolved.extend(done)
+                    futures.append((i, future))
+                if core.idle_locked():  # the rows go as one batch
+                    resolved.extend(self._admission.admit_all_locked())
+        resolve(resolved)
+        deadline = None if wait is None else time.monotonic() + wait
+        for i, future in futures:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            result: WriteResult = wait_for(future, left, functools.partial(self._row_pending, i))
+            seg_ids[i], entry_ids[i] = result.message_id
+            duplicate[i] = result.duplicate
+        return WriteManyResult(seg_ids, entry_ids, duplicate)
+
+    def _row_pending(self, i: int) -> str:
+        return f"row {i}: {self._still_pending_text()}"
 
     def _checked_row(self, row: object, i: int) -> bytes:
         try:
@@ -544,9 +422,9 @@ class IdempotentLogWriter(LogWriter):
             raise type(exc)(f"payloads[{i}]: {exc}") from None
         return payload
 
-    # --- hooks from LogWriter (lock held) ------------------------------------------------------
+    # --- hooks: entries and segments ------------------------------------------------------------
 
-    def _on_committed(self, segment_id: int, entries: list[PendingEntry]) -> None:
+    def committed_locked(self, segment_id: int, entries: list[PendingEntry]) -> None:
         window = self._window
         before = window.early_evictions
         last = entries[-1].entry_id
@@ -564,14 +442,28 @@ class IdempotentLogWriter(LogWriter):
         if self._snapshotter is not None and self._new_keys >= self._snapshotter.threshold:
             self._snapshotter.kick()
 
-    def _on_dropped(self, segment_id: int, entries: list[PendingEntry]) -> None:
+    def dropped_locked(self, segment_id: int, entries: list[PendingEntry]) -> None:
         self._window.drop_segment(segment_id)  # completed without them: all that is left
 
-    def _on_segment_completed(self, segment_id: int, last_entry_id: int) -> None:
-        with self._lock:
-            self._watermarks[segment_id] = last_entry_id
+    def segment_completed_locked(self, segment_id: int, last_entry_id: int) -> None:
+        self._watermarks[segment_id] = last_entry_id
 
-    def _on_close(self) -> None:
+    def fenced_locked(self, exc: WriterFencedError) -> Outcomes:
+        if self._snapshotter is not None:
+            self._snapshotter.cancel()
+        return [(f, WriterFencedError(str(exc))) for f in self._intake.drop()]
+
+    def closing(self) -> None:
+        with self._lock:
+            resolved = self._admission.admit_all_locked()
+        if resolved:
+            resolve(resolved)
+
+    def closed(self) -> None:
+        with self._lock:  # writes queued during the close: nobody will admit them
+            futures = self._intake.drop()
+        exc = WriterClosedError(f"writer of log {self.log_id} closed before this write was queued")
+        resolve([(f, exc) for f in futures])
         if self._snapshotter is not None:
             self._snapshotter.stop()
             self._snapshotter.write_now()  # a clean close leaves a fresh snapshot (if still owner)
@@ -581,33 +473,16 @@ class IdempotentLogWriter(LogWriter):
     def _capture(self) -> SnapshotSource | None:
         """A committed-only copy of the window and watermarks, under one lock (DESIGN.md 7)."""
         with self._lock:
-            if self._fenced is not None:
+            if self._core.fenced:
                 return None
             marks = dict(self._watermarks)
-            for seg in self._segments.values():
-                marks[seg.segment_id] = seg.lac
+            marks.update(self._core.open_lacs_locked())
             source = SnapshotSource(self._window.clone_committed(), marks, self._new_keys)
             self._new_keys = 0
         return source
 
     def _still_owner(self) -> bool:
-        if self._fenced is not None:
-            return False
-        try:
-            self._meta.check_epoch(self.log_id, self.epoch)
-        except WriterFencedError as exc:
-            with self._lock:
-                resolved = self._fence_locked(exc)
-            resolve(resolved)
-            return False
-        return True
-
-    def _fence_locked(self, exc: WriterFencedError):
-        resolved = super()._fence_locked(exc)
-        resolved.extend((f, WriterFencedError(str(exc))) for f in self._intake.drop())
-        if self._snapshotter is not None:
-            self._snapshotter.cancel()
-        return resolved
+        return self._core.still_owner()
 
     # --- metrics -------------------------------------------------------------------------------
 
@@ -619,7 +494,7 @@ class IdempotentLogWriter(LogWriter):
         with self._lock:
             pending = w.pending_count + len(self._intake)
         return {
-            "duplicates_suppressed": self._duplicates,
+            "duplicates_suppressed": self._admission.duplicates,
             "pending": pending,
             "window_keys": w.committed_count,
             "window_memory_bytes": w.memory_bytes(),

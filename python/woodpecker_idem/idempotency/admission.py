@@ -1,0 +1,230 @@
+"""Admission: how the idempotent writer turns queued writes into entries.
+
+A write is judged against the dedup window as of the time it was queued, in queueing order:
+a key committed in the window is answered at once when no write is queued ahead of it;
+otherwise the write waits in the intake (intake.py) and is admitted with the writes queued with
+it, in one window pass (`reserve_many`) and one encoding call, then handed to the writer core's
+one enqueue path. Every method runs with the core's lock held.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+
+from .._core import DedupWindow, encode_new_entries
+from ..client.hooks import Outcomes
+from ..client.segment import SegmentHandle
+from ..client.writer import LogWriter
+from ..clock import Clock
+from ..errors import WoodpeckerError
+from ..types import LogMessageId, WriteResult
+from .intake import ADMIT_AT, ADMIT_MIN, OVERHEAD, Intake, IntakeBatch
+
+_new = tuple.__new__
+
+
+def _i64(column: bytes, i: int) -> int:
+    return int.from_bytes(column[8 * i : 8 * i + 8], "little", signed=True)
+
+
+class Admission:
+    """The intake of queued writes and their admission into the core, judged by the window."""
+
+    def __init__(self, core: LogWriter, window: DedupWindow, clock: Clock, intake: Intake):
+        self._core = core
+        self._window = window
+        self._clock = clock
+        self.intake = intake
+        self.duplicates = 0  # writes answered with an existing entry (committed or joined)
+        self._next_evict_ms = 0
+        self._evict_every_ms = max(1, min(1000, window.window_ms // 100))
+
+    def committed_locked(self, key: bytes) -> WriteResult | None:
+        """The original result if `key` is committed in the window and no write is queued ahead
+        of this one (an earlier queued write of the same key must be judged first, DESIGN.md
+        1.1); then the write needs neither the intake nor the nodes."""
+        self._core.check_open_locked()
+        if self.intake.futures:
+            return None
+        hit = self._window.get(key, self._clock.now_ms())
+        if hit is None or not hit.committed:
+            return None
+        self.duplicates += 1
+        # tuple.__new__: a NamedTuple's own __new__ costs a microsecond on this 5 us path
+        return _new(WriteResult, (_new(LogMessageId, (hit.segment_id, hit.entry_id)), True))
+
+    def queue_locked(
+        self,
+        payload: bytes,
+        props: dict | None,
+        ident: str | bytes | None,
+        future: Future,
+        key: bytes | None = None,
+        alone: bool = True,
+    ) -> list | None:
+        """Queue one write; its key is `key` if given (computed already), else that of `ident`
+        (an explicit id), else the payload's. `alone`: admitted at once if nothing is in flight
+        (False: the caller queues more rows and admits them together). Returns the outcomes to
+        set after the lock."""
+        core = self._core
+        core.check_open_locked()
+        size = len(payload) + OVERHEAD
+        early = None
+        if core.full_locked(size):
+            if self.intake.futures:  # room comes from commits: queued writes must be entries
+                early = self._admit_locked(self.intake.take())
+            core.wait_for_room_locked(size)
+        intake = self.intake
+        stamps = intake.timestamps
+        stamps.append(self._clock.now_ms())
+        try:
+            if key is not None:
+                intake.pipe.push_key(key)
+            elif ident is None:
+                intake.pipe.push(payload)
+            else:
+                intake.pipe.push_id(ident)  # a bad id raises here
+        except BaseException:
+            stamps.pop()
+            raise
+        futures = intake.futures
+        if not futures:
+            intake.since = time.monotonic()
+        intake.payloads.append(payload)
+        intake.properties.append(props)
+        futures.append(future)
+        core.hold_locked(1, size)
+        intake.nbytes += size
+        if alone and core.idle_locked():  # nothing in flight: no company worth waiting for
+            resolved = self._admit_locked(intake.take())
+            return early + resolved if early else resolved
+        if len(futures) == 1:
+            core.wake_locked()  # the flusher admits it after linger_ms unless an ack comes first
+        if len(futures) >= ADMIT_AT and len(futures) % 16 == 0:
+            ready = intake.pipe.ready_count()
+            if ready >= ADMIT_MIN:
+                resolved = self._admit_locked(intake.take(ready))
+                return early + resolved if early else resolved
+        return early
+
+    def admit_all_locked(self) -> Outcomes:
+        """Admit every queued write now (flush, close)."""
+        return self._admit_locked(self.intake.take()) if self.intake.futures else []
+
+    def admit_locked(self, idle: bool) -> tuple[Outcomes, float | None]:
+        """Admit every queued write if nothing is in flight in the current segment (`idle`: an
+        ack just came) or the oldest has waited linger_ms; returns the outcomes to set after the
+        lock and the seconds until the queued writes are due (None: nothing queued)."""
+        if not self.intake.futures:
+            return [], None
+        if not idle:
+            due = self.intake.since + self._core.linger_s - time.monotonic()
+            if due > 0:
+                return [], due
+        return self._admit_locked(self.intake.take()), None
+
+    def _admit_locked(self, batch: IntakeBatch) -> list:
+        """Give queued writes their ids; returns the outcomes to set after the lock."""
+        resolved: list = []
+        core = self._core
+        core.release_locked(len(batch.futures), batch.nbytes)
+        try:
+            core.check_open_locked()
+        except WoodpeckerError as exc:  # fenced or closed: nobody will send them
+            return [(f, exc) for f in batch.futures]
+        self._assign_locked(batch, resolved)
+        return resolved
+
+    def _assign_locked(self, batch: IntakeBatch, resolved: list) -> None:
+        stamps, keys = batch.timestamps, batch.keys
+        window = self._window
+        if stamps[0] >= self._next_evict_ms:  # lookups ignore expired keys in between
+            window.evict(stamps[0])
+            self._next_evict_ms = stamps[0] + self._evict_every_ms
+        n = len(stamps)
+        start = 0
+        core = self._core
+        while start < n:
+            try:
+                seg = core.writable_segment_locked()
+            except WoodpeckerError as exc:  # a roll failed (fenced, metadata unreachable): these
+                resolved.extend((f, exc) for f in batch.futures[start:])  # writes end with it
+                return
+            if seg is None:  # repairing: duplicates are still answered, new writes fail fast
+                for i in range(start, n):
+                    key = keys[16 * i : 16 * i + 16]
+                    self._admit_one_unavailable_locked(batch.futures[i], key, stamps[i], resolved)
+                return
+            # a chunk stays within the segment's entry and byte limits; rolls happen in between
+            # (a segment past them could not be rolled: the rest goes into it, see the roll)
+            room, room_bytes = core.segment_room_locked(seg)
+            end = min(n, start + room) if room > 0 else n
+            if 0 < room_bytes <= batch.nbytes:
+                room = room_bytes
+                for i in range(start, end):
+                    room -= len(batch.payloads[i]) + OVERHEAD
+                    if room <= 0:
+                        end = i + 1
+                        break
+            status, seg_col, ent_col = window.reserve_many(
+                keys[16 * start : 16 * end], stamps[start:end], seg.segment_id, seg.next_entry_id
+            )
+            self._enqueue_locked(seg, batch, start, end, status, seg_col, ent_col, resolved)
+            start = end
+
+    def _enqueue_locked(
+        self,
+        seg: SegmentHandle,
+        batch: IntakeBatch,
+        start: int,
+        end: int,
+        status: bytes,
+        seg_col: bytes,
+        ent_col: bytes,
+        resolved: list,
+    ) -> None:
+        """Rows start..end of an admitted batch, judged by the window: new ones become entries
+        (one encoding call, the core's one enqueue path), duplicates are answered or joined."""
+        whole = start == 0 and end == len(batch.futures)
+        cut = slice(start, end)
+        futures = batch.futures if whole else batch.futures[cut]
+        keys = batch.keys if whole else batch.keys[16 * start : 16 * end]
+        records = encode_new_entries(
+            status,
+            seg.segment_id,
+            seg.next_entry_id,
+            batch.timestamps if whole else batch.timestamps[cut],
+            batch.payloads if whole else batch.payloads[cut],
+            batch.properties if whole else batch.properties[cut],
+            keys,
+        )
+        duplicates = len(records) != len(futures)
+        if duplicates:
+            new_futures = [futures[i] for i, code in enumerate(status) if not code]
+        else:  # the common case
+            new_futures = futures
+        self._core.enqueue_locked(seg, records, new_futures, batch.since)
+        if duplicates:  # after the new entries: a row may join one made by an earlier row
+            for i, code in enumerate(status):
+                if code == 1:
+                    self._join_locked(_i64(seg_col, i), _i64(ent_col, i), futures[i])
+                elif code == 2:
+                    self.duplicates += 1
+                    mid = LogMessageId(_i64(seg_col, i), _i64(ent_col, i))
+                    resolved.append((futures[i], WriteResult(mid, True)))
+
+    def _admit_one_unavailable_locked(self, future, key: bytes, ts: int, resolved) -> None:
+        hit = self._window.get(key, ts)
+        if hit is None:
+            resolved.append((future, self._core.unavailable_error()))
+        elif hit.committed:
+            self.duplicates += 1
+            mid = LogMessageId(hit.segment_id, hit.entry_id)
+            resolved.append((future, WriteResult(mid, True)))
+        else:
+            self._join_locked(hit.segment_id, hit.entry_id, future)
+
+    def _join_locked(self, segment_id: int, entry_id: int, future: Future) -> None:
+        self._core.join_locked(segment_id, entry_id, future)
+        self.duplicates += 1
