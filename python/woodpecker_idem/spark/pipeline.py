@@ -116,8 +116,9 @@ class PipelineResult:
         return self.verdict.ok and not self.count_problems()
 
 
-def local_spark(cores: int, batch_rows: int) -> SparkSession:
-    """A local Spark whose Python workers run this interpreter with this package importable."""
+def local_spark(cores: int, batch_rows: int, conf: dict[str, str] | None = None) -> SparkSession:
+    """A local Spark whose Python workers run this interpreter with this package importable
+    (`conf` overrides the settings below)."""
     import woodpecker_idem
 
     package_parent = str(Path(woodpecker_idem.__file__).resolve().parent.parent)
@@ -129,7 +130,7 @@ def local_spark(cores: int, batch_rows: int) -> SparkSession:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, path) if p)
     from pyspark.sql import SparkSession
 
-    session = (
+    builder = (
         SparkSession.builder.master(f"local[{cores},3]")
         .appName("woodpecker-pipeline")
         .config("spark.driver.host", "127.0.0.1")
@@ -143,8 +144,10 @@ def local_spark(cores: int, batch_rows: int) -> SparkSession:
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(batch_rows))
         .config("spark.buffer.size", "4096")  # rows reach the sink without waiting for more
         .config("spark.python.worker.reuse", "true")
-        .getOrCreate()
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     register(session)
     return session
 
