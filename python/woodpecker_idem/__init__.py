@@ -28,6 +28,7 @@ from .errors import (
     ClientClosedError,
     ConfigError,
     CorruptEntryError,
+    EarlyEvictionError,
     EntryConflictError,
     EntryTruncatedError,
     InvalidArgumentError,
@@ -50,6 +51,7 @@ from .errors import (
     WoodpeckerError,
     WriterClosedError,
     WriterFencedError,
+    WriterForkedError,
     WriteTimeoutError,
 )
 from .idempotency import IdempotentLogWriter, WriteManyResult
@@ -62,6 +64,7 @@ __all__ = [
     "ConfigError",
     "CorruptEntryError",
     "DedupWindow",
+    "EarlyEvictionError",
     "EntryConflictError",
     "EntryTruncatedError",
     "IdempotentLogWriter",
@@ -100,6 +103,7 @@ __all__ = [
     "WriteTimeoutError",
     "WriterClosedError",
     "WriterFencedError",
+    "WriterForkedError",
     "connect",
     "content_key",
     "content_keys",
