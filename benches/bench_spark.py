@@ -10,7 +10,7 @@ P = 4, local Spark (`local[2]`), embedded default (es=1, fsync before ack). Ever
 fresh log group (or parquet directory), so every row is new. The sides run interleaved (idem,
 plain, parquet; idem, plain, parquet; ...) and are compared on the median of per-round ratios.
 `WOODPECKER_BENCH_SPARK_ROWS` (default 200,000) and `WOODPECKER_BENCH_SPARK_ROUNDS` (default 5,
-after one untimed warm-up round) size it: issue 14 names 1,000,000 rows, ~35 s per write on the
+after one untimed warm-up round) size it: issue 14 names 1,000,000 rows, ~30 s per write on the
 shared 2-core machine. Asserted: idempotent >= 0.9x plain (issue 14's target). Reported only:
 vs parquet (aim >= 0.5x) and key hashing vs md5.
 """
