@@ -287,3 +287,19 @@ def test_foreach_partition_helper_and_key_udf(spark, tmp_path):  # noqa: F811
     prepared.foreachPartition(write)
     prepared.foreachPartition(write)  # again: all duplicates
     judge(tmp_path, "fe", order_keys(0, 300), partitions=3)
+
+
+def test_plain_mode_appends_every_delivery_and_a_bad_value_is_refused(spark, tmp_path):  # noqa: F811
+    prepared = prepare(orders(spark, 200), "order_id", 2)
+    for _ in range(2):
+        save(prepared, tmp_path, "plain", 2, idempotencyKey="order_id", idempotent="false")
+    last = reports(tmp_path)[-1]
+    assert (last["rows"], last["written"], last["duplicates"]) == (200, 200, 0)
+    client = connect(tmp_path)
+    try:
+        entries = [m for p in range(2) for m in client.open_log(f"plain-{p}").open_reader()]
+    finally:
+        client.close()
+    assert len(entries) == 400  # no window: the re-run appended every row again
+    with pytest.raises(Exception, match='option "idempotent" must be true or false'):
+        save(prepared, tmp_path, "plain", 2, idempotencyKey="order_id", idempotent="maybe")
