@@ -13,15 +13,23 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: cargo (Rust) is required; install it with rustup" >&2
   exit 1
 fi
-if ! command -v java >/dev/null 2>&1; then  # Spark (the spark extra, in the test extras)
+java_major() {  # 17 for "17.0.15", 1 for "1.8.0_392"; 0 when there is no java
+  command -v java >/dev/null 2>&1 || { echo 0; return; }
+  v=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1)
+  echo "${v:-0}"
+}
+if [ "$(java_major)" -lt 17 ]; then  # Spark 4 (the spark extra) runs on Java 17 or 21
   if command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing a Java 17 runtime for Spark (apt-get install openjdk-17-jre-headless)" >&2
     SUDO=""
     if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
     $SUDO apt-get update -q >/dev/null
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q openjdk-17-jre-headless >/dev/null
+    # Debian 12 / Ubuntu 22.04+ have 17; Debian 13 has 21 only.
+    JRE=openjdk-17-jre-headless
+    if ! apt-cache show "$JRE" >/dev/null 2>&1; then JRE=openjdk-21-jre-headless; fi
+    echo "setup: installing a Java runtime for Spark (apt-get install $JRE)" >&2
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$JRE" >/dev/null
   else
-    echo "setup: Spark needs a Java 17 runtime; install one (e.g. openjdk-17-jre-headless)" >&2
+    echo "setup: Spark needs a Java 17 (or 21) runtime; install one (e.g. openjdk-17-jre-headless)" >&2
     exit 1
   fi
 fi

@@ -16,7 +16,7 @@ from sparkenv import spark  # noqa: F401 - the session fixture
 
 from woodpecker_idem import connect, explicit_key
 from woodpecker_idem._core import arrow_explicit_keys, route_keys
-from woodpecker_idem.history import Attempt, check_history
+from woodpecker_idem.history import History
 from woodpecker_idem.spark import ROUTE_COLUMN, prepare
 from woodpecker_idem.spark.routing import partition_slots, spark_int_hash
 
@@ -87,8 +87,13 @@ def judge(data_dir: Path, log: str, expected_keys: set[bytes], partitions: int =
             routes = memoryview(route_keys(keys, partitions)).cast("i")
             assert set(routes) <= {p}, f"log {log}-{p} holds keys of other routes"
             messages.extend(part)
-        attempts = [Attempt(k, False, error="written by Spark") for k in expected_keys]
-        verdict = check_history(attempts, messages, 600_000, 100_000)
+        # The tasks' writes, outcome unknown to the test (each may have landed); payloads as
+        # stored: these tests judge keys (duplicates, inventions, the census below).
+        stored = {m.idempotency_key: m.payload for m in messages}
+        history = History()
+        for k in expected_keys:
+            history.failed(k, stored.get(k, b""), "written by Spark")
+        verdict = history.check(messages, 600_000, 100_000)
         assert verdict.ok, verdict.summary()
         assert len(messages) == len(expected_keys)
         assert {m.idempotency_key for m in messages} == expected_keys
@@ -282,3 +287,19 @@ def test_foreach_partition_helper_and_key_udf(spark, tmp_path):  # noqa: F811
     prepared.foreachPartition(write)
     prepared.foreachPartition(write)  # again: all duplicates
     judge(tmp_path, "fe", order_keys(0, 300), partitions=3)
+
+
+def test_plain_mode_appends_every_delivery_and_a_bad_value_is_refused(spark, tmp_path):  # noqa: F811
+    prepared = prepare(orders(spark, 200), "order_id", 2)
+    for _ in range(2):
+        save(prepared, tmp_path, "plain", 2, idempotencyKey="order_id", idempotent="false")
+    last = reports(tmp_path)[-1]
+    assert (last["rows"], last["written"], last["duplicates"]) == (200, 200, 0)
+    client = connect(tmp_path)
+    try:
+        entries = [m for p in range(2) for m in client.open_log(f"plain-{p}").open_reader()]
+    finally:
+        client.close()
+    assert len(entries) == 400  # no window: the re-run appended every row again
+    with pytest.raises(Exception, match='option "idempotent" must be true or false'):
+        save(prepared, tmp_path, "plain", 2, idempotencyKey="order_id", idempotent="maybe")

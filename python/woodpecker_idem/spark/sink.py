@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from ..client.client import WoodpeckerClient
+    from ..client.writer import LogWriter
     from ..idempotency.writer import IdempotentLogWriter
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class SinkOptions:
     window_max_keys: int | None = None
     window_duration_s: float | None = None
     report_file: str | None = None
+    idempotent: bool = True  # false: plain writers, no keys kept (the benches' baseline)
 
     @classmethod
     def parse(cls, options: Any, need_partitions: bool) -> SinkOptions:
@@ -87,6 +89,11 @@ class SinkOptions:
             raise InvalidArgumentError(
                 'option "partitions" is required: the P given to prepare(df, key, P)'
             )
+        idempotent = (get("idempotent") or "true").lower()
+        if idempotent not in ("true", "false"):
+            raise InvalidArgumentError(
+                f'option "idempotent" must be true or false, not {idempotent!r}'
+            )
         max_keys = get("windowMaxKeys")
         duration = get("windowDurationS")
         try:
@@ -100,6 +107,7 @@ class SinkOptions:
                 window_max_keys=int(max_keys) if max_keys is not None else None,
                 window_duration_s=float(duration) if duration is not None else None,
                 report_file=get("reportFile"),
+                idempotent=idempotent == "true",
             )
         except ValueError as exc:
             if isinstance(exc, InvalidArgumentError):
@@ -163,6 +171,7 @@ class TaskWriters:
         self._opts = opts
         self._client = opts.connect()
         self._writers: dict[int, IdempotentLogWriter] = {}
+        self._plain: dict[int, LogWriter] = {}
         self._evictions: dict[int, int] = {}
 
     def writer(self, route: int) -> IdempotentLogWriter:
@@ -173,6 +182,21 @@ class TaskWriters:
             self._writers[route] = w
             self._evictions[route] = w.window.early_evictions
         return w
+
+    def write(self, route: int, payloads: list[bytes], keys: bytes) -> int:
+        """Write one route's rows; returns the duplicates suppressed."""
+        if self._opts.idempotent:
+            res = self.writer(route).write_keyed(payloads, keys)
+            self.check_evictions(route)
+            return res.duplicate.count(1)
+        w = self._plain.get(route)
+        if w is None:
+            w = self._plain[route] = self._client.open_log(
+                log_name(self._opts.log, route)
+            ).open_writer()
+        for future in [w.write_async(p) for p in payloads]:
+            future.result()
+        return 0
 
     def check_evictions(self, route: int) -> None:
         w = self._writers[route]
@@ -187,11 +211,11 @@ class TaskWriters:
 
     @property
     def routes(self) -> list[int]:
-        return sorted(self._writers)
+        return sorted({*self._writers, *self._plain})
 
     def close(self) -> None:
         try:
-            for w in self._writers.values():
+            for w in [*self._writers.values(), *self._plain.values()]:
                 w.close()
         finally:
             self._client.close()
@@ -242,11 +266,9 @@ def write_batches(
                 )
             routes = memoryview(route_keys(keys, partitions)).cast("i")
             for route, (part, part_keys) in _split_by_route(payloads, keys, routes).items():
-                res = task.writer(route).write_keyed(part, part_keys)
-                dups = res.duplicate.count(1)
+                dups = task.write(route, part, part_keys)
                 msg.duplicates += dups
                 msg.written += len(part) - dups
-                task.check_evictions(route)
             msg.rows += batch.num_rows
         msg.routes = task.routes
     finally:
