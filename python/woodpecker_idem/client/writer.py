@@ -164,6 +164,7 @@ class LogWriter:
         self._inflight_entries = 0
         self._inflight_bytes = 0
         self._segments: dict[int, SegmentHandle] = {}
+        self._last_opened = -1  # the newest segment this writer has had a handle for
         self._current: SegmentHandle | None = None
         self._repairing: SegmentHandle | None = None
         self._workers: dict[str, NodeWorker] = {}
@@ -246,6 +247,7 @@ class LogWriter:
             meta = self._meta.create_segment(self.epoch, meta)
         handle = SegmentHandle(meta, time.monotonic())
         self._segments[segment_id] = handle
+        self._last_opened = max(self._last_opened, segment_id)
         self._current = handle
         for node in meta.nodes:
             if node not in self._workers:
@@ -627,7 +629,24 @@ class LogWriter:
                     log.warning(
                         "log %s: segment %s left for recovery: %s", self.log_id, seg.segment_id, exc
                     )
+        if self._fenced is None and (deadline is None or left(0) > 0):
+            self._seal_orphan()
         self._hooks.closed()
+
+    def _seal_orphan(self) -> None:
+        """A segment this writer created but never heard back about (a lost create answer, its
+        roll retried later or never) is ACTIVE and empty: seal it, or readers would wait there."""
+        try:
+            segments = self._meta.list_segments(self.log_id)
+            last = segments[-1] if segments else None
+            if last is None or last.state is not SegmentState.ACTIVE:
+                return
+            if last.segment_id <= self._last_opened:
+                return  # one of its own (a failed completion stays for recovery)
+            self._meta.check_epoch(self.log_id, self.epoch)  # only this epoch can have made it
+            seal(self._meta, self.epoch, last, -1, self._clock.now_ms())
+        except Exception as exc:  # the next writer's takeover completes it
+            log.warning("log %s: empty segment left for recovery: %s", self.log_id, exc)
 
     def __enter__(self) -> LogWriter:
         return self

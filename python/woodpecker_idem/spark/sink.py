@@ -215,8 +215,10 @@ class TaskWriters:
 
     def close(self) -> None:
         try:
-            for w in [*self._writers.values(), *self._plain.values()]:
+            for w in self._writers.values():
                 w.close()
+            for plain in self._plain.values():
+                plain.close()
         finally:
             self._client.close()
 
