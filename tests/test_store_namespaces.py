@@ -264,6 +264,8 @@ def test_takeover_by_another_data_dir_on_s3(
                 acked_by_a[key] = mid
             elif key in acked_by_a:
                 assert (mid, dup) == (acked_by_a[key], True), (key, mid, dup)
+    for key in host_a.in_flight():  # in flight when A was killed: it may have landed
+        history.failed(wp.explicit_key(key), f"payload of {key}".encode(), "host A SIGKILLed")
 
     client = wp.connect(tmp_path / "host-c")  # a third data directory reads it all
     try:

@@ -78,7 +78,8 @@ class _Producer:
     def __init__(self, writer, history: History):
         self.writer = writer
         self.history = history
-        self.inflight: list[tuple[bytes, bytes, Stamp, Future[WriteResult]]] = []
+        self.inflight: list[tuple[int, bytes, bytes, Stamp, Future[WriteResult]]] = []
+        self.failed: set[int] = set()
 
     def attempt(self, i: int) -> None:
         oid = f"order-{i}"
@@ -87,16 +88,27 @@ class _Producer:
             future = self.writer.write_async(payload, idempotency_id=oid)
         except WoodpeckerError as exc:
             self.history.failed(key, payload, exc, start)
+            self.failed.add(i)
             return
-        self.inflight.append((key, payload, start, future))
+        self.inflight.append((i, key, payload, start, future))
 
     def settle(self) -> None:
-        for key, payload, start, future in self.inflight:
-            try:
-                self.history.ok(key, payload, future.result(30), start)
-            except WoodpeckerError as exc:
-                self.history.failed(key, payload, exc, start)
-        self.inflight.clear()
+        """Wait for every write in flight; like an application, resend the failed ones (a retry
+        of an idempotent write is safe) until each is acknowledged."""
+        for _ in range(20):
+            for i, key, payload, start, future in self.inflight:
+                try:
+                    self.history.ok(key, payload, future.result(30), start)
+                    self.failed.discard(i)
+                except WoodpeckerError as exc:
+                    self.history.failed(key, payload, exc, start)
+                    self.failed.add(i)
+            self.inflight.clear()
+            if not self.failed:
+                return
+            time.sleep(0.05)
+            for i in sorted(self.failed):
+                self.attempt(i)
 
 
 def _killed_producer(

@@ -18,6 +18,7 @@ from ..errors import (
     ConfigError,
     InvalidArgumentError,
     InvalidTypeError,
+    LogExistsError,
     LogNotFoundError,
 )
 from ..logstore.engine import LogStoreEngine
@@ -104,7 +105,10 @@ class WoodpeckerClient:
         except LogNotFoundError:
             if not create:
                 raise
-            return self.create_log(name)
+            try:
+                return self.create_log(name)
+            except LogExistsError:  # another client created it meanwhile: open that one
+                meta = self.meta.get_log(name)
         return LogHandle(self, meta.log_id, meta.name)
 
     def list_logs(self) -> list[str]:
