@@ -555,3 +555,30 @@ def test_sqlite_store_pickles_as_a_reopen(tmp_path: Path) -> None:
     assert copy.get_log("a") == store.get_log("a")
     copy.close()
     store.close()
+
+
+def _open_at(path: str, start: float) -> str:
+    """Process entry point: open a fresh store at `start` (wall clock) and report how it went."""
+    import time
+
+    while time.time() < start:
+        pass
+    try:
+        SqliteMetadataStore(path).close()
+    except Exception as exc:  # reported to the parent, which asserts on it
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+def test_sqlite_processes_opening_a_new_store_together_all_open(tmp_path: Path) -> None:
+    """Switching a new file to WAL takes an exclusive lock, which SQLite refuses at once (no busy
+    wait) while another process opens the file: processes starting together must still open."""
+    import time
+
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(6) as pool:
+        for round_ in range(12):
+            path = str(tmp_path / f"m{round_}.sqlite")
+            start = time.time() + 0.3
+            outcomes = [pool.apply_async(_open_at, (path, start)) for _ in range(6)]
+            assert [o.get(timeout=60) for o in outcomes] == ["ok"] * 6, round_

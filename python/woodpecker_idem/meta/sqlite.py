@@ -33,6 +33,7 @@ from ..errors import (
     StorageReadOnlyError,
     StorageUnavailableError,
 )
+from ..retry import Backoff, retry_call
 from ..types import LogMessageId, SegmentState
 from . import records as rec
 from .base import LogGroupMeta, LogMeta, MetadataStore, NodeInfo, SegmentMeta
@@ -259,25 +260,38 @@ class SqliteMetadataStore(MetadataStore):
     def _connect(self) -> sqlite3.Connection:
         if self._read_only:
             return self._connect_read_only()
-        conn: sqlite3.Connection | None = None
+        # Switching to WAL takes an exclusive lock, and SQLite answers SQLITE_BUSY at once
+        # (without its busy handler) when another process is opening or recovering the same
+        # file: two processes starting together saw that. Retry the open within busy_timeout.
         try:
-            conn = sqlite3.connect(
-                self._path,
-                timeout=self._busy_timeout_ms / 1000.0,
-                isolation_level=None,  # autocommit: we issue BEGIN IMMEDIATE ourselves
-                check_same_thread=False,  # used by one thread; close() may run on another
+            return retry_call(
+                self._connect_once,
+                lambda exc: isinstance(exc, sqlite3.OperationalError) and _is_busy(exc),
+                Backoff(initial_s=0.01, max_s=0.5, budget_s=self._busy_timeout_ms / 1000.0),
             )
+        except sqlite3.OperationalError as exc:
+            raise self._unavailable("open", exc) from exc
+
+    def _connect_once(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self._path,
+            timeout=self._busy_timeout_ms / 1000.0,
+            isolation_level=None,  # autocommit: we issue BEGIN IMMEDIATE ourselves
+            check_same_thread=False,  # used by one thread; close() may run on another
+        )
+        try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode).lower() != "wal":  # WAL persists in the file: only its creator sets it
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 log.warning("SQLite %s: journal_mode is %s, not wal", self._path, mode)
             # Epochs and fencing decisions must survive power loss: fsync every commit.
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
-        except sqlite3.OperationalError as exc:
-            if conn is not None:
-                conn.close()
-            raise self._unavailable("open", exc) from exc
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def _conn(self) -> sqlite3.Connection:
