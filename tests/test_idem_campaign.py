@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from drain import Drain
 
 import woodpecker_idem as wp
 from woodpecker_idem import LogMessageId, WriteResult, explicit_key
@@ -63,6 +64,8 @@ class Worker:
         )
         self.lines: list[str] = []
         self.killed_at: Stamp | None = None
+        assert self.proc.stderr is not None
+        self._stderr = Drain(self.proc.stderr)  # a full stderr pipe would block the worker
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -88,17 +91,17 @@ class Worker:
             time.sleep(1)
             self.kill()
             self.proc.wait(10)
-            assert self.proc.stderr is not None
-            stacks = self.proc.stderr.read().decode(errors="replace")[-12000:]
+            err = self._stderr.close()
+            at = err.find("Thread 0x")  # faulthandler's dump: all of it, after the log's tail
+            stacks = err[-3000:] if at < 0 else err[max(0, at - 3000) :]
             raise AssertionError(
                 f"worker {self.tag} did not end in time (a hang); last lines "
-                f"{self.lines[-5:]}; stacks:\n{stacks}"
+                f"{self.lines[-5:]}; stderr and stacks:\n{stacks}"
             ) from None
         self._reader.join(30)
-        assert self.proc.stderr is not None
-        err = self.proc.stderr.read().decode(errors="replace")
+        err = self._stderr.close()
+        assert self.proc.stdout is not None
         self.proc.stdout.close()
-        self.proc.stderr.close()
         return err[-3000:]
 
 
@@ -269,6 +272,27 @@ def _no_hangs(report: Report) -> None:
     """Last: everything else about the run is asserted first."""
     if report.hangs:
         raise HangError(f"{len(report.hangs)} writes pending after close(): {report.hangs[:5]}")
+
+
+def test_a_worker_chatty_on_stderr_is_not_blocked(tmp_path: Path) -> None:
+    """The harness drains a worker's stderr while it runs: a worker logging more than a pipe
+    holds (64 KiB) under faults once blocked in its log call, which looked like a library hang."""
+    chatty = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stderr.write('x' * 1_000_000); print('D')"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert chatty.stderr is not None and chatty.stdout is not None
+    drained = Drain(chatty.stderr)
+    try:
+        assert chatty.wait(30) == 0
+    finally:
+        if chatty.poll() is None:
+            os.kill(chatty.pid, signal.SIGKILL)
+            chatty.wait(10)
+    assert chatty.stdout.read() == b"D\n"
+    chatty.stdout.close()
+    assert len(drained.close()) == 1_000_000
 
 
 def test_two_processes_race_the_same_keys(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from drain import Drain
 
 import woodpecker_idem as wp
 from woodpecker_idem import LogMessageId, WriteResult, explicit_key
@@ -71,6 +72,7 @@ def run_round(
         env=env,
     )
     assert proc.stdout is not None and proc.stderr is not None
+    stderr = Drain(proc.stderr)  # a full stderr pipe would block the producer
     rnd = Round()
     fd = proc.stdout.fileno()
     buf = b""
@@ -108,7 +110,7 @@ def run_round(
                 rnd.killed = True
                 rnd.kill_at = _stamp()
             left = started + timeout - time.monotonic()
-            assert left > 0, f"producer stuck; stderr: {proc.stderr.read()[-2000:]!r}"
+            assert left > 0, f"producer stuck; stderr: {stderr.text()[-2000:]!r}"
             wait = min(left, 0.05 if kill_delay is not None else 1.0)
             ready, _, _ = select.select([fd], [], [], wait)
             if not ready:
@@ -124,9 +126,8 @@ def run_round(
         if proc.poll() is None and not rnd.killed:
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
-        err = proc.stderr.read().decode(errors="replace")
+        err = stderr.close()
         proc.stdout.close()
-        proc.stderr.close()
     # `buf` holds a line the kill cut short, if any: it is not an acknowledgement
     if not rnd.killed:
         assert proc.returncode == 0, f"producer failed: {err[-3000:]}"

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from drain import Drain
 
 import woodpecker_idem
 from woodpecker_idem._core import encode_entry
@@ -170,6 +171,7 @@ class Child:
             bufsize=1,
         )
         self.lines: list[str] = []
+        self._stderr = Drain(self.proc.stderr)  # a full stderr pipe would block the child
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -204,9 +206,7 @@ class Child:
             return True
 
     def stderr_tail(self) -> str:
-        if self.proc.poll() is None:
-            return ""
-        return (self.proc.stderr.read() or "")[-3000:]
+        return self._stderr.text()[-3000:]
 
     def stop(self):
         if self.proc.poll() is None:
@@ -214,7 +214,7 @@ class Child:
         self.proc.wait(10)
         self._reader.join(5)
         self.proc.stdout.close()
-        self.proc.stderr.close()
+        self._stderr.close()
 
 
 @pytest.fixture

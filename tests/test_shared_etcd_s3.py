@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 
 import boto3
+from drain import Drain
 
 import woodpecker_idem as wp
 from woodpecker_idem import LogMessageId, WriteResult, explicit_key
@@ -44,26 +45,27 @@ def _env() -> dict[str, str]:
 def _host_a(data_dir: Path, config: dict, timeout: float = 60.0) -> list[str]:
     """Run host A until it has acknowledged KILL_AFTER writes, then SIGKILL it (by PID)."""
     cmd = [sys.executable, str(HERE / "hostproc.py"), str(data_dir), json.dumps(config), str(N_A)]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), text=True, bufsize=1
-    )
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    assert proc.stdout is not None and proc.stderr is not None
+    stderr = Drain(proc.stderr)  # a full stderr pipe would block host A
     acked: list[str] = []
+    fd, buf = proc.stdout.fileno(), b""
     deadline = time.monotonic() + timeout
     try:
         while len(acked) < KILL_AFTER:
-            assert time.monotonic() < deadline, f"host A stuck: {proc.stderr.read()[-2000:]}"
-            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+            assert time.monotonic() < deadline, f"host A stuck: {stderr.text()[-2000:]}"
+            ready, _, _ = select.select([fd], [], [], 1.0)
             if not ready:
                 continue
-            line = proc.stdout.readline()
-            assert line, f"host A ended early: {proc.stderr.read()[-3000:]}"
-            if line.startswith("a-"):
-                acked.append(line.rstrip("\n"))
+            chunk = os.read(fd, 1 << 16)
+            assert chunk, f"host A ended early: {stderr.close()[-3000:]}"
+            *lines, buf = (buf + chunk).split(b"\n")
+            acked.extend(line.decode() for line in lines if line.startswith(b"a-"))
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         proc.stdout.close()
-        proc.stderr.close()
+        stderr.close()
     return acked
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from .._core import DedupWindow, Snapshot, decode_snapshot, encode_snapshot
 from ..errors import SnapshotCorruptError, WoodpeckerError
 from ..objectstore.base import ObjectStore
+from ..retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class Snapshotter:
         self.kept = kept
         self.writes = 0
         self.failures = 0
+        self._failing = 0  # failures in a row
         self.bytes_written = 0
         self.last_key: str | None = None
         self._stop = threading.Event()
@@ -118,14 +120,14 @@ class Snapshotter:
         self._thread.join(30)
 
     def _run(self) -> None:
-        backoff = 0.0
+        backoff: Backoff | None = None  # set while snapshots fail
         while not self._stop.is_set():
-            self._kick.wait(backoff if backoff else min(self.interval_s, 1.0))
+            self._kick.wait(backoff.next_delay() if backoff else min(self.interval_s, 1.0))
             self._kick.clear()
             if self._stop.is_set():
                 return
             due = time.monotonic() - self._last >= self.interval_s
-            if not due and self._new_keys() < self.threshold and not backoff:
+            if not due and self._new_keys() < self.threshold and backoff is None:
                 continue
             try:
                 ok = self.write_now()
@@ -133,7 +135,7 @@ class Snapshotter:
                 self.failures += 1
                 log.exception("log %s: snapshot write failed; retrying", self.log_id)
                 ok = False
-            backoff = 0.0 if ok else min(max(backoff * 2, 0.5), 10.0)
+            backoff = None if ok else (backoff or Backoff(initial_s=0.5, max_s=10.0))
 
     def write_now(self) -> bool:
         """Capture, encode and put one snapshot, then trim old ones. False if it failed."""
@@ -150,10 +152,16 @@ class Snapshotter:
             self.store.put(key, data)
         except WoodpeckerError as exc:  # metadata or object store unreachable
             self.failures += 1
-            log.warning(
+            # Once per outage: a retry every few seconds for its whole length is noise.
+            report = log.warning if self._failing == 0 else log.debug
+            self._failing += 1
+            report(
                 "log %s: snapshot write failed (%s); retrying, writes continue", self.log_id, exc
             )
             return False
+        if self._failing:
+            log.info("log %s: snapshot written after %d failures", self.log_id, self._failing)
+        self._failing = 0
         self.writes += 1
         self.bytes_written += len(data)
         self.last_key = key
