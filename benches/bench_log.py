@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from woodpecker_idem.client.client import connect
+from woodpecker_idem.connect import connect
 
 TARGET_ES1_1K = 50_000
 N_LOAD = {100: 20_000, 1024: 20_000}
