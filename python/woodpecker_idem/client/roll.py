@@ -117,12 +117,13 @@ class SegmentRoller:
         )
 
     def roll_locked(self, seg: SegmentHandle) -> SegmentHandle:
-        """The segment writes go to: `seg` (the current one), or the next if `seg` is full or old
-        and the next could be opened; `seg` then completes once drained. A roll refused because
-        another writer took the log over fences this writer (`WriterFencedError` raised)."""
+        """`seg`, the current segment, is full or old (`needs_roll`): the segment writes go to
+        now, the next one, or `seg` while the next cannot be opened (retried with backoff); `seg`
+        completes once drained. A roll refused because another writer took the log over fences
+        this writer (`WriterFencedError` raised)."""
         core = self._core
         now = time.monotonic()
-        if not self.needs_roll(seg, now) or now < self._retry_at:
+        if now < self._retry_at:
             return seg
         try:
             new = core.open_segment_locked()

@@ -1,4 +1,5 @@
-"""LogWriter: the single writer of a log (Woodpecker's LogWriter).
+"""LogWriter: the single writer of a log (Woodpecker's LogWriter), and the writer core the
+idempotent writer composes.
 
 `write_async` assigns (segment, entry), encodes the entry once and queues it. Batches are cut by
 group commit: an entry queued while nothing of its segment is in flight is sent at once; entries
@@ -9,6 +10,11 @@ being retried). Each batch goes to one worker thread per node, which retries it 
 dropped from the segment; when fewer than aq nodes remain, the segment is completed by the recovery
 rule and its pending entries are resolved against it (present -> committed, absent -> dropped with
 `SegmentClosedError`), then writing goes on in a new segment.
+
+This module owns the entries (ids, the in-flight count, acks, outcomes) and composes the parts,
+one job each: `message` (input checks), `dispatch` + `workers` (group commit, node senders),
+`roll` (opening and rolling segments), `completion` (completing them), `flusher` (timeouts,
+LAC updates, the lease).
 """
 
 from __future__ import annotations
@@ -60,9 +66,9 @@ class LogWriter:
 
     Also the writer core a layer above composes (the idempotent writer): it passes its
     `WriterHooks` (hooks.py) and calls only the package API below ("layer API"). The writer's
-    own parts (flusher, node workers, segment completion) use the "core interface" section:
-    public names, typed by the protocol each declares (`FlusherCore`, `SenderCore`,
-    `CompletionCore`), so no part touches another's private state.
+    own parts (flusher, node workers, roll, segment completion) call the "core interface"
+    methods: public names, typed by the protocol each part declares (`FlusherCore`,
+    `SenderCore`, `RollCore`, `CompletionCore`), so no part touches another's private state.
     """
 
     def __init__(self, handle: LogHandle, hooks: WriterHooks = NO_HOOKS):
@@ -79,8 +85,7 @@ class LogWriter:
         ap = self._cfg.append
         self._max_batch_entries = ap.max_batch_entries
         self._max_batch_bytes = ap.max_batch_bytes
-        self._timeout_s = ap.timeout_ms / 1000
-        self.timeout_s = self._timeout_s  # core interface: a waiter's deadline
+        self.timeout_s = ap.timeout_ms / 1000  # a waiter's deadline (core interface too)
         self.max_retries = ap.max_retries  # core interface: a node's retries of one batch
         self._max_entry_bytes = ap.max_entry_bytes
         self.max_entry_bytes = ap.max_entry_bytes
@@ -120,6 +125,8 @@ class LogWriter:
             maint=self._maint,
         )
         self._needs_roll = self._roller.needs_roll  # the write path asks it of every write
+        # layer API: (entries, bytes) a segment takes before its roll limits; <= 0 once past them
+        self.segment_room_locked = self._roller.room
         self.metrics: dict[str, float] = {
             "segments_rolled": 0,
             "segments_repaired": 0,
@@ -134,7 +141,7 @@ class LogWriter:
             hooks=hooks,
             maint=self._maint,
             stopping=self._stopping,
-            timeout_s=self._timeout_s,
+            timeout_s=self.timeout_s,
         )
         self._completion.take_over()  # the previous writers' segments (DESIGN.md 3 and 4)
         self._hooks.taken_over()
@@ -238,7 +245,7 @@ class LogWriter:
         queued (time.monotonic()). Kept flat on purpose: the hot path of every write."""
         segment_id = seg.segment_id
         first = entry_id = seg.next_entry_id
-        deadline = time.monotonic() + self._timeout_s
+        deadline = time.monotonic() + self.timeout_s
         pending = seg.pending
         unsent = seg.unsent
         by_entry = seg.by_entry
@@ -295,10 +302,6 @@ class LogWriter:
         """Wake the flusher (it asks `WriterHooks.admit_locked` when queued writes are due)."""
         self._wake.notify()
 
-    def segment_room_locked(self, seg: SegmentHandle) -> tuple[int, int]:
-        """(entries, bytes) `seg` takes before its roll limits; <= 0 once past them."""
-        return self._roller.room(seg)
-
     def join_locked(self, segment_id: int, entry_id: int, future: Future) -> None:
         """`future` also ends with pending entry `segment_id:entry_id` (a retry joins it)."""
         seg = self._segments.get(segment_id)
@@ -310,7 +313,7 @@ class LogWriter:
         entry.joiners.append(future)
         if entry.timed_out:  # a retry after a timeout gets a fresh deadline
             entry.timed_out = False
-            entry.deadline = time.monotonic() + self._timeout_s
+            entry.deadline = time.monotonic() + self.timeout_s
 
     def open_lacs_locked(self) -> dict[int, int]:
         """The LAC of every segment not completed yet (what a snapshot may cover of them)."""
@@ -352,7 +355,9 @@ class LogWriter:
         repair replaces it. A roll refused because another writer took the log over fences this
         writer (every pending write fails with `WriterFencedError`)."""
         seg = self._current
-        return None if seg is None else self._roller.roll_locked(seg)
+        if seg is None:
+            return None
+        return self._roller.roll_locked(seg) if self._needs_roll(seg, time.monotonic()) else seg
 
     def check_open_locked(self) -> None:
         if self._fenced is not None:
