@@ -4,6 +4,7 @@ through its hooks and layer API, and the client package does not import the laye
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
 
 import pytest
@@ -234,4 +235,29 @@ def test_both_writers_implement_the_hook_protocol(tmp_path: Path) -> None:
     r = idem.write(b"x", idempotency_id="k", timeout=5)
     assert idem.write(b"x", idempotency_id="k", timeout=5) == wp.WriteResult(r.message_id, True)
     idem.close()
+    client.close()
+
+
+def test_the_writer_implements_the_core_interface_of_each_part(tmp_path: Path) -> None:
+    """Each part of the writer names what it uses of it in a protocol (its whole view of the
+    writer); the LogWriter has every member (mypy checks the types where the parts are built)."""
+    from woodpecker_idem.client.completion import CompletionCore
+    from woodpecker_idem.client.flusher import FlusherCore
+    from woodpecker_idem.client.roll import RollCore
+    from woodpecker_idem.client.workers import SenderCore
+
+    client = wp.connect(tmp_path, {"quorum.es": 1})
+    writer = client.open_log("core", create=True).open_writer()
+    for protocol in (CompletionCore, FlusherCore, RollCore, SenderCore):
+        members = {
+            name
+            for klass in protocol.__mro__
+            if klass.__module__.startswith("woodpecker_idem")
+            for name in (*klass.__dict__, *inspect.get_annotations(klass))
+            if not name.startswith("_")
+        }
+        assert members, protocol
+        missing = [name for name in sorted(members) if not hasattr(writer, name)]
+        assert missing == [], (protocol.__name__, missing)
+    writer.close()
     client.close()
