@@ -360,12 +360,15 @@ class LogWriter:
         return self._roller.roll_locked(seg) if self._needs_roll(seg, time.monotonic()) else seg
 
     def check_open_locked(self) -> None:
+        """Raise why no write is accepted any more (fenced, closed, or the client closed)."""
         if self._fenced is not None:
             raise WriterFencedError(str(self._fenced))
         if self._closed:
             if self._handle.client.closed:
                 raise ClientClosedError(f"client is closed: writer of log {self.log_id} is closed")
             raise WriterClosedError(f"writer of log {self.log_id} is closed")
+
+    # --- flushing and closing ----------------------------------------------------------------
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every entry queued before this call is committed or failed."""
@@ -450,7 +453,7 @@ class LogWriter:
         """`close()` has stopped the writer (or is stopping it)."""
         return self._closed
 
-    # --- core interface: what the writer's own parts call (flusher, workers, completion) --------
+    # --- core interface: what the writer's own parts call (flusher, workers, roll, completion) --
 
     def segments_locked(self) -> list[SegmentHandle]:
         """This writer's segments not completed yet, oldest first."""
