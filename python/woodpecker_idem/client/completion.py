@@ -56,7 +56,7 @@ class CompletionCore(Protocol):
     metrics: dict[str, float]
 
     @property
-    def closed(self) -> bool: ...
+    def stopped(self) -> bool: ...
 
     @property
     def fenced(self) -> bool: ...
@@ -192,7 +192,7 @@ class SegmentCompletion:
         done: SegmentMeta | None = None
         while True:
             with core.lock:
-                if core.closed or core.fenced:
+                if core.stopped:
                     return
             try:
                 if done is None:

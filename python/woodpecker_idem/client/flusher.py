@@ -32,10 +32,7 @@ class FlusherCore(Protocol):
     timeout_s: float  # append.timeout_ms in seconds: a waiter's deadline
 
     @property
-    def closed(self) -> bool: ...
-
-    @property
-    def fenced(self) -> bool: ...
+    def stopped(self) -> bool: ...
 
     def admit_queued_locked(self) -> tuple[Outcomes, float | None]: ...
 
@@ -79,7 +76,7 @@ class Flusher:
             expired: list[tuple[Future, object]] = []
             admitted: Outcomes = []
             with w.lock:
-                if w.closed or w.fenced:
+                if w.stopped:
                     return
                 now = time.monotonic()
                 wait = TICK_S

@@ -449,9 +449,9 @@ class LogWriter:
         return self._fenced is not None
 
     @property
-    def closed(self) -> bool:
-        """`close()` has stopped the writer (or is stopping it)."""
-        return self._closed
+    def stopped(self) -> bool:
+        """Closed (or closing) or fenced: the writer's background work ends."""
+        return self._closed or self._fenced is not None
 
     # --- core interface: what the writer's own parts call (flusher, workers, roll, completion) --
 
