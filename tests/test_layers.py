@@ -1,5 +1,8 @@
-"""The write path's layering (issue 12 item 1): the idempotent layer composes the writer core
-through its hooks and layer API, and the client package does not import the layer above it."""
+"""The package's layering (issue 12 item 1): the idempotent layer composes the writer core
+through its hooks and layer API; dependencies point down the rooms of DESIGN.md section 12
+(`client/` imports neither the composition root `connect.py` nor the idempotent layer, the stores
+import no `client/`); no module touches another object's private names (the writer's parts use
+its core interface); the LogWriter implements each part's view of it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The writer's flusher thread: the slow, periodic side of writing. Batches are cut on the write
-and ack paths (group commit, see `LogWriter.send_locked`); this thread fails waiters past their
+and ack paths (group commit, see `Dispatch.send_locked`); this thread fails waiters past their
 deadline (their entries stay pending), keeps readers' LAC fresh, completes drained rolled
 segments, renews the lease, and is the safety net that sends or admits anything left waiting.
 It works on its writer only through `FlusherCore` (public names)."""
