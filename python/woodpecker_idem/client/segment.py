@@ -120,9 +120,12 @@ class SegmentHandle:
             count += 1
             size += len(entry.record)
         entries = self.unsent[:count]
+        batch = Batch(entries[0].entry_id, entries, concat([e.record for e in entries]))
+        # Only now change state, with no Python call between the steps: a KeyboardInterrupt
+        # (raised after a call returns) cannot leave entries out of both `unsent` and `batches`,
+        # which would never be sent while later batches commit past them.
         del self.unsent[:count]
         self.unsent_bytes -= size
-        batch = Batch(entries[0].entry_id, entries, concat([e.record for e in entries]))
         self.batches.append(batch)
         return batch
 
