@@ -1,7 +1,7 @@
 """The `woodpecker` data source on a real local Spark against the shared deployment: metadata in
 etcd, entries and snapshots in S3 (moto), no data directory (tests/conftest.py starts both).
 
-One job with a task failure (partition 2's first attempt fails after 300 rows) racing a
+One job with a task failure (partition 2's first attempt fails after 150 rows) racing a
 duplicate attempt of partition 0. Spark only launches speculative copies on another host, so the
 copy is a separate process running the task's write (as tests/test_spark_tasks.py does): it
 writes 200 rows of partition 0 and pauses; Spark's attempt takes the log over, finds those 200
@@ -41,8 +41,9 @@ from woodpecker_idem.spark.sink import (
 )
 
 P = 4
-ROWS = 2000
+ROWS = 1200
 COPY_FIRST = 200  # rows the duplicate attempt writes before it pauses
+FAIL_AFTER = 150  # rows partition 2's first attempt sends before it fails
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
 
 
@@ -139,7 +140,7 @@ def test_a_job_on_etcd_s3_with_a_failure_and_a_duplicate_attempt_is_exactly_once
     copy.start()
     try:
         assert wait_for(marks / "paused", 120), "the duplicate attempt did not start writing"
-        writer = inject_failures(prepared, {2: 300}).write.format("woodpecker")
+        writer = inject_failures(prepared, {2: FAIL_AFTER}).write.format("woodpecker")
         for k, v in options.items():
             writer = writer.option(k, v)
         writer.mode("append").save()
@@ -157,7 +158,7 @@ def test_a_job_on_etcd_s3_with_a_failure_and_a_duplicate_attempt_is_exactly_once
     assert by_partition[0]["duplicates"] == COPY_FIRST  # what the copy had written
     assert by_partition[0]["written"] == n0 - COPY_FIRST
     failed_prefix = by_partition[2]["duplicates"]  # what the failed attempt's sink had written
-    assert 0 < failed_prefix <= 300
+    assert 0 < failed_prefix <= FAIL_AFTER
     assert report["rows"] == ROWS and report["written"] == ROWS - COPY_FIRST - failed_prefix
 
     client = connect(tmp_path / "checker", shared)
