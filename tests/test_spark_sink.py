@@ -12,24 +12,21 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from sparkenv import spark  # noqa: F401 - the session fixture
+from sparkenv import (
+    inject_failures,
+    judge_group,
+    order_keys,
+    orders,
+    spark,  # noqa: F401 - the session fixture
+)
 
 from woodpecker_idem import connect, explicit_key
 from woodpecker_idem._core import arrow_explicit_keys, route_keys
-from woodpecker_idem.history import History
 from woodpecker_idem.spark import ROUTE_COLUMN, prepare
 from woodpecker_idem.spark.routing import partition_slots, spark_int_hash
 
 P = 4
 ROWS = 2000
-
-
-def orders(spark, n: int = ROWS, start: int = 0):  # noqa: F811
-    return spark.range(start, start + n).selectExpr(
-        "id as order_id",
-        "cast(id % 97 as double) * 1.25 as amount",
-        "concat('customer-', cast(id % 13 as string)) as customer",
-    )
 
 
 def save(df, data_dir: Path, log: str = "orders", partitions: int = P, **options) -> None:
@@ -50,59 +47,12 @@ def reports(data_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (data_dir / "reports.jsonl").read_text().splitlines()]
 
 
-def inject_failures(df, after_rows: dict[int, int]):
-    """Fail the first attempt of partition p after `after_rows[p]` rows reached the sink."""
-
-    def fn(batches):
-        import time
-
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        k = after_rows.get(ctx.partitionId()) if ctx.attemptNumber() == 0 else None
-        seen = 0
-        for b in batches:
-            if k is not None and seen + b.num_rows > k:
-                if k > seen:
-                    yield b.slice(0, k - seen)
-                time.sleep(2)  # the sink writes what reached it before the task fails
-                raise RuntimeError(f"injected failure after {k} rows")
-            seen += b.num_rows
-            yield b
-
-    return df.mapInArrow(fn, df.schema)
-
-
 def judge(data_dir: Path, log: str, expected_keys: set[bytes], partitions: int = P) -> None:
-    """Read the group back: the history checker finds no key twice in the window and nothing
-    invented; the census finds every expected key (nothing lost)."""
     client = connect(data_dir)
     try:
-        messages = []
-        for p in range(partitions):
-            reader = client.open_log(f"{log}-{p}").open_reader()
-            part = list(reader)
-            reader.close()
-            keys = b"".join(m.idempotency_key for m in part)
-            routes = memoryview(route_keys(keys, partitions)).cast("i")
-            assert set(routes) <= {p}, f"log {log}-{p} holds keys of other routes"
-            messages.extend(part)
-        # The tasks' writes, outcome unknown to the test (each may have landed); payloads as
-        # stored: these tests judge keys (duplicates, inventions, the census below).
-        stored = {m.idempotency_key: m.payload for m in messages}
-        history = History()
-        for k in expected_keys:
-            history.failed(k, stored.get(k, b""), "written by Spark")
-        verdict = history.check(messages, 600_000, 100_000)
-        assert verdict.ok, verdict.summary()
-        assert len(messages) == len(expected_keys)
-        assert {m.idempotency_key for m in messages} == expected_keys
+        judge_group(client, log, expected_keys, partitions)
     finally:
         client.close()
-
-
-def order_keys(start: int, n: int) -> set[bytes]:
-    return {explicit_key(str(i)) for i in range(start, start + n)}
 
 
 def test_spark_hash_and_slots_put_route_r_in_partition_r(spark):  # noqa: F811

@@ -308,6 +308,16 @@ def check_value(name: str, value: object, source: str = "") -> Any:
     return _validate(key, value, source)
 
 
+def parse_text(name: str, text: str, source: str = "") -> Any:
+    """One key's value given as text (as an environment variable would give it: "etcd",
+    "a:1,b:2", "true", "2MiB"), typed, checked and normalised; `ConfigError` names the key. For
+    string-only carriers of config keys, such as Spark data source options."""
+    key = _BY_NAME.get(name)
+    if key is None:
+        raise _unknown_key(name, source)
+    return _validate(key, _parse_env(key, text, source), source)
+
+
 def _check_range(key: Key, v: float) -> None:
     lo, hi = key.min, key.max
     if lo is not None and (v <= lo if key.min_exclusive else v < lo):
@@ -702,5 +712,6 @@ __all__ = [
     "config_table_markdown",
     "load_config",
     "parse_fsync",
+    "parse_text",
     "parse_size",
 ]

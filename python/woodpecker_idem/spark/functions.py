@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -36,24 +36,27 @@ def write_partition(
     key: str | None = None,
     payload_column: str | None = None,
     data_dir: str | None = None,
-    config: str | None = None,
+    config: str | Mapping[str, Any] | None = None,
     window_max_keys: int | None = None,
     window_duration_s: float | None = None,
     chunk_rows: int = 4096,
 ) -> WoodpeckerCommitMessage:
     """Write one partition of rows prepared by `prepare(df, key, partitions)` (Spark Rows, dicts
     or Arrow batches) with the sink's guarantees; for `df.foreachPartition(lambda rows:
-    write_partition(rows, log=..., ...))`. Returns what it did (rows, written, duplicates)."""
-    raw = {
+    write_partition(rows, log=..., ...))`. `config`: a config file, or a mapping of dotted config
+    keys (`{"meta.type": "etcd", ...}`). Returns what it did (rows, written, duplicates)."""
+    raw: dict[str, Any] = {
         "log": log,
         "partitions": str(partitions),
         "idempotencyKey": key,
         "payloadColumn": payload_column,
         "dataDir": data_dir,
-        "config": config,
+        "config": None if isinstance(config, Mapping) else config,
         "windowMaxKeys": None if window_max_keys is None else str(window_max_keys),
         "windowDurationS": None if window_duration_s is None else str(window_duration_s),
     }
+    if isinstance(config, Mapping):
+        raw.update(config)
     opts = SinkOptions.parse(raw, need_partitions=True)
     client = opts.connect()
     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -30,6 +31,7 @@ from pyspark.sql.datasource import (
 )
 
 from .._core import arrow_first_misrouted, arrow_rows, route_keys
+from ..config import SECTIONS, Config, load_config, parse_text
 from ..connect import connect
 from ..errors import (
     EarlyEvictionError,
@@ -57,14 +59,16 @@ READ_BATCH_ROWS = 8192
 
 @dataclass(frozen=True)
 class SinkOptions:
-    """The data source options, checked on the driver before any task runs."""
+    """The data source options, checked on the driver before any task runs. The configuration is
+    resolved there too (the `config` file, the driver's WOODPECKER_* environment, then config keys
+    given as options) and travels to the executors with the writer: they need no config file."""
 
     log: str
     partitions: int | None
+    settings: Config = field(default_factory=Config)
     key: str | None = None
     payload: str | None = None
     data_dir: str | None = None
-    config: str | None = None
     window_max_keys: int | None = None
     window_duration_s: float | None = None
     report_file: str | None = None
@@ -79,11 +83,10 @@ class SinkOptions:
         name = get("log")
         if name is None:
             raise InvalidArgumentError('option "log" is required: the log group name')
-        if get("dataDir") is None and get("config") is None:
-            raise InvalidArgumentError(
-                'option "dataDir" (embedded: a directory every executor sees) or "config" '
-                "(a config file, e.g. etcd + S3) is required"
-            )
+        settings = load_config(get("config"), overrides=_config_options(options))
+        data_dir = get("dataDir")
+        if data_dir is None:
+            _check_shared(settings)
         parts = get("partitions")
         if parts is None and need_partitions:
             raise InvalidArgumentError(
@@ -100,10 +103,10 @@ class SinkOptions:
             return cls(
                 log=name,
                 partitions=check_partitions(parts) if parts is not None else None,
+                settings=settings,
                 key=get("idempotencyKey"),
                 payload=get("payloadColumn"),
-                data_dir=get("dataDir"),
-                config=get("config"),
+                data_dir=data_dir,
                 window_max_keys=int(max_keys) if max_keys is not None else None,
                 window_duration_s=float(duration) if duration is not None else None,
                 report_file=get("reportFile"),
@@ -117,7 +120,9 @@ class SinkOptions:
             ) from exc
 
     def connect(self) -> WoodpeckerClient:
-        return connect(self.data_dir, self.config)
+        """A client of this task (or driver call), opened here, after the executor forked. Shared
+        stores (etcd, S3) use no local directory: the temp directory stands in for dataDir."""
+        return connect(self.data_dir or tempfile.gettempdir(), self.settings)
 
     def writer_options(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -126,6 +131,36 @@ class SinkOptions:
         if self.window_duration_s is not None:
             out["window_duration_s"] = self.window_duration_s
         return out
+
+
+def _config_options(options: Any) -> dict[str, Any]:
+    """Options named like config keys (`meta.type`, `objectstore.bucket`, ...), typed: text as
+    an environment variable gives it ("a:1,b:2" for a list), other values checked as they are."""
+    out: dict[str, Any] = {}
+    for raw, value in options.items():
+        name = str(raw).lower()
+        if "." not in name or name.split(".", 1)[0] not in SECTIONS or value is None:
+            continue
+        source = f"option {name}"
+        out[name] = parse_text(name, value, source) if isinstance(value, str) else value
+    return out
+
+
+def _check_shared(settings: Config) -> None:
+    """Without dataDir every store must be one all executors reach: etcd or an explicit SQLite
+    file, S3 or an explicit directory. A default under each executor's own working directory
+    would split the log group between hosts."""
+    missing = []
+    if settings.meta.type == "sqlite" and settings.meta.path is None:
+        missing.append("meta.type=etcd (or meta.path)")
+    if settings.objectstore.type == "local" and settings.objectstore.path is None:
+        missing.append("objectstore.type=s3 (or objectstore.path)")
+    if missing:
+        raise InvalidArgumentError(
+            'option "dataDir" (embedded: a directory every executor sees) is required unless the '
+            'config (the "config" file or config keys as options) names stores every executor '
+            f"shares; missing: {', '.join(missing)}"
+        )
 
 
 def log_name(group: str, route: int) -> str:
