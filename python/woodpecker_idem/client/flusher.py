@@ -8,11 +8,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from ..errors import WriteTimeoutError
-from .segment import PendingEntry, SegmentHandle, SegmentStatus
+from .segment import PendingEntry, SegmentHandle, SegmentStatus, Waiter
 from .workers import resolve
 
 if TYPE_CHECKING:
@@ -40,7 +39,7 @@ class Flusher:
         w = self.writer
         while True:
             lac_only: list[SegmentHandle] = []
-            expired: list[tuple[Future, object]] = []
+            expired: list[tuple[Waiter, object]] = []
             admitted: list = []
             with w._lock:
                 if w._closed or w._fenced is not None:
@@ -99,7 +98,7 @@ class Flusher:
                 expired.extend((f, exc) for f in _take_waiters(entry))
 
 
-def _take_waiters(entry: PendingEntry) -> list[Future]:
+def _take_waiters(entry: PendingEntry) -> list[Waiter]:
     """The entry's waiting futures, detached (a later commit has nobody left to tell)."""
     futures = [f for f, _ in entry.waiters()]
     entry.future = None

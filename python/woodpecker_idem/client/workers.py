@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from concurrent.futures import Future, InvalidStateError
+from collections.abc import Sequence
+from concurrent.futures import InvalidStateError
 from typing import TYPE_CHECKING
 
 from ..errors import EntryConflictError, SegmentFencedError, WoodpeckerError, WriterFencedError
 from ..retry import Backoff
-from .segment import Batch, SegmentHandle, SegmentStatus
+from .segment import Batch, SegmentHandle, SegmentStatus, Waiter
 
 if TYPE_CHECKING:
     from .writer import LogWriter
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def resolve(items: list[tuple[Future, object]]) -> None:
+def resolve(items: Sequence[tuple[Waiter, object]]) -> None:
     """Set results/exceptions outside the writer's lock (callbacks may call back into it)."""
     for future, outcome in items:
         try:

@@ -49,7 +49,16 @@ from .flusher import Flusher
 from .futures import WriteFuture
 from .hooks import NO_HOOKS, WriterHooks
 from .recovery import choose_nodes, recover_segment, seal
-from .segment import Batch, PendingEntry, SegmentHandle, SegmentStatus
+from .segment import (
+    Batch,
+    EntryJoiner,
+    PendingEntry,
+    RunWaiter,
+    SegmentHandle,
+    SegmentStatus,
+    Waiter,
+    span,
+)
 from .workers import Maintenance, NodeWorker, resolve
 
 if TYPE_CHECKING:
@@ -140,6 +149,8 @@ class LogWriter:
         ap = self._cfg.append
         self._max_batch_entries = ap.max_batch_entries
         self._max_batch_bytes = ap.max_batch_bytes
+        self.max_batch_entries = ap.max_batch_entries  # the batch lane cuts its runs by these
+        self.max_batch_bytes = ap.max_batch_bytes
         self._linger_s = ap.linger_ms / 1000
         self._timeout_s = ap.timeout_ms / 1000
         self._max_retries = ap.max_retries
@@ -354,24 +365,52 @@ class LogWriter:
             added += len(record)
             entry_id += 1
         self._seq = seq
-        seg.next_entry_id = entry_id
-        seg.unsent_bytes += added
-        seg.size_bytes += added
-        self._inflight_entries += entry_id - first
-        self._inflight_bytes += added
+        seg.next_entry_id = first  # counted up by _queued_locked
+        self._queued_locked(seg, entry_id - first, added, was_empty, since)
+
+    def enqueue_run_locked(
+        self, seg: SegmentHandle, frame: bytes, count: int, waiter: RunWaiter, since: float
+    ) -> None:
+        """The batch lane's enqueue: `count` entries from `seg.next_entry_id` on, encoded in one
+        `frame`, pending as one run with one `waiter` (told once for all of them). The caller
+        keeps `count` and the frame within append.max_batch_entries / max_batch_bytes, so a
+        run is never cut into two batches."""
+        self._seq += 1
+        deadline = time.monotonic() + self._timeout_s
+        run = PendingEntry(self._seq, seg.segment_id, seg.next_entry_id, frame, waiter, deadline)
+        run.count = count
+        was_empty = not seg.unsent
+        seg.pending.append(run)
+        seg.unsent.append(run)
+        seg.by_entry[run.entry_id] = run
+        self._queued_locked(seg, count, len(frame), was_empty, since)
+
+    def _queued_locked(
+        self, seg: SegmentHandle, entries: int, nbytes: int, was_empty: bool, since: float
+    ) -> None:
+        """Count `entries` just appended to `seg` (`nbytes` of records) and send per group
+        commit."""
+        seg.next_entry_id += entries
+        seg.unsent_bytes += nbytes
+        seg.unsent_entries += entries
+        seg.size_bytes += nbytes
+        self._inflight_entries += entries
+        self._inflight_bytes += nbytes
+        unsent = seg.unsent
         if was_empty and unsent:
             seg.unsent_since = since
         if (
             not seg.batches
-            or len(unsent) >= self._max_batch_entries
+            or seg.unsent_entries >= self._max_batch_entries
             or seg.unsent_bytes >= self._max_batch_bytes
         ):
             self._send_locked(seg)
 
-    def full_locked(self, size: int) -> bool:
-        """Backpressure: would `size` more bytes (one more entry) pass the in-flight limits?"""
+    def full_locked(self, size: int, entries: int = 1) -> bool:
+        """Backpressure: would `size` more bytes in `entries` more entries pass the in-flight
+        limits?"""
         return (
-            self._inflight_entries >= self._max_inflight_entries
+            self._inflight_entries + entries > self._max_inflight_entries
             or self._inflight_bytes + size > self._max_inflight_bytes
         )
 
@@ -399,15 +438,15 @@ class LogWriter:
         """(entries, bytes) `seg` takes before its roll limits; <= 0 once past them."""
         return self._roll_entries - seg.next_entry_id, self._roll_bytes - seg.size_bytes
 
-    def join_locked(self, segment_id: int, entry_id: int, future: Future) -> None:
+    def join_locked(self, segment_id: int, entry_id: int, future: Waiter) -> None:
         """`future` also ends with pending entry `segment_id:entry_id` (a retry joins it)."""
         seg = self._segments.get(segment_id)
-        entry = seg.by_entry.get(entry_id) if seg is not None else None
+        entry = seg.find(entry_id) if seg is not None else None
         if entry is None:  # cannot happen while pending keys and segments move together
             raise RuntimeError(f"pending key without its entry {segment_id}:{entry_id}")
         if entry.joiners is None:
             entry.joiners = []
-        entry.joiners.append(future)
+        entry.joiners.append(future if entry.count == 1 else EntryJoiner(future, entry_id))
         if entry.timed_out:  # a retry after a timeout gets a fresh deadline
             entry.timed_out = False
             entry.deadline = time.monotonic() + self._timeout_s
@@ -460,7 +499,7 @@ class LogWriter:
             if (
                 seg.batches
                 and seg.status is SegmentStatus.OPEN
-                and len(seg.unsent) < max_entries
+                and seg.unsent_entries < max_entries
                 and seg.unsent_bytes < max_bytes
                 and (
                     len(seg.batches) > 1
@@ -487,10 +526,11 @@ class LogWriter:
             return None
         return seg.unsent_since + self._linger_s - now
 
-    def wait_for_room_locked(self, size: int) -> None:
-        """Backpressure: block until in-flight entries/bytes fall below the limits."""
+    def wait_for_room_locked(self, size: int, entries: int = 1) -> None:
+        """Backpressure: block until in-flight entries/bytes leave room for `entries` more
+        entries of `size` bytes (or nothing is in flight)."""
         while (
-            self.full_locked(size)
+            self.full_locked(size, entries)
             and self._inflight_entries
             and not self._closed
             and self._fenced is None
@@ -608,7 +648,7 @@ class LogWriter:
         self._maint.stop(left(10))
         with self._lock:
             segments = list(self._segments.values())
-        unresolved: list[tuple[Future, object]] = []
+        unresolved: list[tuple[Waiter, object]] = []
         for seg in segments:
             for entry in seg.pending:
                 error = WriterClosedError(
@@ -704,7 +744,7 @@ class LogWriter:
                 resolved.append((entry.future, WriteResult(mid, False)))
             if entry.joiners:
                 resolved.extend((f, WriteResult(mid, True)) for f in entry.joiners)
-        self._inflight_entries -= len(committed)
+        self._inflight_entries -= span(committed)
         self._inflight_bytes -= nbytes
         self._space.notify_all()
         return resolved
@@ -797,7 +837,7 @@ class LogWriter:
             )
             for entry in dropped:
                 resolved.extend((f, exc) for f, _ in entry.waiters())
-            self._inflight_entries -= len(dropped)
+            self._inflight_entries -= span(dropped)
             self._inflight_bytes -= sum(len(e.record) for e in dropped)
             self._space.notify_all()
         return resolved
@@ -861,7 +901,7 @@ class LogWriter:
         self._fenced = exc
         self._stopping.set()
         log.warning("log %s: writer fenced: %s", self.log_id, exc)
-        resolved: list[tuple[Future, object]] = []
+        resolved: list[tuple[Waiter, object]] = []
         for seg in self._segments.values():
             for entry in seg.pending:
                 resolved.extend((f, WriterFencedError(str(exc))) for f, _ in entry.waiters())

@@ -1,0 +1,227 @@
+"""The idempotent writer's batch lane: `write_keyed` (and `write_many` / `write_arrow` over it).
+
+No Python object per row where it can be helped. A call's rows are judged against the window in
+one pass (`get_many`): committed keys are answered at once. The rest go in chunks of up to one
+AddEntries batch (append.max_batch_entries / max_batch_bytes, within the segment's roll limits),
+each under the core's lock: one `reserve_many` (every row judged as of the chunk's time: new,
+joining an entry in flight, or committed meanwhile), one `encode_frame` of the new rows, and one
+run handed to the core (`LogWriter.enqueue_run_locked`) with one waiter; only a row joining an
+entry in flight gets an object (`RowJoiner`). The results are filled in columns from the window's
+answers, and the call waits once, on its `BatchCompletion`.
+
+Semantics are those of single writes (DESIGN.md 1.1): a key is admitted once per window, a
+repeat inside the batch joins the first row's entry, a key queued or in flight from another call
+joins that write. Writes queued on the intake before a chunk are admitted before it. A failure
+fails the rows it concerns; the call then raises the error of the lowest failed row, once every
+row has ended (or the timeout passed): rows that did land are in the log and in the window, so
+retrying the call answers them as duplicates and writes only the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .._core import DedupWindow, encode_frame
+from ..client.rows import BatchCompletion, RowJoiner, RunRows
+from ..client.workers import resolve
+from ..client.writer import LogWriter
+from ..clock import Clock
+from ..errors import WoodpeckerError, WriteTimeoutError
+from ..types import LogMessageId
+from .admission import Admission
+from .intake import OVERHEAD
+
+# status byte (0 new, 1 pending, 2 committed) -> duplicate flag
+_DUPLICATE = bytes.maketrans(b"\x00\x01\x02", b"\x00\x01\x01")
+
+
+@dataclass(frozen=True)
+class WriteManyResult:
+    """Columnar results of `write_many`: no object per row."""
+
+    segment_ids: array  # array('q')
+    entry_ids: array  # array('q')
+    duplicate: bytearray  # 1 where the row did not create its entry
+
+    def __len__(self) -> int:
+        return len(self.entry_ids)
+
+    def message_id(self, i: int) -> LogMessageId:
+        return LogMessageId(self.segment_ids[i], self.entry_ids[i])
+
+
+def _column(raw: bytes) -> array:
+    col = array("q")
+    col.frombytes(raw)
+    return col
+
+
+def _i64(column: bytes, i: int) -> int:
+    return int.from_bytes(column[8 * i : 8 * i + 8], "little", signed=True)
+
+
+class BatchLane:
+    """Writes checked rows with known keys through the core in runs (see the module doc)."""
+
+    def __init__(self, core: LogWriter, window: DedupWindow, clock: Clock, admission: Admission):
+        self._core = core
+        self._window = window
+        self._clock = clock
+        self._admission = admission
+
+    def write(
+        self,
+        payloads: list[bytes],
+        keys: bytes,
+        wait: float | None,
+        pending_text: Callable[[], str],
+    ) -> WriteManyResult:
+        """`payloads`: bytes within append.max_entry_bytes; `keys`: their N*16-byte keys; waits
+        up to `wait` seconds for every row (`pending_text`: what a timeout means)."""
+        n = len(payloads)
+        core = self._core
+        with core.lock:
+            core.check_open_locked()
+            status, segs, ents = self._window.get_many(keys, self._clock.now_ms())
+        result = WriteManyResult(
+            _column(segs), _column(ents), bytearray(status.translate(_DUPLICATE))
+        )
+        if status.count(2) == n:  # every key committed: answered from the window alone
+            with core.lock:
+                self._admission.duplicates += n
+            return result
+        call = BatchCompletion()
+        step = core.max_batch_entries
+        start = 0
+        try:
+            while start < n:
+                end = min(n, start + step)
+                if status.count(2, start, end) == end - start:
+                    with core.lock:
+                        self._admission.duplicates += end - start
+                    start = end
+                    continue
+                start = self._chunk(call, payloads, keys, start, end, result)
+        except WoodpeckerError as refused:  # fenced or closed: the rest is refused, nothing queued
+            rest = [i for i in range(start, n) if status[i] != 2]
+            call.fail(rest, refused)
+        finally:
+            call.handed()
+        still_open = call.wait(wait)
+        failed = call.first_failure()
+        if failed is not None:
+            row, count, exc = failed
+            text = (
+                f"row {row}: {exc} ({count} of {n} rows failed; rows that landed are "
+                "duplicates when the call is retried)"
+            )
+            try:
+                error = type(exc)(text)
+            except Exception:  # an error class with another signature: raised as it is
+                raise exc from None
+            raise error from exc
+        if still_open:
+            raise WriteTimeoutError(
+                f"{still_open} of {n} rows not acknowledged within timeout={wait:g} s: "
+                f"{pending_text()}"
+            )
+        return result
+
+    def _chunk(
+        self,
+        call: BatchCompletion,
+        payloads: list[bytes],
+        keys: bytes,
+        start: int,
+        end: int,
+        result: WriteManyResult,
+    ) -> int:
+        """Rows `start..end` (or fewer: a segment's room) into the core; returns where the
+        next chunk starts."""
+        core = self._core
+        nbytes = sum(map(len, payloads[start:end]))
+        if nbytes > core.max_batch_bytes:  # large payloads: fewer rows per run
+            nbytes, end = self._cut(payloads, start, end, core.max_batch_bytes)
+        outcomes: list = []
+        try:
+            with core.lock:
+                outcomes = self._admission.admit_all_locked()  # writes queued ahead go first
+                core.check_open_locked()
+                size = nbytes + OVERHEAD * (end - start)
+                if core.full_locked(size, end - start):
+                    core.wait_for_room_locked(size, end - start)
+                seg = core.writable_segment_locked()
+                if seg is None:  # repairing: duplicates are answered, new rows refused
+                    self._unavailable_locked(call, keys, start, end, result)
+                else:
+                    room, room_bytes = core.segment_room_locked(seg)
+                    if 0 < room < end - start:
+                        end = start + room
+                    if 0 < room_bytes < nbytes:
+                        nbytes, end = self._cut(payloads, start, end, room_bytes)
+                    self._admit_locked(call, seg, payloads, keys, start, end, result)
+        finally:
+            if outcomes:
+                resolve(outcomes)
+        return end
+
+    @staticmethod
+    def _cut(payloads: list[bytes], start: int, end: int, limit: int) -> tuple[int, int]:
+        """The rows from `start` whose payloads fit `limit` bytes (at least one)."""
+        nbytes = 0
+        for i in range(start, end):
+            size = len(payloads[i]) + OVERHEAD
+            if i > start and nbytes + size > limit:
+                return nbytes, i
+            nbytes += size
+        return nbytes, end
+
+    def _admit_locked(self, call, seg, payloads, keys, start: int, end: int, result) -> None:
+        now = self._clock.now_ms()
+        self._admission.evict_due_locked(now)
+        rows = end - start
+        first = seg.next_entry_id
+        stamps = array("q", (now,)) * rows
+        status, segs, ents = self._window.reserve_many(
+            keys[16 * start : 16 * end], stamps, seg.segment_id, first
+        )
+        new = status.count(0)
+        mixed = new != rows
+        frame, count = encode_frame(
+            seg.segment_id, first, now, payloads, start, end, keys, status if mixed else None
+        )
+        result.segment_ids[start:end] = _column(segs)
+        result.entry_ids[start:end] = _column(ents)
+        result.duplicate[start:end] = status.translate(_DUPLICATE)
+        self._admission.duplicates += rows - new
+        joined = rows - new - status.count(2)
+        call.add(count + joined)
+        if count:
+            waiter = RunRows(call, start, count, status if mixed else None)
+            self._core.enqueue_run_locked(seg, frame, count, waiter, time.monotonic())
+        if joined:  # after the run: a row may join an entry an earlier row of it made
+            for i, code in enumerate(status):
+                if code == 1:
+                    self._core.join_locked(_i64(segs, i), _i64(ents, i), RowJoiner(call, start + i))
+
+    def _unavailable_locked(self, call, keys, start: int, end: int, result) -> None:
+        """A segment lost its quorum and is being completed: committed keys are answered,
+        keys in flight joined, new rows refused (`QuorumUnavailableError`), nothing queued."""
+        status, segs, ents = self._window.get_many(
+            keys[16 * start : 16 * end], self._clock.now_ms()
+        )
+        result.segment_ids[start:end] = _column(segs)
+        result.entry_ids[start:end] = _column(ents)
+        result.duplicate[start:end] = status.translate(_DUPLICATE)
+        refused = [start + i for i, code in enumerate(status) if code == 0]
+        if refused:
+            call.fail(refused, self._core.unavailable_error())
+        joined = status.count(1)
+        self._admission.duplicates += end - start - len(refused)
+        call.add(joined)
+        for i, code in enumerate(status):
+            if code == 1:
+                self._core.join_locked(_i64(segs, i), _i64(ents, i), RowJoiner(call, start + i))
