@@ -19,30 +19,39 @@ Failure = tuple[Sequence[int], BaseException]
 
 
 class BatchCompletion:
-    """How many rows of one call are still open (handed to the core, no outcome yet), and the
-    rows that failed. Thread-safe: outcomes arrive from the core's threads."""
+    """The rows of one call handed to the core and not ended yet (by waiter), and the rows that
+    failed. Thread-safe: outcomes arrive from the core's threads."""
 
-    __slots__ = ("_cond", "_open", "_handed", "failures")
+    __slots__ = ("_cond", "_open", "_waiting", "_handed", "failures")
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._open = 0
+        self._waiting: set[_Rows] = set()
         self._handed = False  # every row has been handed to the core or answered
         self.failures: list[Failure] = []
 
-    def add(self, rows: int) -> None:
-        """`rows` more rows now wait for an outcome."""
+    def add(self, waiter: _Rows) -> None:
+        """`waiter`'s rows now wait for an outcome."""
         with self._cond:
-            self._open += rows
+            self._waiting.add(waiter)
+            self._open += waiter.count
 
-    def end(self, rows: int, failed: Sequence[int] = (), exc: BaseException | None = None) -> None:
-        """`rows` rows ended; `failed` of them (row numbers) with `exc`."""
+    def end(self, waiter: _Rows, exc: BaseException | None = None) -> None:
+        """`waiter`'s rows ended (failed with `exc` if given)."""
         with self._cond:
-            if exc is not None and failed:
-                self.failures.append((failed, exc))
-            self._open -= rows
+            self._waiting.discard(waiter)
+            if exc is not None:
+                self.failures.append((waiter.rows(), exc))
+            self._open -= waiter.count
             if self._open <= 0 and self._handed:
                 self._cond.notify_all()
+
+    def replace(self, waiter: _Rows, parts: tuple[_Rows, ...]) -> None:
+        """`waiter` was split into `parts` (same rows)."""
+        with self._cond:
+            self._waiting.discard(waiter)
+            self._waiting.update(parts)
 
     def fail(self, failed: Sequence[int], exc: BaseException) -> None:
         """Rows refused before they were handed to the core (they never counted as open)."""
@@ -76,32 +85,57 @@ class BatchCompletion:
             row, exc = min(((min(rows), exc) for rows, exc in self.failures), key=_row)
         return row, count, exc
 
+    def acknowledged(self, n: int) -> bytearray:
+        """One byte per row of the call: 1 where it was acknowledged (or answered), 0 where it
+        failed or is still open."""
+        mask = bytearray(b"\x01") * n
+        with self._cond:
+            groups = [rows for rows, _ in self.failures]
+            groups += [w.rows() for w in self._waiting]
+        for rows in groups:
+            for row in rows:
+                mask[row] = 0
+        return mask
+
 
 def _row(item: tuple[int, BaseException]) -> int:
     return item[0]
 
 
-class _Once:
-    """Told once, like a future (a second outcome raises `InvalidStateError`, which `resolve`
-    ignores)."""
+class _Rows:
+    """Rows of a call waiting on the core; told once, like a future (a second outcome raises
+    `InvalidStateError`, which `resolve` ignores)."""
 
-    __slots__ = ("_told",)
+    __slots__ = ("_told", "_call", "count")
 
-    def __init__(self) -> None:
+    def __init__(self, call: BatchCompletion, count: int) -> None:
         self._told = False
+        self._call = call
+        self.count = count
+
+    def rows(self) -> Sequence[int]:
+        raise NotImplementedError
 
     def _tell(self) -> None:
         if self._told:
             raise InvalidStateError("already told")
         self._told = True
 
+    def set_result(self, result: Any) -> None:
+        self._tell()
+        self._call.end(self)
 
-class RunRows(_Once):
+    def set_exception(self, exception: BaseException | None) -> None:
+        self._tell()
+        self._call.end(self, exception or RuntimeError("ended without an outcome"))
+
+
+class RunRows(_Rows):
     """The waiter of one run: the rows `rows()` of `call` whose entries the run holds, in entry
     order. Rows are `start..start+count` when `status` is None, else the rows of the chunk from
     `start` on whose status byte is 0 (computed only when a failure or a split needs them)."""
 
-    __slots__ = ("_call", "_start", "_status", "_count", "_rows")
+    __slots__ = ("_start", "_status", "_rows")
 
     def __init__(
         self,
@@ -111,55 +145,36 @@ class RunRows(_Once):
         status: bytes | None = None,
         rows: Sequence[int] | None = None,
     ):
-        super().__init__()
-        self._call = call
+        super().__init__(call, count)
         self._start = start
-        self._count = count
         self._status = status
         self._rows = rows
 
     def rows(self) -> Sequence[int]:
         if self._rows is None:
             if self._status is None:
-                self._rows = range(self._start, self._start + self._count)
+                self._rows = range(self._start, self._start + self.count)
             else:
                 self._rows = [self._start + i for i, code in enumerate(self._status) if not code]
         return self._rows
 
-    def set_result(self, result: Any) -> None:
-        self._tell()
-        self._call.end(self._count)
-
-    def set_exception(self, exception: BaseException | None) -> None:
-        self._tell()
-        if exception is None:
-            exception = RuntimeError("a run ended without an outcome")
-        self._call.end(self._count, self.rows(), exception)
-
     def split(self, count: int) -> tuple[RunRows, RunRows]:
         rows = self.rows()
         head = RunRows(self._call, 0, count, rows=rows[:count])
-        tail = RunRows(self._call, 0, self._count - count, rows=rows[count:])
+        tail = RunRows(self._call, 0, self.count - count, rows=rows[count:])
         self._told = True  # its parts are told instead
+        self._call.replace(self, (head, tail))
         return head, tail
 
 
-class RowJoiner(_Once):
+class RowJoiner(_Rows):
     """Row `row` of `call`, joined to an entry in flight (its ids were filled in already)."""
 
-    __slots__ = ("_call", "_row")
+    __slots__ = ("_row",)
 
     def __init__(self, call: BatchCompletion, row: int):
-        super().__init__()
-        self._call = call
+        super().__init__(call, 1)
         self._row = row
 
-    def set_result(self, result: Any) -> None:
-        self._tell()
-        self._call.end(1)
-
-    def set_exception(self, exception: BaseException | None) -> None:
-        self._tell()
-        if exception is None:
-            exception = RuntimeError("a joined entry ended without an outcome")
-        self._call.end(1, (self._row,), exception)
+    def rows(self) -> Sequence[int]:
+        return (self._row,)

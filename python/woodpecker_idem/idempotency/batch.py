@@ -111,6 +111,22 @@ class BatchLane:
         finally:
             call.handed()
         still_open = call.wait(wait)
+        error = self._error(call, n, still_open, wait, pending_text)
+        if error is None:
+            return result
+        error.batch_result = result
+        error.acknowledged = call.acknowledged(n)
+        raise error
+
+    @staticmethod
+    def _error(
+        call: BatchCompletion,
+        n: int,
+        still_open: int,
+        wait: float | None,
+        pending_text: Callable[[], str],
+    ) -> WoodpeckerError | None:
+        """What the call raises: the lowest failed row's error, else a timeout, else None."""
         failed = call.first_failure()
         if failed is not None:
             row, count, exc = failed
@@ -120,15 +136,18 @@ class BatchLane:
             )
             try:
                 error = type(exc)(text)
-            except Exception:  # an error class with another signature: raised as it is
-                raise exc from None
-            raise error from exc
+            except Exception:  # an error class with another signature
+                error = WoodpeckerError(text)
+            if not isinstance(error, WoodpeckerError):
+                error = WoodpeckerError(text)
+            error.__cause__ = exc
+            return error
         if still_open:
-            raise WriteTimeoutError(
+            return WriteTimeoutError(
                 f"{still_open} of {n} rows not acknowledged within timeout={wait:g} s: "
                 f"{pending_text()}"
             )
-        return result
+        return None
 
     def _chunk(
         self,
@@ -197,15 +216,20 @@ class BatchLane:
         result.entry_ids[start:end] = _column(ents)
         result.duplicate[start:end] = status.translate(_DUPLICATE)
         self._admission.duplicates += rows - new
-        joined = rows - new - status.count(2)
-        call.add(count + joined)
         if count:
             waiter = RunRows(call, start, count, status if mixed else None)
+            call.add(waiter)
             self._core.enqueue_run_locked(seg, frame, count, waiter, time.monotonic())
-        if joined:  # after the run: a row may join an entry an earlier row of it made
-            for i, code in enumerate(status):
-                if code == 1:
-                    self._core.join_locked(_i64(segs, i), _i64(ents, i), RowJoiner(call, start + i))
+        if rows - new - status.count(2):  # after the run: a row may join an entry of it
+            self._join_locked(call, start, status, segs, ents)
+
+    def _join_locked(self, call, start: int, status: bytes, segs: bytes, ents: bytes) -> None:
+        """Rows whose key is in flight (status 1) join its entry."""
+        for i, code in enumerate(status):
+            if code == 1:
+                joiner = RowJoiner(call, start + i)
+                call.add(joiner)
+                self._core.join_locked(_i64(segs, i), _i64(ents, i), joiner)
 
     def _unavailable_locked(self, call, keys, start: int, end: int, result) -> None:
         """A segment lost its quorum and is being completed: committed keys are answered,
@@ -219,9 +243,5 @@ class BatchLane:
         refused = [start + i for i, code in enumerate(status) if code == 0]
         if refused:
             call.fail(refused, self._core.unavailable_error())
-        joined = status.count(1)
         self._admission.duplicates += end - start - len(refused)
-        call.add(joined)
-        for i, code in enumerate(status):
-            if code == 1:
-                self._core.join_locked(_i64(segs, i), _i64(ents, i), RowJoiner(call, start + i))
+        self._join_locked(call, start, status, segs, ents)
