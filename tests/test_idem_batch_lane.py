@@ -281,3 +281,82 @@ def test_a_segment_completed_inside_a_run_splits_it():
     assert (row, failed, error) == (12, 4, exc)  # rows 12..14 and joiner 21
     mask = call.acknowledged(22)
     assert [i for i in range(10, 22) if mask[i]] == [10, 11, 15, 16, 17, 18, 19, 20]
+
+
+def test_a_batch_across_segment_rolls(env_factory):
+    env = env_factory(**{"segment.max_entries": 64, "append.max_batch_entries": 50})
+    w = env.writer()
+    payloads, ids = rows(500)
+    res = env.write_many(w, payloads, ids[:250] + ids[:250])
+    assert sum(res.duplicate) == 250
+    assert len(set(res.segment_ids)) >= 4
+    assert all(
+        n <= 64 for n in (list(res.segment_ids[:250]).count(s) for s in set(res.segment_ids))
+    )
+    assert env.check().keyed_entries == 250
+
+
+# --- the plain writer's batch lane ---------------------------------------------------------------
+
+
+def test_plain_write_many_appends_in_order_across_rolls(env_factory):
+    env = env_factory(
+        **{
+            "segment.max_entries": 64,
+            "append.max_batch_entries": 50,
+            "append.max_inflight_entries": 100,
+        }
+    )
+    w = env.log.open_writer()
+    payloads = [b"row %d" % i for i in range(1000)]
+    res = w.write_many(payloads)
+    assert not any(res.duplicate) and len(res) == 1000
+    ids = [res.message_id(i) for i in range(1000)]
+    assert ids == sorted(ids) and len(set(ids)) == 1000
+    again = w.write_many(payloads[:10])  # a plain writer appends again
+    assert again.message_id(0) > ids[-1]
+    w.close()
+    msgs = list(env.log.open_reader())
+    assert [m.payload for m in msgs] == payloads + payloads[:10]
+    assert [m.message_id for m in msgs[:1000]] == ids
+
+
+def test_plain_write_many_refuses_a_bad_row_and_writes_nothing(env_factory):
+    env = env_factory(**{"append.max_entry_bytes": 1024})
+    w = env.log.open_writer()
+    with pytest.raises(wp.PayloadTooLargeError, match=r"payloads\[2\]"):
+        w.write_many([b"a", b"b", b"x" * 2000])
+    with pytest.raises(wp.InvalidTypeError, match=r"payloads\[1\]"):
+        w.write_many([b"a", "b"])  # type: ignore[list-item]
+    w.close()
+    assert list(env.log.open_reader()) == []
+
+
+def test_plain_write_many_node_failing_mid_batch(env_factory):
+    env = env_factory(
+        **{"append.max_batch_entries": 20, "append.max_retries": 0, "append.timeout_ms": 20_000}
+    )
+    w = env.log.open_writer()
+    healer = threading.Timer(0.3, lambda: env.faults.heal_node("node-0"))
+    env.after_adds(4, lambda: (env.faults.fail_node("node-0"), healer.start()))
+    payloads = [b"row %d" % i for i in range(400)]
+    start = env.history.now()
+    err = in_thread(lambda: _raised(lambda: w.write_many(payloads)))
+    assert isinstance(err, (SegmentClosedError, wp.QuorumUnavailableError)), err
+    for i, p in enumerate(payloads):
+        if err.acknowledged[i]:
+            mid = err.batch_result.message_id(i)
+            env.history.ok(None, p, WriteResult(mid, False), start)
+        else:
+            env.history.failed(None, p, err, start)
+    assert 60 <= sum(err.acknowledged) < 400
+    healer.join()
+    w.close()
+    env.check()
+
+
+def _raised(fn):
+    try:
+        return fn()
+    except WoodpeckerError as exc:
+        return exc

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .idempotency.batch import WriteManyResult
+    from .types import WriteManyResult
 
 
 class WoodpeckerError(Exception):

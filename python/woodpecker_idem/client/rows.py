@@ -1,19 +1,32 @@
-"""The batch lane's completion: one object per call for all of its rows, no future per row.
+"""The batch lane: many rows per call, one completion per call, no future per row.
 
-A batch call (`IdempotentLogWriter.write_keyed` and the calls built on it) hands the writer core
-its new rows as runs (`LogWriter.enqueue_run_locked`: up to a batch of consecutive entries, one
-frame, one waiter). Each run's waiter is a `RunRows`, a row that joined an entry in flight is a
-`RowJoiner`; both report to the call's `BatchCompletion`, which counts the rows still open and
-keeps the failures by row, so the call waits once and fails exactly the rows a failure concerns.
+A batch call (`LogWriter.write_many`, and `IdempotentLogWriter.write_keyed` with the calls built
+on it) hands the writer core its new rows as runs (`LogWriter.enqueue_run_locked`: up to a batch
+of consecutive entries, one frame, one waiter), in chunks of one AddEntries batch. Each run's
+waiter is a `RunRows`, a row that joined an entry in flight a `RowJoiner`; both report to the
+call's `BatchCompletion`, which counts the rows still open and keeps the failures by row, so the
+call waits once and fails exactly the rows a failure concerns. `write_rows` is the plain
+writer's lane; the idempotent one (idempotency/batch.py) adds the window.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from array import array
+from collections.abc import Callable, Sequence
 from concurrent.futures import InvalidStateError
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .._core import encode_frame
+from ..errors import WoodpeckerError, WriteTimeoutError
+from ..types import WriteManyResult
+
+if TYPE_CHECKING:
+    from .writer import LogWriter
+
+# Bytes a row counts against the batch and in-flight limits before its record exists
+ROW_OVERHEAD = 64
 
 Failure = tuple[Sequence[int], BaseException]
 
@@ -178,3 +191,99 @@ class RowJoiner(_Rows):
 
     def rows(self) -> Sequence[int]:
         return (self._row,)
+
+
+def chunk_end(payloads: list[bytes], start: int, end: int, limit: int) -> tuple[int, int]:
+    """(bytes, end) of the rows from `start` (before `end`) whose payloads fit `limit` bytes
+    with their overhead (at least one row)."""
+    nbytes = sum(map(len, payloads[start:end])) + ROW_OVERHEAD * (end - start)
+    if nbytes <= limit:
+        return nbytes, end
+    nbytes = 0
+    for i in range(start, end):
+        size = len(payloads[i]) + ROW_OVERHEAD
+        if i > start and nbytes + size > limit:
+            return nbytes, i
+        nbytes += size
+    return nbytes, end
+
+
+def finish(
+    call: BatchCompletion,
+    result: WriteManyResult,
+    wait: float | None,
+    pending_text: Callable[[], str],
+) -> WriteManyResult:
+    """Wait up to `wait` seconds for every row of the call; then the result, or the error of its
+    lowest failed row (else a `WriteTimeoutError`) carrying the result and which rows were
+    acknowledged (`WoodpeckerError.batch_result`, `.acknowledged`)."""
+    n = len(result)
+    still_open = call.wait(wait)
+    failed = call.first_failure()
+    error: WoodpeckerError
+    if failed is not None:
+        row, count, exc = failed
+        text = (
+            f"row {row}: {exc} ({count} of {n} rows failed; rows that landed are "
+            "duplicates when the call is retried on an idempotent writer)"
+        )
+        try:
+            made = type(exc)(text)
+        except Exception:  # an error class with another signature
+            made = WoodpeckerError(text)
+        error = made if isinstance(made, WoodpeckerError) else WoodpeckerError(text)
+        error.__cause__ = exc
+    elif still_open:
+        error = WriteTimeoutError(
+            f"{still_open} of {n} rows not acknowledged within timeout={wait:g} s: {pending_text()}"
+        )
+    else:
+        return result
+    error.batch_result = result
+    error.acknowledged = call.acknowledged(n)
+    raise error
+
+
+def write_rows(
+    core: LogWriter, payloads: list[bytes], wait: float | None, pending_text: Callable[[], str]
+) -> WriteManyResult:
+    """The plain writer's batch lane: `payloads` (bytes within append.max_entry_bytes) appended
+    in order, in runs of one AddEntries batch each; waits up to `wait` seconds."""
+    n = len(payloads)
+    result = WriteManyResult(array("q", bytes(8 * n)), array("q", bytes(8 * n)), bytearray(n))
+    call = BatchCompletion()
+    start = 0
+    try:
+        while start < n:
+            nbytes, end = chunk_end(
+                payloads, start, min(n, start + core.max_batch_entries), core.max_batch_bytes
+            )
+            with core.lock:
+                core.check_open_locked()
+                if core.full_locked(nbytes, end - start):
+                    core.wait_for_room_locked(nbytes, end - start)
+                seg = core.writable_segment_locked()
+                if seg is None:  # repairing: refused, nothing queued
+                    call.fail(range(start, end), core.unavailable_error())
+                    start = end
+                    continue
+                room, room_bytes = core.segment_room_locked(seg)
+                if 0 < room < end - start:
+                    end = start + room
+                if 0 < room_bytes < nbytes:
+                    nbytes, end = chunk_end(payloads, start, end, room_bytes)
+                first = seg.next_entry_id
+                frame, count = encode_frame(
+                    seg.segment_id, first, core.clock.now_ms(), payloads, start, end
+                )
+                result.segment_ids[start:end] = array("q", (seg.segment_id,)) * count
+                result.entry_ids[start:end] = array("q", range(first, first + count))
+                waiter = RunRows(call, start, count)
+                call.add(waiter)
+                core.enqueue_run_locked(seg, frame, count, waiter, time.monotonic())
+            start = end
+    except WoodpeckerError as refused:  # fenced or closed: the rest is refused, nothing queued
+        call.fail(range(start, n), refused)
+    finally:
+        call.handed()
+    return finish(call, result, wait, pending_text)

@@ -43,12 +43,13 @@ from ..errors import (
 )
 from ..meta.base import SegmentMeta
 from ..retry import Backoff, retry_call
-from ..types import LogMessageId, SegmentState, WriteMessage, WriteResult
+from ..types import LogMessageId, SegmentState, WriteManyResult, WriteMessage, WriteResult
 from . import atexit_close
 from .flusher import Flusher
 from .futures import WriteFuture
 from .hooks import NO_HOOKS, WriterHooks
 from .recovery import choose_nodes, recover_segment, seal
+from .rows import write_rows
 from .segment import (
     Batch,
     EntryJoiner,
@@ -115,6 +116,27 @@ def coerce_message(
             if not isinstance(k, str) or not isinstance(v, str):
                 raise InvalidTypeError(f"properties must map str to str; got {k!r}: {v!r}")
     return payload, props
+
+
+def checked_payloads(payloads: Sequence[bytes], max_bytes: int) -> list[bytes]:
+    """A batch's payloads as bytes, every row checked (type, size) before any is queued: a bad
+    row refuses the whole batch, naming it."""
+    if not (hasattr(payloads, "__len__") and hasattr(payloads, "__getitem__")):
+        raise InvalidTypeError(
+            f"payloads must be a sequence (a list or tuple), not {type(payloads).__name__}"
+        )
+    return [  # plain bytes within the limit need nothing more (the common case)
+        p if isinstance(p, bytes) and len(p) <= max_bytes else _checked_row(p, i, max_bytes)
+        for i, p in enumerate(payloads)
+    ]
+
+
+def _checked_row(row: object, i: int, max_bytes: int) -> bytes:
+    try:
+        payload, _ = coerce_message(row, None, max_bytes)  # type: ignore[arg-type]
+    except WoodpeckerError as exc:
+        raise type(exc)(f"payloads[{i}]: {exc}") from None
+    return payload
 
 
 def _transient(exc: BaseException) -> bool:
@@ -280,6 +302,18 @@ class LogWriter:
         wait = timeout_arg(timeout, allow_zero=False)
         future = self.write_async(message, properties=properties, idempotency_id=idempotency_id)
         return wait_for(future, wait, self._still_pending_text)
+
+    def write_many(
+        self, payloads: Sequence[bytes], *, timeout: float | None = None
+    ) -> WriteManyResult:
+        """Append a batch in order, in runs of one AddEntries batch (one frame and one waiter
+        each, no future per row); columnar results. Every row and `timeout` are checked before
+        any row is queued. A failure raises the lowest failed row's error, carrying the result
+        and which rows were acknowledged (`batch_result`, `acknowledged`); a retry on this plain
+        writer appends the rows again (the idempotent writer's `write_many` answers them)."""
+        wait = timeout_arg(timeout, allow_zero=False)
+        rows = checked_payloads(payloads, self._max_entry_bytes)
+        return write_rows(self, rows, wait, self._still_pending_text)
 
     def _still_pending_text(self) -> str:
         """What a timed-out wait means for this writer (the idempotent one says a retry joins)."""

@@ -22,35 +22,18 @@ from __future__ import annotations
 import time
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from .._core import DedupWindow, encode_frame
-from ..client.rows import BatchCompletion, RowJoiner, RunRows
+from ..client.rows import BatchCompletion, RowJoiner, RunRows, chunk_end, finish
 from ..client.workers import resolve
 from ..client.writer import LogWriter
 from ..clock import Clock
-from ..errors import WoodpeckerError, WriteTimeoutError
-from ..types import LogMessageId
+from ..errors import WoodpeckerError
+from ..types import WriteManyResult
 from .admission import Admission
-from .intake import OVERHEAD
 
 # status byte (0 new, 1 pending, 2 committed) -> duplicate flag
 _DUPLICATE = bytes.maketrans(b"\x00\x01\x02", b"\x00\x01\x01")
-
-
-@dataclass(frozen=True)
-class WriteManyResult:
-    """Columnar results of `write_many`: no object per row."""
-
-    segment_ids: array  # array('q')
-    entry_ids: array  # array('q')
-    duplicate: bytearray  # 1 where the row did not create its entry
-
-    def __len__(self) -> int:
-        return len(self.entry_ids)
-
-    def message_id(self, i: int) -> LogMessageId:
-        return LogMessageId(self.segment_ids[i], self.entry_ids[i])
 
 
 def _column(raw: bytes) -> array:
@@ -110,44 +93,7 @@ class BatchLane:
             call.fail(rest, refused)
         finally:
             call.handed()
-        still_open = call.wait(wait)
-        error = self._error(call, n, still_open, wait, pending_text)
-        if error is None:
-            return result
-        error.batch_result = result
-        error.acknowledged = call.acknowledged(n)
-        raise error
-
-    @staticmethod
-    def _error(
-        call: BatchCompletion,
-        n: int,
-        still_open: int,
-        wait: float | None,
-        pending_text: Callable[[], str],
-    ) -> WoodpeckerError | None:
-        """What the call raises: the lowest failed row's error, else a timeout, else None."""
-        failed = call.first_failure()
-        if failed is not None:
-            row, count, exc = failed
-            text = (
-                f"row {row}: {exc} ({count} of {n} rows failed; rows that landed are "
-                "duplicates when the call is retried)"
-            )
-            try:
-                error = type(exc)(text)
-            except Exception:  # an error class with another signature
-                error = WoodpeckerError(text)
-            if not isinstance(error, WoodpeckerError):
-                error = WoodpeckerError(text)
-            error.__cause__ = exc
-            return error
-        if still_open:
-            return WriteTimeoutError(
-                f"{still_open} of {n} rows not acknowledged within timeout={wait:g} s: "
-                f"{pending_text()}"
-            )
-        return None
+        return finish(call, result, wait, pending_text)
 
     def _chunk(
         self,
@@ -161,17 +107,14 @@ class BatchLane:
         """Rows `start..end` (or fewer: a segment's room) into the core; returns where the
         next chunk starts."""
         core = self._core
-        nbytes = sum(map(len, payloads[start:end]))
-        if nbytes > core.max_batch_bytes:  # large payloads: fewer rows per run
-            nbytes, end = self._cut(payloads, start, end, core.max_batch_bytes)
+        nbytes, end = chunk_end(payloads, start, end, core.max_batch_bytes)
         outcomes: list = []
         try:
             with core.lock:
                 outcomes = self._admission.admit_all_locked()  # writes queued ahead go first
                 core.check_open_locked()
-                size = nbytes + OVERHEAD * (end - start)
-                if core.full_locked(size, end - start):
-                    core.wait_for_room_locked(size, end - start)
+                if core.full_locked(nbytes, end - start):
+                    core.wait_for_room_locked(nbytes, end - start)
                 seg = core.writable_segment_locked()
                 if seg is None:  # repairing: duplicates are answered, new rows refused
                     self._unavailable_locked(call, keys, start, end, result)
@@ -180,23 +123,12 @@ class BatchLane:
                     if 0 < room < end - start:
                         end = start + room
                     if 0 < room_bytes < nbytes:
-                        nbytes, end = self._cut(payloads, start, end, room_bytes)
+                        nbytes, end = chunk_end(payloads, start, end, room_bytes)
                     self._admit_locked(call, seg, payloads, keys, start, end, result)
         finally:
             if outcomes:
                 resolve(outcomes)
         return end
-
-    @staticmethod
-    def _cut(payloads: list[bytes], start: int, end: int, limit: int) -> tuple[int, int]:
-        """The rows from `start` whose payloads fit `limit` bytes (at least one)."""
-        nbytes = 0
-        for i in range(start, end):
-            size = len(payloads[i]) + OVERHEAD
-            if i > start and nbytes + size > limit:
-                return nbytes, i
-            nbytes += size
-        return nbytes, end
 
     def _admit_locked(self, call, seg, payloads, keys, start: int, end: int, result) -> None:
         now = self._clock.now_ms()

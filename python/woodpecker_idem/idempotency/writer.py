@@ -33,21 +33,20 @@ from ..client.futures import WriteFuture
 from ..client.hooks import Outcomes
 from ..client.segment import PendingEntry
 from ..client.workers import resolve
-from ..client.writer import LogWriter, coerce_message
+from ..client.writer import LogWriter, checked_payloads, coerce_message
 from ..config import KEYS, check_value
 from ..errors import (
     ConfigError,
     InvalidArgumentError,
     InvalidTypeError,
     PayloadTooLargeError,
-    WoodpeckerError,
     WriterClosedError,
     WriterFencedError,
     WriterForkedError,
 )
-from ..types import WriteMessage, WriteResult
+from ..types import WriteManyResult, WriteMessage, WriteResult
 from .admission import Admission
-from .batch import BatchLane, WriteManyResult
+from .batch import BatchLane
 from .intake import Intake
 from .recovery import RecoveryReport, rebuild_window
 from .snapshot import SnapshotSource, Snapshotter
@@ -287,11 +286,7 @@ class IdempotentLogWriter:
         keys = content_keys(payloads) if ids is None else explicit_keys(ids)  # checks types
         if ids is not None and len(ids) != len(payloads):
             raise InvalidArgumentError(f"ids has {len(ids)} items but payloads has {len(payloads)}")
-        limit = self._max_entry_bytes
-        checked: list[bytes] = [  # plain bytes within the limit need nothing more (the common case)
-            p if isinstance(p, bytes) and len(p) <= limit else self._checked_row(p, i)
-            for i, p in enumerate(payloads)
-        ]
+        checked = checked_payloads(payloads, self._max_entry_bytes)
         self._check_process()
         return self._write_keyed_rows(checked, keys, wait)
 
@@ -358,13 +353,6 @@ class IdempotentLogWriter:
         if type(payloads) is not list:
             payloads = list(payloads)
         return self._lane.write(payloads, keys, wait, self._still_pending_text)
-
-    def _checked_row(self, row: object, i: int) -> bytes:
-        try:
-            payload, _ = coerce_message(row, None, self._max_entry_bytes)  # type: ignore[arg-type]
-        except WoodpeckerError as exc:
-            raise type(exc)(f"payloads[{i}]: {exc}") from None
-        return payload
 
     # --- hooks: entries and segments ------------------------------------------------------------
 
