@@ -11,11 +11,15 @@ Each round writes 1,000,000 new rows in calls of 65,536 to a fresh log (idempote
 answered from the window); `write_async` runs on 200,000 rows per round (a future per row is ~10x
 slower). Target of issue 14: the batch call >= 500,000 new rows/s, judged on the fastest of the
 rounds (the one least disturbed on the shared machine); medians and the idempotent/plain ratio
-are reported. `WP_BENCH_ARROW_ROUNDS` (default 3) sets the rounds.
+are reported, with the CPU time per row of each (process CPU time of all threads: the machine's
+load shows in the wall clock, much less in this). `WP_BENCH_ARROW_ROUNDS` (default 3) sets the
+rounds; `WP_BENCH_ARROW_CONFIG` (JSON) adds config keys, e.g. larger batches
+`{"append.max_batch_entries": 8192, "append.max_inflight_entries": 65536}` (fewer fdatasyncs).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
@@ -36,6 +40,7 @@ CONFIG = {
     "idempotency.window_max_keys": 2 * ROWS,  # every key stays in the window: no early eviction
     "idempotency.snapshot_interval_s": 3600,
     "idempotency.snapshot_threshold": 10**8,
+    **json.loads(os.environ.get("WP_BENCH_ARROW_CONFIG", "{}")),
 }
 TARGET = 500_000
 
@@ -52,10 +57,12 @@ def batches() -> list[tuple[list[bytes], bytes]]:
     return out
 
 
-def timed(fn) -> float:
-    started = time.perf_counter()
+def timed(fn, rows: int, cpu: dict[str, float], name: str) -> float:
+    """Rows/s of `fn()`; the CPU seconds per row (all threads) go to `cpu[name]`."""
+    started, cpu_started = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - started
+    cpu[name] = (time.process_time() - cpu_started) / rows
+    return rows / (time.perf_counter() - started)
 
 
 def run_round(path: Path, data) -> dict[str, float]:
@@ -85,12 +92,14 @@ def run_round(path: Path, data) -> dict[str, float]:
             for future in [plain.write_async(p) for p in rows_async]:
                 future.result()
 
+        cpu: dict[str, float] = {}
         rates = {
-            "keyed_new": ROWS / timed(keyed),
-            "plain_write_many": ROWS / timed(many),
-            "keyed_duplicates": ROWS / timed(again),
-            "plain_write_async": ASYNC_ROWS / timed(per_row),
+            "keyed_new": timed(keyed, ROWS, cpu, "keyed_new"),
+            "plain_write_many": timed(many, ROWS, cpu, "plain_write_many"),
+            "keyed_duplicates": timed(again, ROWS, cpu, "keyed_duplicates"),
+            "plain_write_async": timed(per_row, ASYNC_ROWS, cpu, "plain_write_async"),
         }
+        rates.update({f"{name}_cpu_us_per_row": 1e6 * v for name, v in cpu.items()})
         assert dups == ROWS
         idem.close()
         plain.close()
@@ -117,9 +126,12 @@ def test_write_keyed_rows_per_second(tmp_path, benchmark):
     benchmark.extra_info.update(info)
     print(f"\nbatch call, {ROWS:,} rows of 100 B per round, es=1, durable, {ROUNDS} rounds:")
     for name in rounds[0]:
+        if name.endswith("_cpu_us_per_row"):
+            continue
+        cpu_us = info[f"{name}_cpu_us_per_row_median"]
         print(
-            f"  {name:20s} median {info[f'{name}_median']:>12,.0f} rows/s   "
-            f"best {info[f'{name}_best']:>12,.0f}   rounds "
+            f"  {name:18s} median {info[f'{name}_median']:>10,.0f} rows/s  "
+            f"best {info[f'{name}_best']:>10,.0f}  CPU {cpu_us:.2f} us/row  rounds "
             + ", ".join(f"{r[name]:,.0f}" for r in rounds)
         )
     print(f"  idempotent write_keyed / plain write_many: median {statistics.median(ratios):.2f}")
