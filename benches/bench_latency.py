@@ -12,10 +12,10 @@ fall on every measure alike:
 - a duplicate through `write()` (idempotent writer, the key committed in the window): p50, for an
   explicit id and for the content key (MD5 of the payload, hashed in the caller's thread).
 Asserted: the duplicate p50 <= 5 us with an explicit id (the content key adds an MD5 of 1 KiB,
-~1.5 us idle, in the caller's thread: reported), and the loop's ratio to the floor (the local
-store pays create + fsync + link + directory fsync per batch today, about twice the floor).
-Reported: the issue's write targets (p50 <= 0.5 ms, p99 <= 2 ms, >= 2,000 writes/s),
-which depend on the storage.
+~1.5 us idle, in the caller's thread: reported), and the loop's ratio to the floor (a durable
+add on a local segment file is one write + fdatasync + a fence check; the rest is the client).
+Reported: the issue's write targets (p50 <= 0.5 ms, p99 <= 2 ms, >= 2,000 writes/s), which
+depend on the disk.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ DUPLICATES = 3000
 PAYLOAD = b"x" * 1024
 
 DUPLICATE_P50_S = 5e-6
-# floor p50 / write p50: the block-per-batch store measured 0.19-0.49 here (machine shared, noisy)
-MIN_FLOOR_RATIO = 0.1
+# floor p50 / write p50: segment files measured 0.57-0.60 here (machine shared, noisy); the
+# block-per-batch store before them 0.19-0.49
+MIN_FLOOR_RATIO = 0.3
 TARGET_P50_S = 0.5e-3
 TARGET_P99_S = 2e-3
 TARGET_WRITES_PER_S = 2000

@@ -8,9 +8,10 @@ every block before the ack). Figures land in `extra_info`:
 - `entries_per_s`, `mib_per_s`: N entries written back to back, from the first call to the last ack;
 - `load_p50_ms`, `load_p99_ms`: per-entry latency under that load (write_async call -> future done);
 - `idle_p50_ms`, `idle_p99_ms`: one entry in flight at a time (write_async(...).result()).
-Target (asserted): es=1 local >= 50,000 entries/s of 1 KiB, judged on the fastest of the 3 runs
-(the run least disturbed by other work on a shared machine, as in bench_core.py); the median is
-reported next to it. The other cases have no target: they assert only that every write was acked.
+Target (asserted): es=1 local >= 100,000 entries/s of 1 KiB (issue 12), judged on the fastest of
+the 3 runs (the run least disturbed by other work on a shared machine, as in bench_core.py); the
+median is reported next to it. The other cases have no target: they assert only that every write
+was acked.
 Set WP_BENCH_PROFILE=1 to print a cProfile of one throughput run (top functions by own time).
 """
 
@@ -29,7 +30,7 @@ import pytest
 
 from woodpecker_idem.client.client import connect
 
-TARGET_ES1_1K = 50_000
+TARGET_ES1_1K = 100_000  # issue 12 (not met on the shared 2-core machine: see benches/README.md)
 N_LOAD = {100: 20_000, 1024: 20_000}
 N_IDLE = 300
 

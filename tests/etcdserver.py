@@ -12,15 +12,13 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from types import TracebackType
 
-from s3server import HOST, free_port
+from serverproc import HOST, ServerProcess, free_port
 
 logger = logging.getLogger(__name__)
 
@@ -33,26 +31,19 @@ def etcd_binary() -> str:
     return path
 
 
-class EtcdServer:
+class EtcdServer(ServerProcess):
     """One etcd member; stop it with `stop()` (by PID, never by name)."""
 
     def __init__(self, *, start_timeout_s: float = 30.0):
-        self.start_timeout_s = start_timeout_s
+        super().__init__(start_timeout_s=start_timeout_s)
         self.client_port = 0
         self.peer_port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._frozen = False
         self._dir: str | None = None
 
     @property
     def endpoint(self) -> str:
         """host:port, the form `meta.endpoints` takes."""
         return f"{HOST}:{self.client_port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None, "server not started"
-        return self.proc.pid
 
     def start(self) -> EtcdServer:
         """Start on free ports (retrying if one was taken) and wait until /health says true."""
@@ -64,11 +55,11 @@ class EtcdServer:
             if not restarting:
                 self.client_port, self.peer_port = free_port(), free_port()
             self._spawn()
-            if self._wait_healthy():
+            if self.wait_ready(self.healthy):
                 logger.info("etcd pid %d at %s", self.pid, self.endpoint)
                 return self
             last = self.log_tail()
-            self._terminate()
+            self.terminate()
             if not restarting:  # a port was taken: try others, from empty data
                 shutil.rmtree(os.path.join(self._dir, "data"), ignore_errors=True)
         raise RuntimeError(f"etcd did not start: {last[-2000:]}")
@@ -105,17 +96,6 @@ class EtcdServer:
         except (OSError, ValueError, urllib.error.URLError):
             return False
 
-    def _wait_healthy(self) -> bool:
-        assert self.proc is not None
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return False
-            if self.healthy():
-                return True
-            time.sleep(0.05)
-        return False
-
     def log_tail(self, limit: int = 4000) -> str:
         if self._dir is None:
             return ""
@@ -125,56 +105,16 @@ class EtcdServer:
         except OSError:
             return ""
 
-    def freeze(self) -> None:
-        """SIGSTOP: connections still queue in the backlog, but nothing is answered."""
-        os.kill(self.pid, signal.SIGSTOP)
-        self._frozen = True
-
-    def thaw(self) -> None:
-        """SIGCONT: resume serving (queued requests are then processed)."""
-        os.kill(self.pid, signal.SIGCONT)
-        self._frozen = False
-
     def restart(self, down_s: float = 0.0) -> None:
         """Stop (SIGTERM), stay down `down_s`, start again on the same ports and data."""
-        self._terminate()
+        self.terminate()
         if down_s:
             time.sleep(down_s)
         self.start()
 
-    def _terminate(self) -> None:
-        proc = self.proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            if self._frozen:
-                try:
-                    os.kill(proc.pid, signal.SIGCONT)  # a stopped process ignores SIGTERM
-                except ProcessLookupError:
-                    pass
-                self._frozen = False
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        self.proc = None
-
     def stop(self) -> None:
         """Terminate by PID and remove the data directory."""
-        self._terminate()
+        self.terminate()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
-
-    def __enter__(self) -> EtcdServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

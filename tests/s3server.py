@@ -13,19 +13,15 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
-from types import TracebackType
+
+from serverproc import HOST, ServerProcess, free_port
 
 logger = logging.getLogger(__name__)
-
-HOST = "127.0.0.1"
 
 _BOOTSTRAP = """
 import sys, threading
@@ -41,32 +37,18 @@ moto.server.main(sys.argv[1:])
 """
 
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago (bind to 0 and read it back)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-class MotoS3Server:
+class MotoS3Server(ServerProcess):
     """A moto S3 server process; stop it with `stop()` (by PID, never by name)."""
 
     def __init__(self, *, atomic_conditional_puts: bool = True, start_timeout_s: float = 30.0):
+        super().__init__(start_timeout_s=start_timeout_s)
         self.atomic_conditional_puts = atomic_conditional_puts
-        self.start_timeout_s = start_timeout_s
         self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._frozen = False
         self._log: tempfile._TemporaryFileWrapper[bytes] | None = None
 
     @property
     def endpoint_url(self) -> str:
         return f"http://{HOST}:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None, "server not started"
-        return self.proc.pid
 
     def start(self) -> MotoS3Server:
         """Start on a free port and wait until it answers HTTP (retrying if the port was taken)."""
@@ -90,26 +72,20 @@ class MotoS3Server:
                 stderr=subprocess.STDOUT,
                 env=env,
             )
-            if self._wait_ready():
+            if self.wait_ready(self._answers):
                 logger.info("moto S3 server pid %d at %s", self.proc.pid, self.endpoint_url)
                 return self
             last_err = self._stop_and_collect()
         raise RuntimeError(f"moto server did not start: {last_err[-2000:]}")
 
-    def _wait_ready(self) -> bool:
-        assert self.proc is not None
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return False
-            try:
-                with urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1.0):
-                    return True
-            except urllib.error.HTTPError:
-                return True  # any HTTP answer means it is serving
-            except OSError:
-                time.sleep(0.05)
-        return False
+    def _answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1.0):
+                return True
+        except urllib.error.HTTPError:
+            return True  # any HTTP answer means it is serving
+        except OSError:
+            return False
 
     def log_tail(self, limit: int = 4000) -> str:
         """The end of the server's combined output (for failure messages)."""
@@ -124,46 +100,9 @@ class MotoS3Server:
         self.stop()
         return tail
 
-    def freeze(self) -> None:
-        """SIGSTOP: connections still queue in the backlog, but nothing is answered."""
-        os.kill(self.pid, signal.SIGSTOP)
-        self._frozen = True
-
-    def thaw(self) -> None:
-        """SIGCONT: resume serving (queued requests are then processed)."""
-        os.kill(self.pid, signal.SIGCONT)
-        self._frozen = False
-
     def stop(self) -> None:
         """Terminate by PID, wait, then kill if it lingers."""
-        proc = self.proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            if self._frozen:
-                try:
-                    os.kill(proc.pid, signal.SIGCONT)  # a stopped process ignores SIGTERM
-                except ProcessLookupError:
-                    pass
-                self._frozen = False
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-        self.proc = None
+        self.terminate(timeout_s=5)
         if self._log is not None:
             self._log.close()
             self._log = None
-
-    def __enter__(self) -> MotoS3Server:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from woodpecker_idem import InvalidArgumentError, InvalidTypeError, crc32c
-from woodpecker_idem._core import concat, count_records, encode_entry
+from woodpecker_idem._core import concat, count_records, decode_entries, encode_entry
 from woodpecker_idem._proto.logstore_pb2 import LogEntry
 
 int64 = st.integers(-(2**63), 2**63 - 1)
@@ -113,3 +113,46 @@ def test_concat_keeps_the_gil_where_bytes_join_lets_go() -> None:
     released = _other_thread_ran_during(lambda: b"".join(parts))
     # the spinner runs only at forced switches around concat, but all through join's copy
     assert 2 * sorted(held)[2] < sorted(released)[2], (held, released)
+
+
+@given(
+    seg=int64,
+    entry=int64,
+    ts=int64,
+    payload=st.binary(max_size=300),
+    props=st.dictionaries(st.text(max_size=20), st.text(max_size=200), max_size=4),
+    key=st.one_of(st.none(), st.binary(min_size=16, max_size=16)),
+    unknown=st.booleans(),
+)
+def test_decode_entries_reads_what_protobuf_wrote(
+    seg, entry, ts, payload, props, key, unknown
+) -> None:
+    """The read path's Rust parser agrees with protobuf on every field (also with a field this
+    version does not know, which a newer writer may add)."""
+    body = LogEntry(
+        segment_id=seg,
+        entry_id=entry,
+        timestamp_ms=ts,
+        payload=payload,
+        properties=props,
+        idempotency_key=key or b"",
+    ).SerializeToString()
+    if unknown:
+        body += b"\x38\x05"  # field 7, varint 5
+    (got,), bad = decode_entries([body], seg, entry)
+    assert bad is None
+    assert (got.segment_id, got.entry_id, got.timestamp_ms) == (seg, entry, ts)
+    assert (got.payload, got.properties, got.idempotency_key) == (payload, props, key or b"")
+
+
+def test_decode_entries_stops_at_a_bad_entry_and_says_why() -> None:
+    good = [encode_entry(3, i, 0, b"p")[8:] for i in range(3)]
+    entries, bad = decode_entries([good[0], good[1], b"\x22\x09abc"], 3, 0)
+    assert [e.entry_id for e in entries] == [0, 1]
+    assert bad is not None and bad[0] == 2 and "unparseable entry" in bad[1]
+    entries, bad = decode_entries([good[0], good[2]], 3, 0)  # entry 2 stored where 1 belongs
+    assert len(entries) == 1 and bad == (1, "stored entry says 3:2")
+    entries, bad = decode_entries(good, 4, 0)
+    assert entries == [] and bad == (0, "stored entry says 3:0")
+    with pytest.raises(InvalidTypeError, match=r"raw\[1\] must be bytes, not str"):
+        decode_entries([good[0], "x"], 3, 0)  # type: ignore[list-item]

@@ -96,7 +96,7 @@ def test_etcd_restarted_mid_stream(tmp_path, own_etcd, etcd_prefix):
     down, back = threading.Event(), threading.Event()
 
     def restart() -> None:
-        own_etcd._terminate()  # SIGTERM by PID; data and ports kept
+        own_etcd.terminate()  # SIGTERM by PID; data and ports kept
         down.set()
         time.sleep(1.0)
         own_etcd.start()

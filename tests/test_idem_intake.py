@@ -245,3 +245,78 @@ def test_a_duplicate_queued_behind_a_write_is_judged_after_it(tmp_path: Path):
     w.close()
     assert [m.payload for m in _entries(log)] == [b"x", b"blocker", b"n1"]
     client.close()
+
+
+class _Interrupted:
+    """Makes one intake column's next append land and then raise KeyboardInterrupt, as Ctrl-C
+    does when it arrives right after a call returns."""
+
+    def __init__(self, intake: object, column: str) -> None:
+        self.intake, self.column = intake, column
+        self.original = getattr(intake, column)
+        base = type(self.original)
+
+        class Column(base):  # type: ignore[valid-type, misc]
+            def append(self, item: object) -> None:
+                super().append(item)
+                raise KeyboardInterrupt
+
+        if base is list:
+            cut = Column(self.original)
+        else:  # array.array
+            cut = Column(self.original.typecode)
+            cut.extend(self.original)
+        setattr(intake, column, cut)
+
+    def restore(self) -> None:
+        """Put a plain column with the same contents back."""
+        cut = getattr(self.intake, self.column)
+        plain = type(self.original)(self.original.typecode) if hasattr(cut, "typecode") else []
+        plain.extend(cut)
+        setattr(self.intake, self.column, plain)
+
+
+@pytest.mark.parametrize("column", ["timestamps", "payloads", "properties", "futures"])
+def test_ctrl_c_between_two_columns_leaves_the_intake_whole(tmp_path: Path, column: str):
+    """A write cut short between the intake's columns is not queued (the call raised, nobody
+    holds its future) and the writes around it go on: before this, the columns differed in
+    length and the next admission failed, close() included, so the process aborted at exit."""
+    client, _, log = _client(tmp_path, **SLOW_LINGER)
+    gated = gate(client)
+    w = log.open_writer(idempotent=True, window_duration_s=60, window_max_keys=100)
+    blocker = _in_flight(w, gated)  # later writes queue in the intake
+    queued = [w.write_async(b"before", idempotency_id="before")]
+    cut = _Interrupted(w._admission.intake, column)
+    with pytest.raises(KeyboardInterrupt):
+        w.write_async(b"cut", idempotency_id="cut")
+    cut.restore()
+    queued.append(w.write_async(b"after", idempotency_id="after"))
+    gated.release()
+    w.flush()
+    results = [f.result(10) for f in [blocker, *queued]]
+    w.close()
+    assert [r.duplicate for r in results] == [False, False, False]
+    assert [m.payload for m in _entries(log)] == [b"blocker", b"before", b"after"]
+    client.close()
+
+
+def test_a_bad_id_after_an_early_admission_still_answers_the_admitted_writes(tmp_path: Path):
+    """A write that finds the in-flight limit reached admits the queued writes first; when it
+    then fails itself (a bad id here; closed or fenced while waiting for room likewise), the
+    outcomes that admission decided (a committed key answered at once) still reach their
+    callers. Before, they were dropped with the exception and those futures never ended."""
+    limits = {"append.max_inflight_entries": 3, "append.max_batch_entries": 3}
+    client, _, log = _client(tmp_path, **SLOW_LINGER, **limits)
+    gated = gate(client)
+    w = log.open_writer(idempotent=True, window_duration_s=60, window_max_keys=100)
+    first = w.write(b"k", idempotency_id="K")
+    blocker = _in_flight(w, gated)
+    ahead = w.write_async(b"a", idempotency_id="A")  # queued behind the batch in flight
+    retry = w.write_async(b"k", idempotency_id="K")  # queued behind A: judged at admission
+    with pytest.raises(wp.InvalidArgumentError):
+        w.write_async(b"bad", idempotency_id="")  # the limit is reached: A and K admitted first
+    assert retry.result(5) == wp.WriteResult(first.message_id, True)
+    gated.release()
+    assert not ahead.result(5).duplicate and not blocker.result(5).duplicate
+    w.close()
+    client.close()

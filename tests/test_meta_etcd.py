@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from etcdserver import EtcdServer
-from s3server import free_port
+from serverproc import free_port
 
 import woodpecker_idem as wp
 from woodpecker_idem.errors import (
@@ -85,7 +85,7 @@ def test_frozen_etcd_fails_each_call_after_its_deadline_then_recovers(own_etcd, 
 def test_stopped_etcd_fails_clearly_and_a_restart_is_picked_up(own_etcd, etcd_prefix):
     store = _open(own_etcd, etcd_prefix, timeout_ms=400)
     m = store.create_log("a", NOW)
-    own_etcd._terminate()  # down, same ports and data kept for the restart
+    own_etcd.terminate()  # down, same ports and data kept for the restart
     with pytest.raises(StorageUnavailableError, match=own_etcd.endpoint):
         store.list_logs()
     own_etcd.start()

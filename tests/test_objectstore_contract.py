@@ -478,7 +478,7 @@ def _fresh_s3(server: Any, **kw: Any) -> Any:
 
 @pytest.mark.s3
 def test_s3_unreachable_endpoint_raises_in_bounded_time() -> None:
-    from s3server import free_port
+    from serverproc import free_port
 
     endpoint = f"http://127.0.0.1:{free_port()}"
     store = open_object_store(

@@ -80,7 +80,7 @@ def test_create_bucket_true_creates_it(tmp_path: Path, s3_server: Any) -> None:
 
 
 def test_dead_endpoint_fails_connect_fast_before_any_metadata(tmp_path: Path) -> None:
-    from s3server import free_port
+    from serverproc import free_port
 
     endpoint = f"http://127.0.0.1:{free_port()}"
     config = s3_config(endpoint, "some-bucket", **{"objectstore.probe_timeout_s": 1.5})
@@ -94,7 +94,7 @@ def test_dead_endpoint_fails_connect_fast_before_any_metadata(tmp_path: Path) ->
 
 
 def test_dead_endpoint_default_budget_is_a_few_seconds(tmp_path: Path) -> None:
-    from s3server import free_port
+    from serverproc import free_port
 
     t0 = time.monotonic()
     with pytest.raises(StorageUnavailableError):

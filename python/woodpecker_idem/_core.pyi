@@ -24,6 +24,7 @@ __all__ = [
     "DedupWindow",
     "KeyPipe",
     "SegmentAppender",
+    "StoredEntry",
     "Snapshot",
     "WindowEntry",
     "arrow_canonical_json",
@@ -37,6 +38,7 @@ __all__ = [
     "content_keys_arrow",
     "count_records",
     "crc32c",
+    "decode_entries",
     "decode_snapshot",
     "encode_entry",
     "encode_frame",
@@ -355,6 +357,36 @@ def segfile_read(
     Raises:
         OSError: reading the file failed.
     """
+
+def decode_entries(
+    raw: list[bytes], segment_id: int, first_entry_id: int
+) -> tuple[list[StoredEntry], tuple[int, str] | None]:
+    """Parse entries read from a LogStore (LogEntry bytes of ids `first_entry_id`, ... of
+    `segment_id`). Returns `(entries, bad)`: `bad = (index, why)` for the first entry that does not
+    parse or says it is another position, `entries` then holding the ones before it.
+
+    Raises:
+        InvalidTypeError: an item of `raw` is not bytes.
+    """
+
+@final
+class StoredEntry:
+    """One entry read back from a LogStore (made by `decode_entries`)."""
+
+    @property
+    def segment_id(self) -> int: ...
+    @property
+    def entry_id(self) -> int: ...
+    @property
+    def timestamp_ms(self) -> int: ...
+    @property
+    def payload(self) -> bytes: ...
+    @property
+    def idempotency_key(self) -> bytes:
+        """The 16-byte key, or b"" for an entry of a plain writer."""
+    @property
+    def properties(self) -> dict[str, str]:
+        """A new dict on each access."""
 
 @final
 class SegmentAppender:

@@ -2,7 +2,9 @@
 //! (`proto/logstore.proto`). The writer encodes each entry once, here, so resends are
 //! byte-identical; nodes count and split frames without parsing the entries.
 
-use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
+use prost::encoding::{
+    decode_key, decode_varint, encode_key, encode_varint, encoded_len_varint, WireType,
+};
 
 /// Record header: entry length and CRC32C of the entry bytes, both little-endian u32.
 pub const RECORD_HEADER_LEN: usize = 8;
@@ -97,6 +99,89 @@ pub fn count_records(frame: &[u8]) -> Result<usize, usize> {
     Ok(count)
 }
 
+/// The fields of one stored entry, borrowed from its bytes (the `LogEntry` of a record, without
+/// the record header, whose CRC the store checked).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct DecodedEntry<'a> {
+    pub segment_id: i64,
+    pub entry_id: i64,
+    pub timestamp_ms: i64,
+    pub payload: &'a [u8],
+    pub properties: Vec<(&'a str, &'a str)>,
+    pub idempotency_key: &'a [u8],
+}
+
+fn take_varint(buf: &mut &[u8]) -> Result<u64, String> {
+    decode_varint(buf).map_err(|e| format!("bad varint ({e})"))
+}
+
+fn take_bytes<'a>(buf: &mut &'a [u8]) -> Result<&'a [u8], String> {
+    let len = take_varint(buf)?;
+    let len = usize::try_from(len).map_err(|_| format!("length {len} too large"))?;
+    if len > buf.len() {
+        return Err(format!(
+            "length {len} runs past the end ({} bytes left)",
+            buf.len()
+        ));
+    }
+    let (head, tail) = buf.split_at(len);
+    *buf = tail;
+    Ok(head)
+}
+
+fn take_str<'a>(buf: &mut &'a [u8], what: &str) -> Result<&'a str, String> {
+    std::str::from_utf8(take_bytes(buf)?).map_err(|_| format!("{what} is not UTF-8"))
+}
+
+/// Skip a field this version does not know (proto3: newer writers may add fields).
+fn skip(buf: &mut &[u8], wire: WireType) -> Result<(), String> {
+    let n = match wire {
+        WireType::Varint => return take_varint(buf).map(|_| ()),
+        WireType::LengthDelimited => return take_bytes(buf).map(|_| ()),
+        WireType::SixtyFourBit => 8,
+        WireType::ThirtyTwoBit => 4,
+        WireType::StartGroup | WireType::EndGroup => return Err("group fields".into()),
+    };
+    if buf.len() < n {
+        return Err("fixed field runs past the end".into());
+    }
+    *buf = &buf[n..];
+    Ok(())
+}
+
+fn map_entry(mut buf: &[u8]) -> Result<(&str, &str), String> {
+    let (mut k, mut v) = ("", "");
+    while !buf.is_empty() {
+        let (tag, wire) = decode_key(&mut buf).map_err(|e| format!("bad key ({e})"))?;
+        match (tag, wire) {
+            (1, WireType::LengthDelimited) => k = take_str(&mut buf, "property name")?,
+            (2, WireType::LengthDelimited) => v = take_str(&mut buf, "property value")?,
+            _ => skip(&mut buf, wire)?,
+        }
+    }
+    Ok((k, v))
+}
+
+/// Parse a `LogEntry` (what protobuf's parser accepts for it: fields in any order, the last of
+/// a repeated scalar wins, unknown fields skipped); an error says what is wrong.
+pub fn decode_entry(mut buf: &[u8]) -> Result<DecodedEntry<'_>, String> {
+    let mut e = DecodedEntry::default();
+    while !buf.is_empty() {
+        let (tag, wire) = decode_key(&mut buf).map_err(|err| format!("bad key ({err})"))?;
+        match (tag, wire) {
+            (1, WireType::Varint) => e.segment_id = take_varint(&mut buf)? as i64,
+            (2, WireType::Varint) => e.entry_id = take_varint(&mut buf)? as i64,
+            (3, WireType::Varint) => e.timestamp_ms = take_varint(&mut buf)? as i64,
+            (4, WireType::LengthDelimited) => e.payload = take_bytes(&mut buf)?,
+            (5, WireType::LengthDelimited) => e.properties.push(map_entry(take_bytes(&mut buf)?)?),
+            (6, WireType::LengthDelimited) => e.idempotency_key = take_bytes(&mut buf)?,
+            (1..=6, _) => return Err(format!("field {tag} has wire type {wire:?}")),
+            _ => skip(&mut buf, wire)?,
+        }
+    }
+    Ok(e)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,5 +271,34 @@ mod tests {
         ]
         .concat();
         assert_eq!(hex, expected);
+    }
+
+    #[test]
+    fn decode_reads_what_encode_wrote() {
+        let props: [(&[u8], &[u8]); 2] = [(b"a", b"1"), (b"b", b"")];
+        let r = encode_record(&EntryFields {
+            segment_id: 7,
+            entry_id: 0,
+            timestamp_ms: -5,
+            payload: b"hello",
+            properties: &props,
+            idempotency_key: &[9u8; 16],
+        });
+        let e = decode_entry(&r[RECORD_HEADER_LEN..]).unwrap();
+        assert_eq!((e.segment_id, e.entry_id, e.timestamp_ms), (7, 0, -5));
+        assert_eq!(e.payload, b"hello");
+        assert_eq!(e.properties, vec![("a", "1"), ("b", "")]);
+        assert_eq!(e.idempotency_key, &[9u8; 16]);
+        // an empty message is all defaults; a cut payload, a bad wire type and bad UTF-8 fail
+        assert_eq!(decode_entry(b"").unwrap(), DecodedEntry::default());
+        assert!(decode_entry(&r[RECORD_HEADER_LEN..r.len() - 20]).is_err());
+        assert!(decode_entry(&[0x22, 0x05, b'x']).is_err());
+        assert!(decode_entry(&[0x0a, 0x00]).is_err()); // field 1 as bytes
+        assert!(decode_entry(&[0x2a, 0x04, 0x0a, 0x02, 0xff, 0xfe]).is_err());
+        // unknown fields are skipped
+        assert_eq!(
+            decode_entry(&[0x38, 0x01, 0x08, 0x02]).unwrap().segment_id,
+            2
+        );
     }
 }

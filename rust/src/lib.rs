@@ -68,6 +68,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py::concat, m)?)?;
     m.add_function(wrap_pyfunction!(py::put_file, m)?)?;
     py::register_segfile(m)?;
+    py::register_stored(m)?;
     m.add("__version__", version())?;
     py::register_arrow(m)?;
     m.add("KEY_SIZE", keys::KEY_LEN)?;

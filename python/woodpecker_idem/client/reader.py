@@ -99,11 +99,13 @@ class LogReader:
 
     def __iter__(self) -> Iterator[LogMessage]:
         """Every entry currently in the log from the position on (does not wait for more)."""
+        buffer = self._buffer
         while True:
-            msg = self.read_next(0)
-            if msg is None:
+            while buffer:
+                yield buffer.popleft()
+            self._handle.client.check_open()
+            if not self._fill():
                 return
-            yield msg
 
     def close(self) -> None:
         self._buffer.clear()
@@ -157,17 +159,18 @@ class LogReader:
         want = min(READ_BATCH, last - self._pos.entry_id + 1)
         first = self._pos.entry_id
         entries = read_entries(self._transport, seg, first, want, self._on_corrupt)
-        for i, entry in enumerate(entries):
-            self._buffer.append(
-                LogMessage(
-                    LogMessageId(seg.segment_id, first + i),
-                    entry.payload,
-                    dict(entry.properties),
-                    entry.timestamp_ms,
-                    entry.idempotency_key or None,
-                )
+        segment_id = seg.segment_id
+        self._buffer.extend(
+            LogMessage(
+                LogMessageId(segment_id, e.entry_id),
+                e.payload,
+                e.properties,
+                e.timestamp_ms,
+                e.idempotency_key or None,
             )
-        self._pos = LogMessageId(seg.segment_id, first + len(entries))
+            for e in entries
+        )
+        self._pos = LogMessageId(segment_id, first + len(entries))
 
     def _on_corrupt(self, fault: ReplicaFault) -> None:
         self.corrupt_replica_reads += 1

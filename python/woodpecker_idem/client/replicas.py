@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .._proto.logstore_pb2 import LogEntry
+from .._core import StoredEntry, decode_entries
 from ..errors import CorruptEntryError, NodeUnavailableError
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import SegmentMeta
@@ -41,7 +41,7 @@ def read_entries(
     entry_id: int,
     want: int,
     on_corrupt: Callable[[ReplicaFault], None] | None = None,
-) -> list[LogEntry]:
+) -> list[StoredEntry]:
     """Between 1 and `want` consecutive entries of `seg` from `entry_id`, decoded and checked.
 
     Replicas are tried in ensemble order. When every replica fails and one of them was corrupt,
@@ -104,21 +104,13 @@ def _report(
         on_corrupt(fault)
 
 
-def _decode(node: str, seg: SegmentMeta, first: int, raw: list[bytes]) -> list[LogEntry]:
-    """Parse a replica's answer; an entry that does not parse or sits at the wrong position
-    makes the whole answer corrupt."""
-    entries = []
-    parse = LogEntry.FromString
-    for i, data in enumerate(raw):
-        try:
-            entry = parse(data)
-        except Exception as exc:  # protobuf raises DecodeError; be strict about anything
-            where = f"{node}: log {seg.log_id} entry {seg.segment_id}:{first + i}"
-            raise CorruptEntryError(f"{where}: unparseable entry ({exc})") from exc
-        if entry.entry_id != first + i or entry.segment_id != seg.segment_id:
-            raise CorruptEntryError(
-                f"{node}: log {seg.log_id} entry {seg.segment_id}:{first + i}: stored entry says "
-                f"{entry.segment_id}:{entry.entry_id}"
-            )
-        entries.append(entry)
+def _decode(node: str, seg: SegmentMeta, first: int, raw: list[bytes]) -> list[StoredEntry]:
+    """Parse a replica's answer (in Rust); an entry that does not parse or sits at the wrong
+    position makes the whole answer corrupt."""
+    entries, bad = decode_entries(raw, seg.segment_id, first)
+    if bad is not None:
+        index, why = bad
+        raise CorruptEntryError(
+            f"{node}: log {seg.log_id} entry {seg.segment_id}:{first + index}: {why}"
+        )
     return entries

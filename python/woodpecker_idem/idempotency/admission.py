@@ -9,12 +9,14 @@ one enqueue path. Every method runs with the core's lock held.
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future
 
 from .._core import DedupWindow, encode_new_entries
 from ..client.hooks import Outcomes
 from ..client.segment import SegmentHandle
+from ..client.workers import resolve
 from ..client.writer import LogWriter
 from ..clock import Clock
 from ..errors import WoodpeckerError
@@ -70,32 +72,42 @@ class Admission:
         core = self._core
         core.check_open_locked()
         size = len(payload) + OVERHEAD
-        early = None
-        if core.full_locked(size):
-            if self.intake.futures:  # room comes from commits: queued writes must be entries
-                early = self._admit_locked(self.intake.take())
-            core.wait_for_room_locked(size)
         intake = self.intake
-        stamps = intake.timestamps
-        stamps.append(self._clock.now_ms())
+        early = None
+        rows, held = len(intake.futures), False
         try:
+            if core.full_locked(size):
+                if intake.futures:  # room comes from commits: queued writes must be entries
+                    early = self._admit_locked(intake.take())
+                    rows = 0
+                core.wait_for_room_locked(size)  # raises once closed or fenced
+            futures = intake.futures
+            if not futures:
+                intake.since = time.monotonic()
+            intake.timestamps.append(self._clock.now_ms())
+            intake.payloads.append(payload)
+            intake.properties.append(props)
+            futures.append(future)
+            core.hold_locked(1, size)
+            intake.nbytes += size
+            held = True
+            # Last: a row is queued once its key is in the pipe.
             if key is not None:
                 intake.pipe.push_key(key)
             elif ident is None:
                 intake.pipe.push(payload)
             else:
                 intake.pipe.push_id(ident)  # a bad id raises here
-        except BaseException:
-            stamps.pop()
+        except BaseException:  # closed or fenced, a bad id, or Ctrl-C between two steps
+            if len(intake.pipe) == rows:  # the key never went in: nothing of it stays queued
+                intake.trim()
+                if held:
+                    intake.nbytes -= size
+                    core.release_locked(1, size)
+            if early:  # the caller gets the exception, not these outcomes: set them once its
+                # lock is released (their writes were accepted; their callers wait on them)
+                threading.Thread(target=resolve, args=(early,), daemon=True).start()
             raise
-        futures = intake.futures
-        if not futures:
-            intake.since = time.monotonic()
-        intake.payloads.append(payload)
-        intake.properties.append(props)
-        futures.append(future)
-        core.hold_locked(1, size)
-        intake.nbytes += size
         if alone and core.idle_locked():  # nothing in flight: no company worth waiting for
             resolved = self._admit_locked(intake.take())
             return early + resolved if early else resolved

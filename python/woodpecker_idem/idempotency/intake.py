@@ -92,6 +92,12 @@ class Intake:
         self.since = time.monotonic()
         return batch
 
+    def trim(self) -> None:
+        """Drop the columns' rows past the pipe's keys: a row whose key never went in (its
+        queue_locked was cut short, e.g. by KeyboardInterrupt) is not queued."""
+        n = len(self.pipe)
+        del self.payloads[n:], self.properties[n:], self.futures[n:], self.timestamps[n:]
+
     def drop(self) -> list[Future]:
         """Forget every queued write (the writer failed); returns their futures."""
         futures = self.futures

@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .._core import DedupWindow, Snapshot
+from .._core import DedupWindow, Snapshot, StoredEntry
 from .._proto.logstore_pb2 import LogEntry
 from ..client.keyarchive import load_archive
 from ..client.replicas import ReplicaFault, read_entries
@@ -170,7 +170,7 @@ def _replay(
     return last - span[1] + 1
 
 
-def _add(window: DedupWindow, entries: list[LogEntry]) -> None:
+def _add(window: DedupWindow, entries: Sequence[LogEntry] | Sequence[StoredEntry]) -> None:
     keys = bytearray()
     segs, ids, stamps = array("q"), array("q"), array("q")
     for e in entries:

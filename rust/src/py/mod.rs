@@ -10,6 +10,7 @@ mod keypipe;
 mod keys;
 mod segfile;
 mod snapshot;
+mod stored;
 mod window;
 mod window_entry;
 
@@ -22,5 +23,6 @@ pub use keys::{
 };
 pub use segfile::register as register_segfile;
 pub use snapshot::{decode_snapshot, encode_snapshot, PySnapshot};
+pub use stored::register as register_stored;
 pub use window::PyDedupWindow;
 pub use window_entry::PyWindowEntry;
