@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from .._core import DedupWindow, encode_frame
 from ..client.rows import BatchCompletion, RowJoiner, RunRows, chunk_end, finish
+from ..client.segment import SegmentHandle
 from ..client.workers import resolve
 from ..client.writer import LogWriter
 from ..clock import Clock
@@ -147,7 +148,17 @@ class BatchLane:
                 resolve(outcomes)
         return end
 
-    def _admit_locked(self, call, seg, payloads, keys, start: int, end: int, result) -> None:
+    def _admit_locked(
+        self,
+        call: BatchCompletion,
+        seg: SegmentHandle,
+        payloads: list[bytes],
+        keys: bytes,
+        start: int,
+        end: int,
+        result: WriteManyResult,
+    ) -> None:
+        """Rows `start..end` judged by the window; the new ones become one run of `seg`."""
         now = self._clock.now_ms()
         self._admission.evict_due_locked(now)
         rows = end - start
@@ -172,7 +183,9 @@ class BatchLane:
         if rows - new - status.count(2):  # after the run: a row may join an entry of it
             self._join_locked(call, start, status, segs, ents)
 
-    def _join_locked(self, call, start: int, status: bytes, segs: bytes, ents: bytes) -> None:
+    def _join_locked(
+        self, call: BatchCompletion, start: int, status: bytes, segs: bytes, ents: bytes
+    ) -> None:
         """Rows whose key is in flight (status 1) join its entry."""
         for i, code in enumerate(status):
             if code == 1:
@@ -180,7 +193,9 @@ class BatchLane:
                 call.add(joiner)
                 self._core.join_locked(_i64(segs, i), _i64(ents, i), joiner)
 
-    def _unavailable_locked(self, call, keys, start: int, end: int, result) -> None:
+    def _unavailable_locked(
+        self, call: BatchCompletion, keys: bytes, start: int, end: int, result: WriteManyResult
+    ) -> None:
         """A segment lost its quorum and is being completed: committed keys are answered,
         keys in flight joined, new rows refused (`QuorumUnavailableError`), nothing queued."""
         status, segs, ents = self._window.get_many(
