@@ -360,3 +360,17 @@ def _raised(fn):
         return fn()
     except WoodpeckerError as exc:
         return exc
+
+
+def test_write_keyed_refuses_a_row_that_is_not_bytes(env_factory):
+    """A str row used to reach the encoder after its chunk's keys were reserved: the call failed
+    but left those keys pending in the window with no entry behind them."""
+    env = env_factory()
+    w = env.writer()
+    payloads, ids = rows(5)
+    keys = b"".join(explicit_key(i) for i in ids)
+    with pytest.raises(wp.InvalidTypeError, match=r"payloads\[3\]"):
+        w.write_keyed([*payloads[:3], "x", payloads[4]], keys)  # type: ignore[list-item]
+    assert w.window.pending_count == 0 and len(w.window) == 0
+    res = w.write_keyed(payloads, keys)
+    assert not any(res.duplicate)

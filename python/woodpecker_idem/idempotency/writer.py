@@ -324,6 +324,12 @@ class IdempotentLogWriter:
         n = len(payloads)
         if len(keys) != 16 * n:
             raise InvalidArgumentError(f"keys has {len(keys)} bytes; {n} payloads need {16 * n}")
+        if payloads and set(map(type, payloads)) != {bytes}:
+            row = next(i for i, p in enumerate(payloads) if type(p) is not bytes)
+            raise InvalidTypeError(
+                f"payloads[{row}] must be bytes, not {type(payloads[row]).__name__}; nothing of "
+                "the batch was written"
+            )
         limit = self._max_entry_bytes
         if payloads and max(map(len, payloads)) > limit:
             row = next(i for i, p in enumerate(payloads) if len(p) > limit)
