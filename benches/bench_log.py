@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from woodpecker_idem.client.client import connect
+from woodpecker_idem.connect import connect
 
 TARGET_ES1_1K = 100_000  # issue 12 (not met on the shared 2-core machine: see benches/README.md)
 N_LOAD = {100: 20_000, 1024: 20_000}

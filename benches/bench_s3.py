@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from etcdserver import EtcdServer  # noqa: E402
 from s3server import MotoS3Server  # noqa: E402
 
-from woodpecker_idem.client.client import connect  # noqa: E402
+from woodpecker_idem.connect import connect  # noqa: E402
 
 TARGET = 5_000
 N = 5_000

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from woodpecker_idem._core import encode_entry
-from woodpecker_idem.client.client import connect
+from woodpecker_idem.connect import connect
 from woodpecker_idem.logstore.engine import LogStoreEngine
 from woodpecker_idem.logstore.segment_files import FileSegmentStorage
 from woodpecker_idem.objectstore.local import LocalObjectStore

@@ -111,7 +111,7 @@ def meta_config(request: pytest.FixtureRequest) -> dict[str, object]:
 @pytest.fixture
 def wp_connect() -> Iterator[object]:
     """A factory `wp_connect(data_dir, config=None, **kw)` for clients closed at teardown."""
-    from woodpecker_idem.client.client import connect
+    from woodpecker_idem.connect import connect
 
     opened: list[object] = []
 

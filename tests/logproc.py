@@ -31,7 +31,7 @@ def main() -> int:
     parser.add_argument("--tag", default="child")
     args = parser.parse_args()
 
-    from woodpecker_idem.client.client import connect
+    from woodpecker_idem.connect import connect
     from woodpecker_idem.errors import WoodpeckerError, WriterFencedError
 
     out = sys.stdout

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import woodpecker_idem
-from woodpecker_idem.client.client import connect
+from woodpecker_idem.connect import connect
 
 EXITPROC = Path(__file__).with_name("exitproc.py")
 PYTHONPATH = str(Path(woodpecker_idem.__file__).resolve().parent.parent)

@@ -105,6 +105,40 @@ def test_write_async_futures_resolve_in_order(tmp_path, wp_connect):
     assert [m.message_id for m in msgs] == ids
 
 
+def test_ctrl_c_while_a_batch_is_cut_loses_no_entry(tmp_path, wp_connect, monkeypatch):
+    """A KeyboardInterrupt raised in the caller's thread while it cuts a batch (here: in the
+    frame concat) leaves every queued entry to be sent: the writer flushes, closes and the log
+    has no gap. Before, the entries were out of both the unsent list and the batches: never
+    sent, while later batches committed past them."""
+    from woodpecker_idem.client import segment
+
+    client = wp_connect(tmp_path, {"append.max_batch_entries": 5})
+    writer = client.create_log("a").open_writer()
+    real, calls = segment.concat, [0]
+
+    def concat(parts):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise KeyboardInterrupt
+        return real(parts)
+
+    monkeypatch.setattr(segment, "concat", concat)
+    futures, interrupted = {}, 0
+    for i in range(200):
+        try:
+            futures[b"p%d" % i] = writer.write_async(b"p%d" % i)
+        except KeyboardInterrupt:  # that write's outcome is unknown: it may be in the log
+            interrupted += 1
+    assert interrupted == 1 and calls[0] > 3  # the fault landed, and batches went on
+    writer.flush(timeout=10)
+    acked = {p: f.result(timeout=10).message_id for p, f in futures.items()}
+    writer.close()
+    msgs = read_all(client.open_log("a"))
+    assert ids_contiguous([m.message_id for m in msgs])
+    landed = {m.payload: m.message_id for m in msgs}
+    assert {p: landed.get(p) for p in acked} == acked
+
+
 def test_flush_commits_and_resolves_everything_queued(tmp_path, wp_connect):
     """flush() returns only when every entry queued before it is committed: the futures are done."""
     # A long linger: without flush the entries would sit in the batcher for a second.

@@ -21,9 +21,10 @@ from ._core import (
     explicit_keys,
 )
 from ._core import __version__ as __version__  # Cargo.toml's version: written in one place
-from .client import LogHandle, LogReader, LogWriter, WoodpeckerClient, connect
+from .client import LogHandle, LogReader, LogWriter, WoodpeckerClient
 from .clock import Clock, ManualClock, SystemClock
 from .config import Config, load_config
+from .connect import connect  # the composition root (module of the same name)
 from .errors import (
     ClientClosedError,
     ConfigError,

@@ -1,21 +1,21 @@
 """The writer's flusher thread: the slow, periodic side of writing. Batches are cut on the write
-and ack paths (group commit, see `LogWriter._send_locked`); this thread fails waiters past their
+and ack paths (group commit, see `Dispatch.send_locked`); this thread fails waiters past their
 deadline (their entries stay pending), keeps readers' LAC fresh, completes drained rolled
-segments, renews the lease, and is the safety net that sends or admits anything left waiting."""
+segments, renews the lease, and is the safety net that sends or admits anything left waiting.
+It works on its writer only through `FlusherCore` (public names)."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..errors import WriteTimeoutError
+from .dispatch import Dispatch
+from .hooks import Outcomes
 from .segment import PendingEntry, SegmentHandle, SegmentStatus, Waiter
-from .workers import resolve
-
-if TYPE_CHECKING:
-    from .writer import LogWriter
+from .workers import Maintenance, resolve
 
 LEASE_RENEW_EVERY_S = 10.0
 TICK_S = 0.05
@@ -23,9 +23,41 @@ TICK_S = 0.05
 log = logging.getLogger(__name__)
 
 
+class FlusherCore(Protocol):
+    """What the flusher uses of its writer (`LogWriter` implements it; see there)."""
+
+    log_id: int
+    lock: threading.Lock
+    timeout_s: float  # append.timeout_ms in seconds: a waiter's deadline
+
+    @property
+    def stopped(self) -> bool: ...
+
+    def admit_queued_locked(self) -> tuple[Outcomes, float | None]: ...
+
+    def segments_locked(self) -> list[SegmentHandle]: ...
+
+    def complete_if_drained_locked(self, seg: SegmentHandle) -> None: ...
+
+    def renew_lease(self) -> None: ...
+
+
 class Flusher:
-    def __init__(self, writer: LogWriter):
+    """`dispatch`: the writer's group commit and node senders; `wake`: the condition (on the
+    writer's lock) the writer notifies when there is work; `maint`: where the lease renewal runs
+    (off this thread)."""
+
+    def __init__(
+        self,
+        writer: FlusherCore,
+        dispatch: Dispatch,
+        wake: threading.Condition,
+        maint: Maintenance,
+    ):
         self.writer = writer
+        self.dispatch = dispatch
+        self.wake = wake
+        self.maint = maint
         self.lease_renewed = time.monotonic()
         self.thread = threading.Thread(
             target=self.run, name=f"wp-flush-{writer.log_id}", daemon=True
@@ -37,26 +69,26 @@ class Flusher:
 
     def run(self) -> None:
         w = self.writer
+        dispatch = self.dispatch
         while True:
             lac_only: list[SegmentHandle] = []
             expired: list[tuple[Waiter, object]] = []
-            admitted: list = []
-            with w._lock:
-                if w._closed or w._fenced is not None:
+            admitted: Outcomes = []
+            with w.lock:
+                if w.stopped:
                     return
                 now = time.monotonic()
                 wait = TICK_S
-                if w._hooks.queued():
-                    try:
-                        admitted, due = w._hooks.admit_locked(w.idle_locked())
-                        if due is not None:
-                            wait = min(wait, due)
-                    except Exception:  # a bug must not stop the flusher (and hang every call)
-                        log.exception("log %s: admitting queued writes failed", w.log_id)
-                for seg in list(w._segments.values()):
+                try:
+                    admitted, due = w.admit_queued_locked()
+                    if due is not None:
+                        wait = min(wait, due)
+                except Exception:  # a bug must not stop the flusher (and hang every call)
+                    log.exception("log %s: admitting queued writes failed", w.log_id)
+                for seg in w.segments_locked():
                     if seg.status in (SegmentStatus.OPEN, SegmentStatus.ROLLED):
-                        w._send_locked(seg)
-                        due = w._send_due(seg, now)
+                        dispatch.send_locked(seg)
+                        due = dispatch.send_due(seg, now)
                         if due is not None:
                             wait = min(wait, due)
                         if (
@@ -68,18 +100,15 @@ class Flusher:
                             lac_only.append(seg)  # LAC-only update for tail readers
                             seg.lac_sent = seg.lac
                     self._expire_locked(seg, now, expired)
-                    if seg.status is SegmentStatus.ROLLED and seg.drained():
-                        seg.status = SegmentStatus.DONE
-                        w._maint.submit(w._complete_drained, seg)
+                    w.complete_if_drained_locked(seg)
                 if now - self.lease_renewed > LEASE_RENEW_EVERY_S:
                     self.lease_renewed = now
-                    w._maint.submit(w._renew_lease)
+                    self.maint.submit(w.renew_lease)
                 if not lac_only and not expired and not admitted:
-                    w._wake.wait(max(wait, 0.0005))
+                    self.wake.wait(max(wait, 0.0005))
                     continue
                 for seg in lac_only:
-                    for node in seg.live_nodes():
-                        w._workers[node].submit(seg, None)
+                    dispatch.send_lac_locked(seg)
             resolve(expired)
             resolve(admitted)
 
@@ -93,7 +122,7 @@ class Flusher:
                 entry.timed_out = True
                 exc = WriteTimeoutError(
                     f"entry {seg.segment_id}:{entry.entry_id} of log {w.log_id} not acknowledged "
-                    f"by {seg.aq} nodes within {w._timeout_s:g} s; it stays pending and is retried"
+                    f"by {seg.aq} nodes within {w.timeout_s:g} s; it stays pending and is retried"
                 )
                 expired.extend((f, exc) for f in _take_waiters(entry))
 

@@ -178,10 +178,13 @@ class SegmentHandle:
             size += len(entry.record)
             items += 1
         entries = self.unsent[:items]
+        batch = Batch(entries[0].entry_id, entries, concat([e.record for e in entries]))
+        # Only now change state, with no Python call between the steps: a KeyboardInterrupt
+        # (raised after a call returns) cannot leave entries out of both `unsent` and `batches`,
+        # which would never be sent while later batches commit past them.
         del self.unsent[:items]
         self.unsent_bytes -= size
         self.unsent_entries -= count
-        batch = Batch(entries[0].entry_id, entries, concat([e.record for e in entries]))
         self.batches.append(batch)
         return batch
 

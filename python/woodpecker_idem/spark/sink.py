@@ -30,7 +30,7 @@ from pyspark.sql.datasource import (
 )
 
 from .._core import arrow_first_misrouted, arrow_rows, route_keys
-from ..client.client import connect
+from ..connect import connect
 from ..errors import (
     EarlyEvictionError,
     InvalidArgumentError,

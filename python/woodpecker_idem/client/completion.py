@@ -1,0 +1,355 @@
+"""Completing the writer's segments: the ones a previous writer left (takeover), one that lost its
+ack quorum (repair: its pending entries are resolved against the recovered end), a rolled or closing
+one that drained (sealed at its LAC), and an empty one whose create answer was lost (orphan).
+
+Every step meets the faults writes meet (nodes, the metadata store, a race with another
+completion) and is retried with backoff (`retry.Backoff`) until it succeeds, the writer is fenced
+or it is closed: readers stop at an ACTIVE segment, so giving up would stall them (DESIGN.md 1.1).
+`SegmentCompletion` works on its `LogWriter` only through `CompletionCore` (public names).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Protocol
+
+from ..errors import (
+    EntryConflictError,
+    NodeUnavailableError,
+    QuorumUnavailableError,
+    SegmentClosedError,
+    SegmentFencedError,
+    WoodpeckerError,
+    WriterFencedError,
+    WriteTimeoutError,
+)
+from ..meta.base import SegmentMeta
+from ..retry import Backoff, retry_call
+from ..types import SegmentState
+from .hooks import Outcomes, WriterHooks
+from .recovery import recover_segment, seal
+from .segment import Batch, PendingEntry, SegmentHandle, SegmentStatus, span
+from .workers import Maintenance, resolve
+
+if TYPE_CHECKING:
+    from ..clock import Clock
+    from ..logstore.transport import LogStoreTransport
+    from ..meta import MetadataStore
+
+log = logging.getLogger(__name__)
+
+# Background retries (repair, completing a rolled segment, a roll the metadata store refused)
+RETRY_INITIAL_S = 0.05
+RETRY_MAX_S = 2.0
+
+
+class CompletionCore(Protocol):
+    """What `SegmentCompletion` uses of its writer (`LogWriter` implements it; see there)."""
+
+    log_id: int
+    epoch: int
+    clock: Clock
+    lock: threading.Lock
+    metrics: dict[str, float]
+
+    @property
+    def stopped(self) -> bool: ...
+
+    @property
+    def fenced(self) -> bool: ...
+
+    def commit_locked(self, seg: SegmentHandle, entries: list[PendingEntry]) -> Outcomes: ...
+
+    def release_locked(self, entries: int, nbytes: int) -> None: ...
+
+    def forget_locked(self, seg: SegmentHandle) -> None: ...
+
+    def drop_current_locked(self, seg: SegmentHandle) -> None: ...
+
+    def replace_current_locked(self) -> None: ...
+
+    def fence(self, exc: WriterFencedError) -> None: ...
+
+
+def _transient(exc: BaseException) -> bool:
+    """Worth retrying while completing a segment: an unreachable node or store, a lost
+    compare-and-swap, or a race with another completion of the same segment (the next attempt
+    sees its footer). A takeover (`WriterFencedError`) is final."""
+    if isinstance(exc, WriterFencedError):
+        return False
+    if isinstance(exc, (SegmentFencedError, EntryConflictError, OSError)):
+        return True
+    return isinstance(exc, WoodpeckerError) and exc.retriable
+
+
+class SegmentCompletion:
+    """Completes one writer's segments; its slow steps run on the writer's maintenance thread."""
+
+    def __init__(
+        self,
+        core: CompletionCore,
+        *,
+        meta: MetadataStore,
+        transport: LogStoreTransport,
+        hooks: WriterHooks,
+        maint: Maintenance,
+        stopping: threading.Event,
+        timeout_s: float,
+    ):
+        self._core = core
+        self._meta = meta
+        self._transport = transport
+        self._hooks = hooks
+        self._maint = maint
+        self._stopping = stopping  # set on close or fence: background retries end
+        self._timeout_s = timeout_s
+        self._log_id = core.log_id
+        # the segment that lost its ack quorum, until it is completed (new writes are refused)
+        self.repairing: SegmentHandle | None = None
+
+    # --- opening: the previous writers' segments -------------------------------------------------
+
+    def take_over(self) -> None:
+        """Complete every ACTIVE segment a previous writer left (DESIGN.md sections 3 and 4)."""
+        for seg in self._meta.list_segments(self._log_id):
+            if seg.state in (SegmentState.ACTIVE, SegmentState.COMPLETED):
+                done = self._recover_with_retries(seg)
+                self._completed(done.segment_id, done.last_entry_id)
+
+    def _recover_with_retries(self, seg: SegmentMeta) -> SegmentMeta:
+        """Recovery meets the same transient faults as writes (nodes, metadata store, a race with
+        another completion): retry them for append.timeout_ms."""
+        core = self._core
+
+        def attempt() -> SegmentMeta:
+            current = self._meta.get_segment(self._log_id, seg.segment_id) or seg  # fresh revision
+            return recover_segment(
+                self._transport, self._meta, core.epoch, current, core.clock.now_ms()
+            )
+
+        def on_retry(exc: BaseException, attempt_no: int) -> None:
+            log.info(
+                "log %s: completing segment %s, retry %d: %s",
+                self._log_id,
+                seg.segment_id,
+                attempt_no,
+                exc,
+            )
+
+        return retry_call(
+            attempt,
+            _transient,
+            Backoff(RETRY_INITIAL_S, RETRY_MAX_S, budget_s=self._timeout_s),
+            on_retry,
+        )
+
+    def _completed(self, segment_id: int, last_entry_id: int) -> None:
+        with self._core.lock:
+            self._hooks.segment_completed_locked(segment_id, last_entry_id)
+
+    # --- a segment that lost its ack quorum ------------------------------------------------------
+
+    def node_failed(self, node: str, seg: SegmentHandle, batch: Batch, exc: Exception) -> None:
+        """`node` gave up on `batch` of `seg` (after its retries): drop the node from the segment;
+        if fewer than aq nodes remain, the segment is repaired in the background."""
+        core = self._core
+        if isinstance(exc, SegmentFencedError):
+            try:
+                self._meta.check_epoch(self._log_id, core.epoch)
+            except WriterFencedError as fenced:
+                core.fence(fenced)
+                return
+            except WoodpeckerError as err:  # metadata down: the repair's seal finds out later
+                log.warning("log %s: could not check the writer epoch: %s", self._log_id, err)
+        with core.lock:
+            if seg.status in (SegmentStatus.FAILED, SegmentStatus.DONE) and not seg.pending:
+                return
+            seg.failed_nodes[node] = str(exc)
+            batch.failed.add(node)
+            log.warning(
+                "log %s segment %s: node %s dropped after retries: %s",
+                self._log_id,
+                seg.segment_id,
+                node,
+                exc,
+            )
+            if not seg.quorum_lost() or seg.status is SegmentStatus.FAILED:
+                return
+            seg.status = SegmentStatus.FAILED
+            self.repairing = seg
+            core.drop_current_locked(seg)
+        self._maint.submit(self.repair, seg)
+
+    def repair(self, seg: SegmentHandle) -> None:
+        """Complete a segment that lost its quorum and resolve its pending entries; if it was the
+        current segment, open the next. Every failure (nodes, storage, metadata) is retried with
+        backoff until it succeeds, the writer is fenced or it is closed (DESIGN.md 1.1)."""
+        core = self._core
+        backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S, stop=self._stopping)
+        done: SegmentMeta | None = None
+        while True:
+            with core.lock:
+                if core.stopped:
+                    return
+            try:
+                if done is None:
+                    done = recover_segment(
+                        self._transport, self._meta, core.epoch, seg.meta, core.clock.now_ms()
+                    )
+                    with core.lock:
+                        resolved = self._resolve_segment_locked(seg, done.last_entry_id)
+                        core.forget_locked(seg)
+                        core.metrics["segments_repaired"] += 1
+                    resolve(resolved)
+                    self._completed(done.segment_id, done.last_entry_id)
+                with core.lock:
+                    core.replace_current_locked()  # only a current segment is replaced
+                    if self.repairing is seg:
+                        self.repairing = None
+                return
+            except WriterFencedError as exc:
+                core.fence(exc)
+                return
+            except Exception as exc:  # retried: the outage may end any time
+                core.metrics["background_retries"] += 1
+                log.warning(
+                    "log %s: repair of segment %s (%s), retry %d: %s: %s",
+                    self._log_id,
+                    seg.segment_id,
+                    "completing it" if done is None else "opening the next",
+                    backoff.attempts + 1,
+                    type(exc).__name__,
+                    exc,
+                )
+                if not backoff.wait():
+                    return
+
+    def _resolve_segment_locked(self, seg: SegmentHandle, last_entry_id: int) -> Outcomes:
+        core = self._core
+        committed, dropped = seg.resolve_completed(last_entry_id)
+        resolved = core.commit_locked(seg, committed) if committed else []
+        if dropped:
+            self._hooks.dropped_locked(seg.segment_id, dropped)
+            exc = SegmentClosedError(
+                f"segment {self._log_id}/{seg.segment_id} was completed at entry {last_entry_id} "
+                f"without these entries; a retry writes them anew"
+            )
+            for entry in dropped:
+                resolved.extend((f, exc) for f, _ in entry.waiters())
+            core.release_locked(span(dropped), sum(len(e.record) for e in dropped))
+        return resolved
+
+    def unavailable_error(self) -> WoodpeckerError:
+        """Why a write is refused while a segment is repaired."""
+        bad = self.repairing
+        why = bad.failed_nodes if bad is not None else {}
+        return QuorumUnavailableError(
+            f"log {self._log_id}: segment {bad.segment_id if bad else '?'} lost its ack quorum "
+            f"({why}); writes resume once it is completed and a new segment is open"
+        )
+
+    # --- a rolled or closing segment that drained ------------------------------------------------
+
+    def complete_drained(self, seg: SegmentHandle, backoff: Backoff | None = None) -> None:
+        """A rolled (or closing) segment with nothing pending: complete it at its LAC.
+
+        Readers stop at an ACTIVE segment, so a failure here (metadata store, nodes) is retried
+        with backoff until it succeeds or the writer is closed (`backoff`: close's own budget).
+        """
+
+        def on_retry(exc: BaseException, attempt: int) -> None:
+            self._core.metrics["background_retries"] += 1
+            log.warning(
+                "log %s: completing segment %s, retry %d: %s: %s",
+                self._log_id,
+                seg.segment_id,
+                attempt,
+                type(exc).__name__,
+                exc,
+            )
+
+        retry_call(
+            lambda: self._seal_drained(seg),
+            lambda exc: not isinstance(exc, WriterFencedError),
+            backoff or Backoff(RETRY_INITIAL_S, RETRY_MAX_S, stop=self._stopping),
+            on_retry,
+        )
+
+    def _seal_drained(self, seg: SegmentHandle) -> None:
+        core = self._core
+        last = seg.lac
+        for node in seg.live_nodes():
+            try:
+                self._transport.complete(node, self._log_id, seg.segment_id, last)
+            except (NodeUnavailableError, SegmentFencedError, EntryConflictError, OSError) as exc:
+                # the metadata seal is what readers go by; a node not completed is left as is
+                log.warning(
+                    "log %s: complete of segment %s on %s failed: %s",
+                    self._log_id,
+                    seg.segment_id,
+                    node,
+                    exc,
+                )
+        current = self._meta.get_segment(self._log_id, seg.segment_id) or seg.meta
+        seal(
+            self._meta,
+            core.epoch,
+            dataclasses.replace(current, size_bytes=seg.size_bytes),
+            last,
+            core.clock.now_ms(),
+        )
+        with core.lock:
+            seg.status = SegmentStatus.DONE
+            core.forget_locked(seg)
+        self._completed(seg.segment_id, last)
+
+    # --- closing ---------------------------------------------------------------------------------
+
+    def finish(
+        self,
+        segments: list[SegmentHandle],
+        last_opened: int,
+        timeout: float | None,
+        deadline: float | None,
+    ) -> None:
+        """`close()`, not fenced, threads stopped: complete the drained `segments` whose completion
+        was under way (or retrying) in the background, then an orphan segment, within `deadline`
+        (time.monotonic(); None: no bound). What is not completed is left for recovery."""
+
+        def left(default: float) -> float:
+            return default if deadline is None else max(0.0, deadline - time.monotonic())
+
+        for seg in segments:
+            # DONE but still listed: its completion was under way (or retrying) in the background
+            if seg.status is not SegmentStatus.FAILED and seg.drained():
+                try:
+                    if deadline is not None and left(0) <= 0:
+                        raise WriteTimeoutError(f"close timeout of {timeout:g} s reached")
+                    self.complete_drained(seg, Backoff(RETRY_INITIAL_S, 0.5, budget_s=left(5)))
+                except Exception as exc:
+                    log.warning(
+                        "log %s: segment %s left for recovery: %s",
+                        self._log_id,
+                        seg.segment_id,
+                        exc,
+                    )
+        if not self._core.fenced and (deadline is None or left(0) > 0):
+            self._seal_orphan(last_opened)
+
+    def _seal_orphan(self, last_opened: int) -> None:
+        """A segment this writer created but never heard back about (a lost create answer, its
+        roll retried later or never) is ACTIVE and empty: seal it, or readers would wait there."""
+        try:
+            segments = self._meta.list_segments(self._log_id)
+            last = segments[-1] if segments else None
+            if last is None or last.state is not SegmentState.ACTIVE:
+                return
+            if last.segment_id <= last_opened:
+                return  # one of its own (a failed completion stays for recovery)
+            self._meta.check_epoch(self._log_id, self._core.epoch)  # only this epoch made it
+            seal(self._meta, self._core.epoch, last, -1, self._core.clock.now_ms())
+        except Exception as exc:  # the next writer's takeover completes it
+            log.warning("log %s: empty segment left for recovery: %s", self._log_id, exc)

@@ -1,0 +1,161 @@
+"""The composition root: config -> stores -> transport -> client, with the idempotent writer wired
+in. `connect()` is the entry point; embedded by default (in-process LogStore, local directory,
+SQLite). Only this module knows every layer: the packages below it do not import it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .client.client import WoodpeckerClient
+from .clock import SYSTEM_CLOCK, Clock
+from .config import Config, load_config, parse_fsync
+from .errors import ConfigError, InvalidArgumentError, InvalidTypeError
+from .idempotency.writer import IdempotentLogWriter
+from .logstore.engine import LogStoreEngine
+from .logstore.segment_files import segment_storage
+from .logstore.transport import InProcessTransport, LogStoreTransport
+from .meta import MetadataStore, NodeInfo, open_metadata_store
+from .objectstore import ObjectStore, open_object_store
+from .objectstore.owner import claim_root
+
+DEFAULT_DATA_DIR = "./woodpecker-data"
+
+
+def _config(config: Config | Mapping[str, Any] | str | os.PathLike | None) -> Config:
+    if config is None:
+        return load_config()
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, Mapping):
+        return load_config(overrides=config)
+    if isinstance(config, (str, os.PathLike)):
+        return load_config(config)
+    raise InvalidTypeError(f"config must be a Config, a mapping or a YAML path, not {config!r}")
+
+
+def _data_dir(data_dir: object) -> Path:
+    """The data directory, created if missing; a path that cannot be one fails here, named.
+
+    An existing directory this process cannot write is fine: its logs can still be read (the
+    metadata store opens read-only, and writers fail with `StorageReadOnlyError`)."""
+    if not isinstance(data_dir, (str, os.PathLike)):
+        raise InvalidTypeError(f"data_dir must be a str or a path, not {type(data_dir).__name__}")
+    text = os.fspath(data_dir)
+    if not isinstance(text, str) or not text:
+        raise InvalidArgumentError(f"data_dir must be a non-empty str path, not {data_dir!r}")
+    root = Path(text)
+    if root.exists() and not root.is_dir():
+        raise InvalidArgumentError(f"data_dir {text!r} is not a directory")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a parent is a file, no permission, a read-only file system, ...
+        raise InvalidArgumentError(
+            f"data_dir {text!r} cannot be created: {exc.strerror or exc}"
+        ) from exc
+    return root
+
+
+def _object_store(cfg: Config, data_dir: Path) -> ObjectStore:
+    """The store at `objectstore.root`, probed: unreachable storage, bad credentials or a missing
+    bucket fail here, within `objectstore.probe_timeout_s`, before any metadata is written."""
+    oc = cfg.objectstore
+    if oc.type == "local":
+        path = Path(oc.path) if oc.path else data_dir / "objects"
+        store = open_object_store(
+            "local",
+            path=str(path),
+            root=oc.root,
+            fsync=parse_fsync(cfg.storage.fsync).mode != "never",
+        )
+    else:
+        store = open_object_store(
+            "s3",
+            endpoint_url=oc.endpoint_url,
+            bucket=oc.bucket,
+            root=oc.root,
+            region=oc.region,
+            access_key=oc.access_key_id,
+            secret_key=oc.secret_access_key,
+            profile=oc.profile,
+            create_bucket=oc.create_bucket,
+            probe_timeout_s=oc.probe_timeout_s,
+            connect_timeout_s=oc.connect_timeout_s,
+            read_timeout_s=oc.read_timeout_s,
+            retry_budget_s=oc.retry_budget_s,
+        )
+    try:
+        store.probe()
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def _open_stores(cfg: Config, data_dir: Path) -> tuple[MetadataStore, ObjectStore]:
+    """Object storage first (probed before any metadata is written), then the metadata store, then
+    the owner marker: the objects returned live under the metadata store's identity, because its
+    log ids mean nothing to another store (`ObjectStoreOwnedError` if another owns the root)."""
+    base = _object_store(cfg, data_dir)
+    meta: MetadataStore | None = None
+    try:
+        meta = open_metadata_store(
+            cfg.meta.type,
+            path=cfg.meta.path or str(data_dir / "meta.sqlite"),
+            endpoints=cfg.meta.endpoints,
+            prefix=cfg.meta.prefix,
+            timeout_ms=cfg.meta.timeout_ms,
+        )
+        return meta, claim_root(base, meta.store_id(), repr(base), repr(meta))
+    except BaseException:
+        if meta is not None:
+            meta.close()
+        base.close()
+        raise
+
+
+def connect(
+    data_dir: str | os.PathLike | None = None,
+    config: Config | Mapping[str, Any] | str | os.PathLike | None = None,
+    *,
+    clock: Clock | None = None,
+    transport: LogStoreTransport | None = None,
+) -> WoodpeckerClient:
+    """Open a client. Without arguments: embedded mode under ./woodpecker-data.
+
+    `transport` replaces the in-process LogStore nodes (tests inject faults this way).
+    """
+    cfg = _config(config)
+    if cfg.storage.type != "object":
+        raise ConfigError(
+            f"storage.type={cfg.storage.type!r} is not available yet; use 'object' "
+            "(staged LogStore nodes come with service mode)"
+        )
+    root = _data_dir(DEFAULT_DATA_DIR if data_dir is None else data_dir)
+    try:
+        meta, objects = _open_stores(cfg, root)
+    except OSError as exc:  # objectstore.path or meta.path unusable (a file, no permission)
+        raise InvalidArgumentError(
+            f"cannot open the stores of data_dir {str(root)!r}: {exc.strerror or exc} "
+            f"({exc.filename!r})"
+        ) from exc
+    if transport is None:
+        es = cfg.quorum.es
+        fsync = parse_fsync(cfg.storage.fsync).mode != "never"
+        if es == 1:
+            engines = {"node-0": LogStoreEngine(segment_storage(objects, fsync=fsync), "node-0")}
+        else:
+            engines = {
+                f"node-{i}": LogStoreEngine(
+                    segment_storage(objects.child(f"nodes/node-{i}"), fsync=fsync), f"node-{i}"
+                )
+                for i in range(es)
+            }
+        transport = InProcessTransport(engines)
+        for node_id in engines:
+            meta.register_node(NodeInfo(node_id, f"inproc://{node_id}"))
+    return WoodpeckerClient(
+        cfg, root, clock or SYSTEM_CLOCK, meta, objects, transport, IdempotentLogWriter
+    )
