@@ -41,6 +41,7 @@ __all__ = [
     "decode_entries",
     "decode_snapshot",
     "encode_entry",
+    "encode_frame",
     "encode_new_entries",
     "encode_snapshot",
     "explicit_key",
@@ -264,6 +265,27 @@ def encode_new_entries(
     Raises:
         InvalidArgumentError: the columns do not all hold N rows.
         InvalidTypeError: a payload is not bytes, or properties are not `dict[str, str]`.
+    """
+
+def encode_frame(
+    segment_id: int,
+    first_entry_id: int,
+    timestamp_ms: int,
+    payloads: list[bytes],
+    start: int,
+    end: int,
+    keys: Buffer | None = None,
+    status: Buffer | None = None,
+) -> tuple[bytes, int]:
+    """One frame (records end to end, entry ids counting up from `first_entry_id`, one
+    timestamp) of the rows `start..end` of `payloads`, skipping rows whose `status` byte (one per
+    row of the range, as `DedupWindow.reserve_many` gives) is not 0; `keys` (N*16 bytes for the
+    whole list) gives each row its idempotency key. Returns `(frame, records)`: the batch lane's
+    encoding, one call and one `bytes` per batch.
+
+    Raises:
+        InvalidArgumentError: the range is outside `payloads`, or `keys` / `status` do not match.
+        InvalidTypeError: a payload is not bytes.
     """
 
 def concat(parts: list[_B] | tuple[_B, ...]) -> bytes:

@@ -7,12 +7,22 @@ catches those keeps working. The Rust core raises these same classes (it imports
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .types import WriteManyResult
+
 
 class WoodpeckerError(Exception):
     """Base class of every error raised by woodpecker_idem."""
 
     code: str = "WOODPECKER_ERROR"
     retriable: bool = False
+    # Set on the error a batch call raises (write_many / write_keyed / write_arrow): the call's
+    # columnar result and one byte per row, 1 where the row was acknowledged (its ids in the
+    # result are final), 0 where it failed or was still pending.
+    batch_result: WriteManyResult | None = None
+    acknowledged: bytearray | None = None
 
 
 # --- bad input -------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from array import array
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -42,6 +43,22 @@ class WriteResult(NamedTuple):
 
     message_id: LogMessageId
     duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class WriteManyResult:
+    """Columnar results of a batch call (`write_many`, `write_keyed`, `write_arrow`): no object
+    per row."""
+
+    segment_ids: array  # array('q')
+    entry_ids: array  # array('q')
+    duplicate: bytearray  # 1 where the row did not create its entry
+
+    def __len__(self) -> int:
+        return len(self.entry_ids)
+
+    def message_id(self, i: int) -> LogMessageId:
+        return LogMessageId(self.segment_ids[i], self.entry_ids[i])
 
 
 class LogMessage(NamedTuple):

@@ -37,19 +37,25 @@ fn put_bytes(out: &mut Vec<u8>, field: u32, v: &[u8]) {
 /// Encode a record: header, then the `LogEntry` in field order with proto3 defaults omitted
 /// (exactly what protobuf's own serializer emits for these fields).
 pub fn encode_record(e: &EntryFields<'_>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(
-        RECORD_HEADER_LEN
-            + 40
-            + e.payload.len()
-            + e.idempotency_key.len()
-            + e.properties.len() * 32,
-    );
+    let mut out = Vec::with_capacity(record_len_hint(e));
+    encode_record_into(&mut out, e);
+    out
+}
+
+/// Bytes a record of `e` takes, about (a capacity hint: exact without properties).
+pub fn record_len_hint(e: &EntryFields<'_>) -> usize {
+    RECORD_HEADER_LEN + 40 + e.payload.len() + e.idempotency_key.len() + e.properties.len() * 32
+}
+
+/// Append the record of `e` to `out` (a frame is records end to end, `count_records`).
+pub fn encode_record_into(out: &mut Vec<u8>, e: &EntryFields<'_>) {
+    let start = out.len();
     out.extend_from_slice(&[0u8; RECORD_HEADER_LEN]);
-    put_int64(&mut out, 1, e.segment_id);
-    put_int64(&mut out, 2, e.entry_id);
-    put_int64(&mut out, 3, e.timestamp_ms);
+    put_int64(out, 1, e.segment_id);
+    put_int64(out, 2, e.entry_id);
+    put_int64(out, 3, e.timestamp_ms);
     if !e.payload.is_empty() {
-        put_bytes(&mut out, 4, e.payload);
+        put_bytes(out, 4, e.payload);
     }
     for (k, v) in e.properties {
         // map entry: message { string key = 1; string value = 2; } (both always written, as
@@ -60,19 +66,19 @@ pub fn encode_record(e: &EntryFields<'_>) -> Vec<u8> {
             + 1
             + encoded_len_varint(v.len() as u64)
             + v.len();
-        encode_key(5, WireType::LengthDelimited, &mut out);
-        encode_varint(inner as u64, &mut out);
-        put_bytes(&mut out, 1, k);
-        put_bytes(&mut out, 2, v);
+        encode_key(5, WireType::LengthDelimited, out);
+        encode_varint(inner as u64, out);
+        put_bytes(out, 1, k);
+        put_bytes(out, 2, v);
     }
     if !e.idempotency_key.is_empty() {
-        put_bytes(&mut out, 6, e.idempotency_key);
+        put_bytes(out, 6, e.idempotency_key);
     }
-    let body_len = (out.len() - RECORD_HEADER_LEN) as u32;
-    let crc = crc32c::crc32c(&out[RECORD_HEADER_LEN..]);
-    out[0..4].copy_from_slice(&body_len.to_le_bytes());
-    out[4..8].copy_from_slice(&crc.to_le_bytes());
-    out
+    let body = start + RECORD_HEADER_LEN;
+    let body_len = (out.len() - body) as u32;
+    let crc = crc32c::crc32c(&out[body..]);
+    out[start..start + 4].copy_from_slice(&body_len.to_le_bytes());
+    out[start + 4..body].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Number of records in a frame, checking that the lengths tile it exactly.
@@ -204,6 +210,41 @@ mod tests {
         assert_eq!(count_records(&frame[..frame.len() - 1]), Err(r.len()));
         assert_eq!(count_records(&[1, 2, 3]), Err(0));
         assert_eq!(count_records(&[]), Ok(0));
+        let mut into = vec![9u8];
+        encode_record_into(
+            &mut into,
+            &EntryFields {
+                entry_id: 1,
+                ..fields(&props)
+            },
+        );
+        encode_record_into(
+            &mut into,
+            &EntryFields {
+                entry_id: 2,
+                ..fields(&props)
+            },
+        );
+        let one = encode_record(&EntryFields {
+            entry_id: 1,
+            ..fields(&props)
+        });
+        let two = encode_record(&EntryFields {
+            entry_id: 2,
+            ..fields(&props)
+        });
+        assert_eq!(into, [&[9u8][..], &one, &two].concat());
+    }
+
+    fn fields<'a>(props: &'a [(&'a [u8], &'a [u8])]) -> EntryFields<'a> {
+        EntryFields {
+            segment_id: 3,
+            entry_id: 0,
+            timestamp_ms: 1_700_000_000_000,
+            payload: b"hello",
+            properties: props,
+            idempotency_key: &[7u8; 16],
+        }
     }
 
     /// The exact bytes of a record reaching a 10-byte varint (a negative int64), a 6-byte one

@@ -63,6 +63,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py::decode_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(py::encode_entry, m)?)?;
     m.add_function(wrap_pyfunction!(py::encode_new_entries, m)?)?;
+    m.add_function(wrap_pyfunction!(py::encode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(py::count_records, m)?)?;
     m.add_function(wrap_pyfunction!(py::concat, m)?)?;
     m.add_function(wrap_pyfunction!(py::put_file, m)?)?;

@@ -35,4 +35,4 @@ def either(log: wp.LogHandle, idempotent: bool) -> None:
 def mistakes(log: wp.LogHandle) -> None:
     log.open_writer(idempotent=True, window_max_key=10)  # type: ignore[call-overload]
     log.open_writer(window_max_keys=10)  # type: ignore[call-overload]
-    log.open_writer().write_many([b"x"])  # type: ignore[attr-defined]
+    log.open_writer().write_many([b"x"], ids=["id"])  # type: ignore[call-arg]  # ids: idempotent only

@@ -31,7 +31,7 @@ from ..retry import Backoff, retry_call
 from ..types import SegmentState
 from .hooks import Outcomes, WriterHooks
 from .recovery import recover_segment, seal
-from .segment import Batch, PendingEntry, SegmentHandle, SegmentStatus
+from .segment import Batch, PendingEntry, SegmentHandle, SegmentStatus, span
 from .workers import Maintenance, resolve
 
 if TYPE_CHECKING:
@@ -239,7 +239,7 @@ class SegmentCompletion:
             )
             for entry in dropped:
                 resolved.extend((f, exc) for f, _ in entry.waiters())
-            core.release_locked(len(dropped), sum(len(e.record) for e in dropped))
+            core.release_locked(span(dropped), sum(len(e.record) for e in dropped))
         return resolved
 
     def unavailable_error(self) -> WoodpeckerError:

@@ -66,7 +66,7 @@ class Dispatch:
             if (
                 seg.batches
                 and seg.status is SegmentStatus.OPEN
-                and len(seg.unsent) < max_entries
+                and seg.unsent_entries < max_entries
                 and seg.unsent_bytes < max_bytes
                 and (
                     len(seg.batches) > 1

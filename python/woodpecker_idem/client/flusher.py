@@ -9,13 +9,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import Future
 from typing import Protocol
 
 from ..errors import WriteTimeoutError
 from .dispatch import Dispatch
 from .hooks import Outcomes
-from .segment import PendingEntry, SegmentHandle, SegmentStatus
+from .segment import PendingEntry, SegmentHandle, SegmentStatus, Waiter
 from .workers import Maintenance, resolve
 
 LEASE_RENEW_EVERY_S = 10.0
@@ -73,7 +72,7 @@ class Flusher:
         dispatch = self.dispatch
         while True:
             lac_only: list[SegmentHandle] = []
-            expired: list[tuple[Future, object]] = []
+            expired: list[tuple[Waiter, object]] = []
             admitted: Outcomes = []
             with w.lock:
                 if w.stopped:
@@ -128,7 +127,7 @@ class Flusher:
                 expired.extend((f, exc) for f in _take_waiters(entry))
 
 
-def _take_waiters(entry: PendingEntry) -> list[Future]:
+def _take_waiters(entry: PendingEntry) -> list[Waiter]:
     """The entry's waiting futures, detached (a later commit has nobody left to tell)."""
     futures = [f for f, _ in entry.waiters()]
     entry.future = None

@@ -10,14 +10,13 @@ releases the lock.
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 from typing import Protocol
 
 from ..errors import WriterFencedError
-from .segment import PendingEntry
+from .segment import PendingEntry, Waiter
 
 # (future, WriteResult or exception): set after the lock is released (`workers.resolve`)
-Outcomes = list[tuple[Future, object]]
+Outcomes = list[tuple[Waiter, object]]
 
 
 class WriterHooks(Protocol):

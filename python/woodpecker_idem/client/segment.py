@@ -7,13 +7,33 @@ State changes happen under the owning writer's lock; futures are resolved after 
 
 from __future__ import annotations
 
+import bisect
 import enum
 from collections import deque
-from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
 
 from .._core import concat
+from ..logstore.blocks import split_frame
 from ..meta.base import SegmentMeta
+from ..types import LogMessageId, WriteResult
+
+
+class Waiter(Protocol):
+    """What waits on a pending entry: a `Future`, or a batch call's rows (`RunWaiter`)."""
+
+    def set_result(self, result: Any) -> None: ...
+
+    def set_exception(self, exception: BaseException | None) -> None: ...
+
+
+class RunWaiter(Waiter, Protocol):
+    """The one waiter of a run (`PendingEntry.count` > 1): told once for all its entries (its
+    result carries the first entry's id) and split when a segment ends inside the run."""
+
+    def split(self, count: int) -> tuple[RunWaiter, RunWaiter]:
+        """(the waiter of the first `count` entries, that of the rest)."""
+        ...
 
 
 class SegmentStatus(enum.Enum):
@@ -24,9 +44,13 @@ class SegmentStatus(enum.Enum):
 
 
 class PendingEntry:
-    """An entry assigned an id but not yet committed; the unit callers wait on and retries join."""
+    """An entry assigned an id but not yet committed; the unit callers wait on and retries join.
+
+    A run (`count` > 1, made by the batch lane) is `count` consecutive entries with one record
+    frame (`record`: their records end to end) and one waiter: nothing per row."""
 
     __slots__ = (
+        "count",
         "seq",
         "segment_id",
         "entry_id",
@@ -43,19 +67,25 @@ class PendingEntry:
         segment_id: int,
         entry_id: int,
         record: bytes,
-        future: Future | None,
+        future: Waiter | None,
         deadline: float,
+        count: int = 1,
     ):
+        self.count = count
         self.seq = seq
         self.segment_id = segment_id
         self.entry_id = entry_id
         self.record = record
         self.future = future
-        self.joiners: list[Future] | None = None
+        self.joiners: list[Waiter] | None = None
         self.deadline = deadline
         self.timed_out = False
 
-    def waiters(self) -> list[tuple[Future, bool]]:
+    @property
+    def last_entry_id(self) -> int:
+        return self.entry_id + self.count - 1
+
+    def waiters(self) -> list[tuple[Waiter, bool]]:
         """(future, duplicate) for the creator and every call that joined."""
         out = []
         if self.future is not None:
@@ -76,7 +106,30 @@ class Batch:
 
     @property
     def last_entry_id(self) -> int:
-        return self.first_entry_id + len(self.entries) - 1
+        return self.entries[-1].last_entry_id
+
+
+def span(entries: list[PendingEntry]) -> int:
+    """How many entries `entries` (consecutive, in entry order) hold, runs counted in full."""
+    return entries[-1].last_entry_id - entries[0].entry_id + 1 if entries else 0
+
+
+class EntryJoiner:
+    """A waiter joining one entry inside a run: the run's result names its first entry, this
+    tells the joiner the id of the entry it joined."""
+
+    __slots__ = ("waiter", "entry_id")
+
+    def __init__(self, waiter: Waiter, entry_id: int):
+        self.waiter = waiter
+        self.entry_id = entry_id
+
+    def set_result(self, result: WriteResult) -> None:
+        mid = LogMessageId(result.message_id.segment_id, self.entry_id)
+        self.waiter.set_result(WriteResult(mid, result.duplicate))
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        self.waiter.set_exception(exception)
 
 
 class SegmentHandle:
@@ -92,6 +145,7 @@ class SegmentHandle:
         self.pending: deque[PendingEntry] = deque()  # uncommitted, in entry order
         self.unsent: list[PendingEntry] = []  # not yet in a batch
         self.unsent_bytes = 0
+        self.unsent_entries = 0  # runs counted in full
         self.unsent_since = 0.0  # time.monotonic() when the oldest unsent entry was queued
         self.batches: deque[Batch] = deque()  # sent, not committed, in order
         self.failed_nodes: dict[str, str] = {}  # node -> why
@@ -114,18 +168,23 @@ class SegmentHandle:
         called only while there are unsent entries."""
         count = 0
         size = 0
+        items = 0  # a run is never cut: the batch lane makes runs within both limits
         for entry in self.unsent:
-            if count and (count >= max_entries or size + len(entry.record) > max_bytes):
+            if count and (
+                count + entry.count > max_entries or size + len(entry.record) > max_bytes
+            ):
                 break
-            count += 1
+            count += entry.count
             size += len(entry.record)
-        entries = self.unsent[:count]
+            items += 1
+        entries = self.unsent[:items]
         batch = Batch(entries[0].entry_id, entries, concat([e.record for e in entries]))
         # Only now change state, with no Python call between the steps: a KeyboardInterrupt
         # (raised after a call returns) cannot leave entries out of both `unsent` and `batches`,
         # which would never be sent while later batches commit past them.
-        del self.unsent[:count]
+        del self.unsent[:items]
         self.unsent_bytes -= size
+        self.unsent_entries -= count
         self.batches.append(batch)
         return batch
 
@@ -143,6 +202,16 @@ class SegmentHandle:
             self.lac = done.last_entry_id
         return committed
 
+    def find(self, entry_id: int) -> PendingEntry | None:
+        """The pending entry or run holding `entry_id`, if any."""
+        entry = self.by_entry.get(entry_id)  # a single entry, or a run's first
+        if entry is not None or not self.pending:
+            return entry
+        i = bisect.bisect_right(self.pending, entry_id, key=_first_id) - 1
+        if i >= 0 and self.pending[i].entry_id <= entry_id <= self.pending[i].last_entry_id:
+            return self.pending[i]
+        return None
+
     def drained(self) -> bool:
         return not self.pending
 
@@ -150,14 +219,48 @@ class SegmentHandle:
         self, last_entry_id: int
     ) -> tuple[list[PendingEntry], list[PendingEntry]]:
         """The segment completed at `last_entry_id`: (present -> committed, absent -> dropped)."""
-        committed = [e for e in self.pending if e.entry_id <= last_entry_id]
+        committed = [e for e in self.pending if e.last_entry_id <= last_entry_id]
         dropped = [e for e in self.pending if e.entry_id > last_entry_id]
+        for e in self.pending:  # a run the end falls inside: its head is in, its tail is not
+            if e.entry_id <= last_entry_id < e.last_entry_id:
+                head, tail = _split_run(e, last_entry_id - e.entry_id + 1)
+                committed.append(head)
+                dropped.insert(0, tail)
         self.pending.clear()
         self.unsent.clear()
         self.unsent_bytes = 0
+        self.unsent_entries = 0
         self.unsent_since = 0.0  # time.monotonic() when the oldest unsent entry was queued
         self.batches.clear()
         self.by_entry.clear()
         self.lac = max(self.lac, last_entry_id)
         self.status = SegmentStatus.DONE
         return committed, dropped
+
+
+def _first_id(entry: PendingEntry) -> int:
+    return entry.entry_id
+
+
+def _split_run(run: PendingEntry, count: int) -> tuple[PendingEntry, PendingEntry]:
+    """A run cut after its first `count` entries (the segment was completed between them):
+    records, waiter and joiners go with the entries they belong to."""
+    records = split_frame(run.record, "pending run")
+    waiter = cast("RunWaiter | None", run.future)
+    head_waiter, tail_waiter = waiter.split(count) if waiter is not None else (None, None)
+    parts = []
+    for first, recs, waiter in (
+        (run.entry_id, records[:count], head_waiter),
+        (run.entry_id + count, records[count:], tail_waiter),
+    ):
+        part = PendingEntry(run.seq, run.segment_id, first, concat(recs), waiter, run.deadline)
+        part.count = len(recs)
+        part.timed_out = run.timed_out
+        parts.append(part)
+    for joiner in run.joiners or ():
+        at = joiner.entry_id if isinstance(joiner, EntryJoiner) else run.entry_id
+        part = parts[0] if at < run.entry_id + count else parts[1]
+        if part.joiners is None:
+            part.joiners = []
+        part.joiners.append(joiner)
+    return parts[0], parts[1]

@@ -8,13 +8,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
+from collections.abc import Callable, Sequence
+from concurrent.futures import InvalidStateError
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import EntryConflictError, SegmentFencedError, WoodpeckerError, WriterFencedError
 from ..retry import Backoff
-from .segment import Batch, SegmentHandle, SegmentStatus
+from .segment import Batch, SegmentHandle, SegmentStatus, Waiter
 
 if TYPE_CHECKING:
     from ..logstore.transport import LogStoreTransport
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def resolve(items: list[tuple[Future, object]]) -> None:
+def resolve(items: Sequence[tuple[Waiter, object]]) -> None:
     """Set results/exceptions outside the writer's lock (callbacks may call back into it)."""
     for future, outcome in items:
         try:

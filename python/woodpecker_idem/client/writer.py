@@ -34,12 +34,13 @@ from ..args import timeout_arg, wait_for
 from ..errors import (
     ClientClosedError,
     InvalidArgumentError,
+    InvalidTypeError,
     WoodpeckerError,
     WriterClosedError,
     WriterFencedError,
     WriteTimeoutError,
 )
-from ..types import LogMessageId, WriteMessage, WriteResult
+from ..types import LogMessageId, WriteManyResult, WriteMessage, WriteResult
 from . import atexit_close
 from .completion import SegmentCompletion
 from .dispatch import Dispatch
@@ -48,7 +49,17 @@ from .futures import WriteFuture
 from .hooks import NO_HOOKS, Outcomes, WriterHooks
 from .message import coerce_message
 from .roll import SegmentRoller
-from .segment import Batch, PendingEntry, SegmentHandle, SegmentStatus
+from .rows import write_rows
+from .segment import (
+    Batch,
+    EntryJoiner,
+    PendingEntry,
+    RunWaiter,
+    SegmentHandle,
+    SegmentStatus,
+    Waiter,
+    span,
+)
 from .workers import Maintenance, resolve
 
 if TYPE_CHECKING:
@@ -58,7 +69,33 @@ log = logging.getLogger(__name__)
 
 LEASE_MS = 30_000
 
-__all__ = ["LogWriter", "coerce_message"]  # coerce_message: the idempotent writer checks input too
+
+def checked_payloads(payloads: Sequence[bytes], max_bytes: int) -> list[bytes]:
+    """A batch's payloads as bytes, every row checked (type, size) before any is queued: a bad
+    row refuses the whole batch, naming it."""
+    if not (hasattr(payloads, "__len__") and hasattr(payloads, "__getitem__")):
+        raise InvalidTypeError(
+            f"payloads must be a sequence (a list or tuple), not {type(payloads).__name__}"
+        )
+    return [  # plain bytes within the limit need nothing more (the common case)
+        p if isinstance(p, bytes) and len(p) <= max_bytes else _checked_row(p, i, max_bytes)
+        for i, p in enumerate(payloads)
+    ]
+
+
+def _checked_row(row: object, i: int, max_bytes: int) -> bytes:
+    try:
+        payload, _ = coerce_message(row, None, max_bytes)  # type: ignore[arg-type]
+    except WoodpeckerError as exc:
+        raise type(exc)(f"payloads[{i}]: {exc}") from None
+    return payload
+
+
+__all__ = [
+    "LogWriter",
+    "checked_payloads",
+    "coerce_message",
+]  # coerce_message: the idempotent writer checks input too
 
 
 class LogWriter:
@@ -85,6 +122,8 @@ class LogWriter:
         ap = self._cfg.append
         self._max_batch_entries = ap.max_batch_entries
         self._max_batch_bytes = ap.max_batch_bytes
+        self.max_batch_entries = ap.max_batch_entries  # the batch lane cuts its runs by these
+        self.max_batch_bytes = ap.max_batch_bytes
         self.timeout_s = ap.timeout_ms / 1000  # a waiter's deadline (core interface too)
         self.max_retries = ap.max_retries  # core interface: a node's retries of one batch
         self._max_entry_bytes = ap.max_entry_bytes
@@ -177,6 +216,18 @@ class LogWriter:
         future = self.write_async(message, properties=properties, idempotency_id=idempotency_id)
         return wait_for(future, wait, self._still_pending_text)
 
+    def write_many(
+        self, payloads: Sequence[bytes], *, timeout: float | None = None
+    ) -> WriteManyResult:
+        """Append a batch in order, in runs of one AddEntries batch (one frame and one waiter
+        each, no future per row); columnar results. Every row and `timeout` are checked before
+        any row is queued. A failure raises the lowest failed row's error, carrying the result
+        and which rows were acknowledged (`batch_result`, `acknowledged`); a retry on this plain
+        writer appends the rows again (the idempotent writer's `write_many` answers them)."""
+        wait = timeout_arg(timeout, allow_zero=False)
+        rows = checked_payloads(payloads, self.max_entry_bytes)
+        return write_rows(self, rows, wait, self._still_pending_text)
+
     def _still_pending_text(self) -> str:
         """What a timed-out wait means for this writer (the idempotent one says a retry joins)."""
         return (
@@ -261,24 +312,50 @@ class LogWriter:
             added += len(record)
             entry_id += 1
         self._seq = seq
-        seg.next_entry_id = entry_id
-        seg.unsent_bytes += added
-        seg.size_bytes += added
-        self._inflight_entries += entry_id - first
-        self._inflight_bytes += added
-        if was_empty and unsent:
+        self._queued_locked(seg, entry_id - first, added, was_empty, since)
+
+    def enqueue_run_locked(
+        self, seg: SegmentHandle, frame: bytes, count: int, waiter: RunWaiter, since: float
+    ) -> None:
+        """The batch lane's enqueue: `count` entries from `seg.next_entry_id` on, encoded in one
+        `frame`, pending as one run with one `waiter` (told once for all of them). The caller
+        keeps `count` and the frame within append.max_batch_entries / max_batch_bytes, so a
+        run is never cut into two batches."""
+        self._seq += 1
+        deadline = time.monotonic() + self.timeout_s
+        run = PendingEntry(self._seq, seg.segment_id, seg.next_entry_id, frame, waiter, deadline)
+        run.count = count
+        was_empty = not seg.unsent
+        seg.pending.append(run)
+        seg.unsent.append(run)
+        seg.by_entry[run.entry_id] = run
+        self._queued_locked(seg, count, len(frame), was_empty, since)
+
+    def _queued_locked(
+        self, seg: SegmentHandle, entries: int, nbytes: int, was_empty: bool, since: float
+    ) -> None:
+        """Count `entries` just appended to `seg` (`nbytes` of records) and send per group
+        commit."""
+        seg.next_entry_id += entries
+        seg.unsent_bytes += nbytes
+        seg.unsent_entries += entries
+        seg.size_bytes += nbytes
+        self._inflight_entries += entries
+        self._inflight_bytes += nbytes
+        if was_empty and seg.unsent:
             seg.unsent_since = since
         if (
             not seg.batches
-            or len(unsent) >= self._max_batch_entries
+            or seg.unsent_entries >= self._max_batch_entries
             or seg.unsent_bytes >= self._max_batch_bytes
         ):
             self._send_locked(seg)
 
-    def full_locked(self, size: int) -> bool:
-        """Backpressure: would `size` more bytes (one more entry) pass the in-flight limits?"""
+    def full_locked(self, size: int, entries: int = 1) -> bool:
+        """Backpressure: would `size` more bytes in `entries` more entries pass the in-flight
+        limits?"""
         return (
-            self._inflight_entries >= self._max_inflight_entries
+            self._inflight_entries + entries > self._max_inflight_entries
             or self._inflight_bytes + size > self._max_inflight_bytes
         )
 
@@ -302,15 +379,15 @@ class LogWriter:
         """Wake the flusher (it asks `WriterHooks.admit_locked` when queued writes are due)."""
         self._wake.notify()
 
-    def join_locked(self, segment_id: int, entry_id: int, future: Future) -> None:
+    def join_locked(self, segment_id: int, entry_id: int, future: Waiter) -> None:
         """`future` also ends with pending entry `segment_id:entry_id` (a retry joins it)."""
         seg = self._segments.get(segment_id)
-        entry = seg.by_entry.get(entry_id) if seg is not None else None
+        entry = seg.find(entry_id) if seg is not None else None
         if entry is None:  # cannot happen while pending keys and segments move together
             raise RuntimeError(f"pending key without its entry {segment_id}:{entry_id}")
         if entry.joiners is None:
             entry.joiners = []
-        entry.joiners.append(future)
+        entry.joiners.append(future if entry.count == 1 else EntryJoiner(future, entry_id))
         if entry.timed_out:  # a retry after a timeout gets a fresh deadline
             entry.timed_out = False
             entry.deadline = time.monotonic() + self.timeout_s
@@ -339,10 +416,11 @@ class LogWriter:
         """Why a write is refused while a segment is repaired (`writable_segment_locked` None)."""
         return self._completion.unavailable_error()
 
-    def wait_for_room_locked(self, size: int) -> None:
-        """Backpressure: block until in-flight entries/bytes fall below the limits."""
+    def wait_for_room_locked(self, size: int, entries: int = 1) -> None:
+        """Backpressure: block until in-flight entries/bytes leave room for `entries` more
+        entries of `size` bytes (or nothing is in flight)."""
         while (
-            self.full_locked(size)
+            self.full_locked(size, entries)
             and self._inflight_entries
             and not self._closed
             and self._fenced is None
@@ -523,7 +601,7 @@ class LogWriter:
                 resolved.append((entry.future, WriteResult(mid, False)))
             if entry.joiners:
                 resolved.extend((f, WriteResult(mid, True)) for f in entry.joiners)
-        self._inflight_entries -= len(committed)
+        self._inflight_entries -= span(committed)
         self._inflight_bytes -= nbytes
         self._space.notify_all()
         return resolved

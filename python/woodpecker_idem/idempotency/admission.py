@@ -151,9 +151,7 @@ class Admission:
     def _assign_locked(self, batch: IntakeBatch, resolved: list) -> None:
         stamps, keys = batch.timestamps, batch.keys
         window = self._window
-        if stamps[0] >= self._next_evict_ms:  # lookups ignore expired keys in between
-            window.evict(stamps[0])
-            self._next_evict_ms = stamps[0] + self._evict_every_ms
+        self.evict_due_locked(stamps[0])
         n = len(stamps)
         start = 0
         core = self._core
@@ -225,6 +223,12 @@ class Admission:
                     self.duplicates += 1
                     mid = LogMessageId(_i64(seg_col, i), _i64(ent_col, i))
                     resolved.append((futures[i], WriteResult(mid, True)))
+
+    def evict_due_locked(self, now_ms: int) -> None:
+        """Evict expired keys every so often (lookups ignore expired keys in between)."""
+        if now_ms >= self._next_evict_ms:
+            self._window.evict(now_ms)
+            self._next_evict_ms = now_ms + self._evict_every_ms
 
     def _admit_one_unavailable_locked(self, future, key: bytes, ts: int, resolved) -> None:
         hit = self._window.get(key, ts)

@@ -14,14 +14,10 @@ The window is rebuilt (snapshot + gap) before the writer accepts anything.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-import time
-from array import array
 from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._core import (
@@ -37,20 +33,20 @@ from ..client.futures import WriteFuture
 from ..client.hooks import Outcomes
 from ..client.segment import PendingEntry
 from ..client.workers import resolve
-from ..client.writer import LogWriter, coerce_message
+from ..client.writer import LogWriter, checked_payloads, coerce_message
 from ..config import KEYS, check_value
 from ..errors import (
     ConfigError,
     InvalidArgumentError,
     InvalidTypeError,
     PayloadTooLargeError,
-    WoodpeckerError,
     WriterClosedError,
     WriterFencedError,
     WriterForkedError,
 )
-from ..types import LogMessageId, WriteMessage, WriteResult
+from ..types import WriteManyResult, WriteMessage, WriteResult
 from .admission import Admission
+from .batch import BatchLane
 from .intake import Intake
 from .recovery import RecoveryReport, rebuild_window
 from .snapshot import SnapshotSource, Snapshotter
@@ -92,21 +88,6 @@ def _window_option(name: str, value: object, default: object) -> int | float:
     return key_value
 
 
-@dataclass(frozen=True)
-class WriteManyResult:
-    """Columnar results of `write_many`: no object per row."""
-
-    segment_ids: array  # array('q')
-    entry_ids: array  # array('q')
-    duplicate: bytearray  # 1 where the row did not create its entry
-
-    def __len__(self) -> int:
-        return len(self.entry_ids)
-
-    def message_id(self, i: int) -> LogMessageId:
-        return LogMessageId(self.segment_ids[i], self.entry_ids[i])
-
-
 class IdempotentLogWriter:
     """A dedup window, snapshots and window recovery over a writer core (`core`)."""
 
@@ -134,6 +115,7 @@ class IdempotentLogWriter:
         self._core = core = LogWriter(handle, hooks=self)
         self._lock = core.lock  # the core's lock: the layer API and these hooks run under it
         self._admission = Admission(core, self._window, self._clock, self._intake)
+        self._lane = BatchLane(core, self._window, self._clock, self._admission)
         self._max_entry_bytes = core.max_entry_bytes
         self.epoch = core.epoch
         self.owner = core.owner
@@ -304,11 +286,7 @@ class IdempotentLogWriter:
         keys = content_keys(payloads) if ids is None else explicit_keys(ids)  # checks types
         if ids is not None and len(ids) != len(payloads):
             raise InvalidArgumentError(f"ids has {len(ids)} items but payloads has {len(payloads)}")
-        limit = self._max_entry_bytes
-        checked: list[bytes] = [  # plain bytes within the limit need nothing more (the common case)
-            p if isinstance(p, bytes) and len(p) <= limit else self._checked_row(p, i)
-            for i, p in enumerate(payloads)
-        ]
+        checked = checked_payloads(payloads, self._max_entry_bytes)
         self._check_process()
         return self._write_keyed_rows(checked, keys, wait)
 
@@ -346,6 +324,12 @@ class IdempotentLogWriter:
         n = len(payloads)
         if len(keys) != 16 * n:
             raise InvalidArgumentError(f"keys has {len(keys)} bytes; {n} payloads need {16 * n}")
+        if payloads and set(map(type, payloads)) != {bytes}:
+            row = next(i for i, p in enumerate(payloads) if type(p) is not bytes)
+            raise InvalidTypeError(
+                f"payloads[{row}] must be bytes, not {type(payloads[row]).__name__}; nothing of "
+                "the batch was written"
+            )
         limit = self._max_entry_bytes
         if payloads and max(map(len, payloads)) > limit:
             row = next(i for i, p in enumerate(payloads) if len(p) > limit)
@@ -368,66 +352,20 @@ class IdempotentLogWriter:
     ) -> WriteManyResult:
         """The one entry point for rows checked already: `payloads` are bytes within
         append.max_entry_bytes, `keys` their N*16-byte keys (hashed by the caller, e.g. in Rust
-        from an Arrow batch). Committed keys are answered at once (unless writes are queued
-        ahead), the rest queued through the intake together; waits up to `wait` seconds."""
+        from an Arrow batch); written through the batch lane (batch.py), waits up to `wait`."""
         n = len(payloads)
         if len(keys) != 16 * n:
             raise InvalidArgumentError(f"{len(keys)} key bytes for {n} rows (16 per row)")
-        futures: list[tuple[int, Future]] = []
-        resolved: list = []
-        with self._lock:
-            core = self._core
-            core.check_open_locked()
-            if self._intake.futures:  # writes queued ahead are judged first: no early answers
-                status, segs, ents = bytes(n), bytes(8 * n), bytes(8 * n)
-            else:
-                status, segs, ents = self._window.get_many(keys, self._clock.now_ms())
-            seg_ids = array("q")
-            seg_ids.frombytes(segs)
-            entry_ids = array("q")
-            entry_ids.frombytes(ents)
-            duplicate = bytearray(b"\x01" * n)
-            committed = status.count(2)
-            self._admission.duplicates += committed
-            if committed != n:
-                for i in range(n):
-                    if status[i] == 2:
-                        continue
-                    future: Future = WriteFuture()
-                    key = keys[16 * i : 16 * i + 16]  # hashed once, above
-                    done = self._admission.queue_locked(
-                        payloads[i], None, None, future, key, alone=False
-                    )
-                    if done:
-                        resolved.extend(done)
-                    futures.append((i, future))
-                if core.idle_locked():  # the rows go as one batch
-                    resolved.extend(self._admission.admit_all_locked())
-        resolve(resolved)
-        deadline = None if wait is None else time.monotonic() + wait
-        for i, future in futures:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            result: WriteResult = wait_for(future, left, functools.partial(self._row_pending, i))
-            seg_ids[i], entry_ids[i] = result.message_id
-            duplicate[i] = result.duplicate
-        return WriteManyResult(seg_ids, entry_ids, duplicate)
-
-    def _row_pending(self, i: int) -> str:
-        return f"row {i}: {self._still_pending_text()}"
-
-    def _checked_row(self, row: object, i: int) -> bytes:
-        try:
-            payload, _ = coerce_message(row, None, self._max_entry_bytes)  # type: ignore[arg-type]
-        except WoodpeckerError as exc:
-            raise type(exc)(f"payloads[{i}]: {exc}") from None
-        return payload
+        if type(payloads) is not list:
+            payloads = list(payloads)
+        return self._lane.write(payloads, keys, wait, self._still_pending_text)
 
     # --- hooks: entries and segments ------------------------------------------------------------
 
     def committed_locked(self, segment_id: int, entries: list[PendingEntry]) -> None:
         window = self._window
         before = window.early_evictions
-        last = entries[-1].entry_id
+        last = entries[-1].last_entry_id  # a run holds several
         self._new_keys += window.commit_through(segment_id, last)  # a prefix of the segment
         self._watermarks[segment_id] = last
         early = window.early_evictions - before

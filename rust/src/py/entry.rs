@@ -134,6 +134,93 @@ pub fn encode_new_entries<'py>(
     Ok(out)
 }
 
+/// One frame (records end to end, entry ids counting up from `first_entry_id`, one timestamp)
+/// of the rows `start..end` of `payloads` (a list of bytes), skipping rows whose `status` byte
+/// (one per row of the range, as `DedupWindow.reserve_many` gives) is not 0; `keys` (N*16 bytes
+/// for the whole list) gives each row its idempotency key. Returns `(frame, records)`: the batch
+/// lane's encoding, one call and one `bytes` per batch instead of one per row.
+#[pyfunction]
+#[pyo3(signature = (segment_id, first_entry_id, timestamp_ms, payloads, start, end, keys=None, status=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn encode_frame<'py>(
+    py: Python<'py>,
+    segment_id: i64,
+    first_entry_id: i64,
+    timestamp_ms: i64,
+    payloads: &Bound<'py, PyList>,
+    start: usize,
+    end: usize,
+    keys: Option<&Bound<'py, PyAny>>,
+    status: Option<&Bound<'py, PyAny>>,
+) -> PyResult<(Bound<'py, PyBytes>, usize)> {
+    let n = payloads.len();
+    if start > end || end > n {
+        return Err(InvalidArgumentError::new_err(format!(
+            "rows {start}..{end} are not within the {n} payloads"
+        )));
+    }
+    let keys = keys
+        .filter(|k| !k.is_none())
+        .map(|k| args::key_buffer(k, "keys"))
+        .transpose()?;
+    let keys = keys.as_ref().map(|k| k.as_slice());
+    if let Some(k) = keys {
+        if k.len() != n * 16 {
+            return Err(InvalidArgumentError::new_err(format!(
+                "keys holds {} keys but payloads {n} rows",
+                k.len() / 16
+            )));
+        }
+    }
+    let status = status
+        .filter(|s| !s.is_none())
+        .map(|s| args::bytes_like(s, "status"))
+        .transpose()?;
+    let status = status.as_ref().map(|s| s.as_slice());
+    if let Some(s) = status {
+        if s.len() != end - start {
+            return Err(InvalidArgumentError::new_err(format!(
+                "status holds {} rows but the range {start}..{end} {}",
+                s.len(),
+                end - start
+            )));
+        }
+    }
+    let mut rows: Vec<(usize, Bound<'py, PyBytes>)> = Vec::with_capacity(end - start);
+    let mut total = 0usize;
+    for i in start..end {
+        if status.is_some_and(|s| s[i - start] != 0) {
+            continue;
+        }
+        let item = payloads.get_item(i)?;
+        let payload = item.cast_into::<PyBytes>().map_err(|e| {
+            InvalidTypeError::new_err(format!(
+                "payloads[{i}] must be bytes, not {}",
+                type_name(e.into_inner().as_any())
+            ))
+        })?;
+        total += payload.as_bytes().len() + 64;
+        rows.push((i, payload));
+    }
+    let mut frame = Vec::with_capacity(total);
+    for (entry_id, (i, payload)) in (first_entry_id..).zip(rows.iter()) {
+        entry::encode_record_into(
+            &mut frame,
+            &EntryFields {
+                segment_id,
+                entry_id,
+                timestamp_ms,
+                payload: payload.as_bytes(),
+                properties: &[],
+                idempotency_key: keys
+                    .and_then(|k| k.get(i * 16..i * 16 + 16))
+                    .unwrap_or_default(),
+            },
+        );
+    }
+    Ok((PyBytes::new(py, &frame), rows.len()))
+}
+
 /// Number of records in a frame; the lengths must tile it exactly.
 #[pyfunction]
 pub fn count_records(frame: &Bound<'_, PyAny>) -> PyResult<usize> {
