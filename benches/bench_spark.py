@@ -13,9 +13,9 @@ plain, parquet; idem, plain, parquet; ...) and are compared on the median of per
 `WOODPECKER_BENCH_SPARK_ROUNDS` (default 3, after one untimed warm-up round) size it; a round is
 three writes of the whole DataFrame. `extra_info` of `--benchmark-json` holds the rows/s of each
 side (medians) and the ratios (medians of the per-round ratios): `idempotent_vs_plain`,
-`idempotent_vs_parquet`, `plain_vs_parquet`. Asserted: idempotent >= 0.5x plain (a floor that
-holds on the noisy shared machine; one slow round moves a 3-round median a lot). Reported against
-issue 14's aims: >= 0.9x plain, >= 0.5x parquet; and key hashing vs md5.
+`idempotent_vs_parquet`, `plain_vs_parquet`. Asserted: issue 14's target, idempotent >= 0.9x
+plain (one slow round moves a 3-round median a lot on the shared machine: raise the rounds to
+judge). Reported: vs parquet (aim >= 0.5x) and key hashing vs md5.
 """
 
 from __future__ import annotations
@@ -118,11 +118,11 @@ def test_sink_rows_per_second_idempotent_plain_parquet(spark, tmp_path, benchmar
     print(
         f"\nspark sink, {ROWS:,} rows of 100 B, P={P}, {ROUNDS} interleaved rounds (medians): "
         f"idempotent {rates['idempotent']:,.0f} rows/s, plain {rates['plain']:,.0f} rows/s, "
-        f"parquet {rates['parquet']:,.0f} rows/s; idempotent/plain {vs_plain:.2f}x (floor "
-        f">= 0.5x, aim >= 0.9x), idempotent/parquet {vs_parquet:.2f}x (aim >= 0.5x; reported), "
+        f"parquet {rates['parquet']:,.0f} rows/s; idempotent/plain {vs_plain:.2f}x (target "
+        f">= 0.9x), idempotent/parquet {vs_parquet:.2f}x (aim >= 0.5x; reported), "
         f"plain/parquet {plain_vs_parquet:.2f}x"
     )
-    assert vs_plain >= 0.5, f"idempotent/plain {vs_plain:.2f}x: {times}"
+    assert vs_plain >= 0.9, f"idempotent/plain {vs_plain:.2f}x: {times}"
 
 
 @pytest.mark.timeout(1800)
