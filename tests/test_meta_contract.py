@@ -575,9 +575,10 @@ def test_sqlite_processes_opening_a_new_store_together_all_open(tmp_path: Path) 
     wait) while another process opens the file: processes starting together must still open."""
     import time
 
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")  # not fork: this process runs threads
     with ctx.Pool(6) as pool:
-        for round_ in range(12):
+        assert pool.map(str, range(6), chunksize=1)  # every worker up before the first round
+        for round_ in range(20):
             path = str(tmp_path / f"m{round_}.sqlite")
             start = time.time() + 0.3
             outcomes = [pool.apply_async(_open_at, (path, start)) for _ in range(6)]
