@@ -72,29 +72,6 @@ def order_keys(start: int, n: int) -> set[bytes]:
     return {explicit_key(str(i)) for i in range(start, start + n)}
 
 
-def inject_failures(df: Any, after_rows: dict[int, int]) -> Any:
-    """Fail the first attempt of partition p after `after_rows[p]` rows reached the sink."""
-
-    def fn(batches):
-        import time
-
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        k = after_rows.get(ctx.partitionId()) if ctx.attemptNumber() == 0 else None
-        seen = 0
-        for b in batches:
-            if k is not None and seen + b.num_rows > k:
-                if k > seen:
-                    yield b.slice(0, k - seen)
-                time.sleep(2)  # the sink writes what reached it before the task fails
-                raise RuntimeError(f"injected failure after {k} rows")
-            seen += b.num_rows
-            yield b
-
-    return df.mapInArrow(fn, df.schema)
-
-
 def judge_group(client: Any, log: str, expected_keys: set[bytes], partitions: int) -> None:
     """Read the group back: the history checker finds no key twice in the window and nothing
     invented; the census finds every expected key (nothing lost)."""

@@ -13,16 +13,17 @@ from woodpecker_idem._core import concat, count_records, decode_entries, encode_
 from woodpecker_idem._proto.logstore_pb2 import LogEntry
 
 int64 = st.integers(-(2**63), 2**63 - 1)
+ENTRY = {  # every field of a LogEntry
+    "seg": int64,
+    "entry": int64,
+    "ts": int64,
+    "payload": st.binary(max_size=300),
+    "props": st.dictionaries(st.text(max_size=20), st.text(max_size=200), max_size=4),
+    "key": st.one_of(st.none(), st.binary(min_size=16, max_size=16)),
+}
 
 
-@given(
-    seg=int64,
-    entry=int64,
-    ts=int64,
-    payload=st.binary(max_size=300),
-    props=st.dictionaries(st.text(max_size=20), st.text(max_size=200), max_size=4),
-    key=st.one_of(st.none(), st.binary(min_size=16, max_size=16)),
-)
+@given(**ENTRY)
 def test_record_parses_as_the_protobuf_entry(seg, entry, ts, payload, props, key) -> None:
     record = encode_entry(seg, entry, ts, payload, props or None, key)
     length, crc = struct.unpack_from("<II", record)
@@ -115,15 +116,7 @@ def test_concat_keeps_the_gil_where_bytes_join_lets_go() -> None:
     assert 2 * sorted(held)[2] < sorted(released)[2], (held, released)
 
 
-@given(
-    seg=int64,
-    entry=int64,
-    ts=int64,
-    payload=st.binary(max_size=300),
-    props=st.dictionaries(st.text(max_size=20), st.text(max_size=200), max_size=4),
-    key=st.one_of(st.none(), st.binary(min_size=16, max_size=16)),
-    unknown=st.booleans(),
-)
+@given(**ENTRY, unknown=st.booleans())
 def test_decode_entries_reads_what_protobuf_wrote(
     seg, entry, ts, payload, props, key, unknown
 ) -> None:

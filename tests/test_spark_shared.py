@@ -22,7 +22,6 @@ import boto3
 import pyarrow as pa
 import pytest
 from sparkenv import (
-    inject_failures,
     judge_group,
     order_keys,
     orders,
@@ -33,6 +32,7 @@ from woodpecker_idem import connect
 from woodpecker_idem.errors import ConfigError, InvalidArgumentError, WriterFencedError
 from woodpecker_idem.retry import Backoff
 from woodpecker_idem.spark import ROUTE_COLUMN, prepare
+from woodpecker_idem.spark.pipeline import inject_failures
 from woodpecker_idem.spark.sink import (
     SinkOptions,
     WoodpeckerCommitMessage,
