@@ -178,26 +178,33 @@ def test_reserve_many_bad_arguments():
     assert w.pending_count == 0  # a refused call reserves nothing
 
 
-# --- encode_new_entries ----------------------------------------------------------------------
+# --- encode_frame with each row's timestamp and properties (the admission's encoding) --------
 
 
-def test_encode_new_entries_equals_encode_entry_for_the_new_rows():
-    from woodpecker_idem._core import encode_entry, encode_new_entries
+def test_encode_frame_of_the_new_rows_equals_encode_entry_row_by_row():
+    from woodpecker_idem._core import encode_entry, encode_frame
 
-    status = bytes([0, 2, 0, 1, 0])
-    stamps = array("q", [10, 11, 12, 13, 14])
-    payloads = [b"a", b"dup", b"c" * 3000, b"joins", b""]
-    props = [None, None, {"k": "v", "x": "y"}, None, None]
+    status = bytes([2, 0, 1, 0])  # rows 1..4 of the range; row 0 is outside it
+    stamps = array("q", [9, 10, 11, 12, 13])
+    payloads = [b"outside", b"dup", b"a", b"joins", b"c" * 3000]
+    props = [None, None, None, None, {"k": "v", "x": "y"}]
     keys = b"".join(K(i) for i in range(5))
-    records = encode_new_entries(status, 7, 40, stamps, payloads, props, keys)
-    assert records == [
-        encode_entry(7, 40, 10, b"a", None, K(0)),
-        encode_entry(7, 41, 12, b"c" * 3000, {"k": "v", "x": "y"}, K(2)),
-        encode_entry(7, 42, 14, b"", None, K(4)),
-    ]
-    with pytest.raises(InvalidArgumentError, match="status has 5 rows"):
-        encode_new_entries(status, 7, 40, stamps, payloads[:4], props, keys)
-    with pytest.raises(InvalidTypeError, match=r"payloads\[0\] must be bytes"):
-        encode_new_entries(status, 7, 40, stamps, ["a", *payloads[1:]], props, keys)
-    with pytest.raises(InvalidTypeError, match="properties must"):
-        encode_new_entries(status, 7, 40, stamps, payloads, [{"k": 1}, *props[1:]], keys)
+    frame, count = encode_frame(7, 40, stamps, payloads, 1, 5, keys, status, props)
+    assert count == 2
+    assert frame == encode_entry(7, 40, 11, b"a", None, K(2)) + encode_entry(
+        7, 41, 13, b"c" * 3000, {"k": "v", "x": "y"}, K(4)
+    )
+    plain, n = encode_frame(0, 5, stamps, payloads, 0, 2, properties=props)  # no keys
+    assert n == 2 and plain == encode_entry(0, 5, 9, b"outside") + encode_entry(0, 6, 10, b"dup")
+    with pytest.raises(InvalidArgumentError, match="timestamp_ms holds 4 values"):
+        encode_frame(7, 40, stamps[:4], payloads, 1, 5, keys, status, props)
+    with pytest.raises(InvalidArgumentError, match="properties holds 4 rows"):
+        encode_frame(7, 40, stamps, payloads, 1, 5, keys, status, props[:4])
+    with pytest.raises(InvalidTypeError, match=r"payloads\[2\] must be bytes"):
+        encode_frame(7, 40, stamps, [*payloads[:2], "a", *payloads[3:]], 1, 5, keys, status, props)
+    with pytest.raises(InvalidTypeError, match=r"properties\[2\]: properties must"):
+        encode_frame(
+            7, 40, stamps, payloads, 1, 5, keys, status, [None, None, {"k": 1}, None, None]
+        )
+    with pytest.raises(InvalidTypeError, match="properties must be a list"):
+        encode_frame(7, 40, stamps, payloads, 1, 5, keys, status, {"k": "v"})

@@ -6,7 +6,6 @@ import threading
 import time
 from concurrent.futures import (
     FIRST_COMPLETED,
-    CancelledError,
     Future,
     InvalidStateError,
     as_completed,
@@ -15,7 +14,9 @@ from concurrent.futures import (
 
 import pytest
 
-from woodpecker_idem.client.futures import WriteFuture
+import woodpecker_idem as wp
+from woodpecker_idem.client.futures import FutureRun, WriteFuture
+from woodpecker_idem.types import LogMessageId, WriteResult
 
 
 def test_is_a_concurrent_future_and_resolves_like_one() -> None:
@@ -58,12 +59,55 @@ def test_wait_as_completed_and_cancel() -> None:
     threading.Timer(0.02, fs[1].set_result, args=(1,)).start()
     threading.Timer(0.04, fs[2].set_exception, args=(ValueError("v"),)).start()
     assert {f for f in as_completed(fs, timeout=5)} == set(fs)
+
+
+def test_a_queued_write_cannot_be_cancelled(tmp_path) -> None:
+    """cancel() is False (Kafka's producer futures say the same): a True would promise that a
+    write which still lands did not."""
     c = WriteFuture()
-    assert c.cancel() and c.cancelled()
-    with pytest.raises(CancelledError):
-        c.result()
-    with pytest.raises(InvalidStateError):
-        c.set_result(1)
+    assert not c.cancel() and not c.cancelled()
+    c.set_result(1)
+    assert c.result() == 1
+    client = wp.connect(str(tmp_path), {"quorum.es": 1})
+    try:
+        writer = client.create_log("c").open_writer()
+        futures = [writer.write_async(b"x%d" % i) for i in range(50)]
+        assert not any(f.cancel() for f in futures)
+        writer.flush()
+        assert [f.result().message_id.entry_id for f in futures] == list(range(50))
+        assert len(list(client.open_log("c").open_reader())) == 50
+    finally:
+        client.close()
+
+
+def test_settle_all_skips_settled_futures_and_wakes_waiters_and_callbacks() -> None:
+    fs = [WriteFuture() for _ in range(4)]
+    fs[1].set_exception(TimeoutError("timed out first"))  # settled before the batch's ack
+    seen: list[object] = []
+    fs[2].add_done_callback(lambda f: seen.append(f.result()))
+    got: list[object] = []
+    waiter = threading.Thread(target=lambda: got.append(fs[3].result(5)))
+    waiter.start()
+    while fs[3]._cond is None:  # the waiter blocks on its condition (the full path)
+        time.sleep(0.001)
+    plain = Future()
+    WriteFuture.settle_all([*fs, plain], ["a", "b", "c", "d", "e"])
+    waiter.join(5)
+    assert fs[0].result() == "a" and isinstance(fs[1].exception(), TimeoutError)
+    assert seen == ["c"] and got == ["d"] and plain.result() == "e"
+
+
+def test_a_future_run_tells_each_write_its_own_id() -> None:
+    fs = [WriteFuture() for _ in range(5)]
+    run = FutureRun(fs)
+    head, tail = run.split(2)
+    head.set_result(WriteResult(LogMessageId(3, 10), False))
+    tail.set_exception(RuntimeError("segment lost"))
+    assert [f.result() for f in fs[:2]] == [
+        WriteResult(LogMessageId(3, 10), False),
+        WriteResult(LogMessageId(3, 11), False),
+    ]
+    assert all(isinstance(f.exception(), RuntimeError) for f in fs[2:])
 
 
 def test_racing_completion_against_waiters_and_callbacks() -> None:

@@ -42,7 +42,6 @@ __all__ = [
     "decode_snapshot",
     "encode_entry",
     "encode_frame",
-    "encode_new_entries",
     "encode_snapshot",
     "explicit_key",
     "explicit_keys",
@@ -250,42 +249,32 @@ def encode_entry(
             dict of str to str.
     """
 
-def encode_new_entries(
-    status: Buffer,
-    segment_id: int,
-    first_entry_id: int,
-    timestamps_ms: Buffer,
-    payloads: list[bytes],
-    properties: list[dict[str, str] | None],
-    keys: Buffer,
-) -> list[bytes]:
-    """The records (as `encode_entry`) of the rows `DedupWindow.reserve_many` made new (status
-    0), in row order, entry ids counting up from `first_entry_id`: one call per admitted batch.
-
-    Raises:
-        InvalidArgumentError: the columns do not all hold N rows.
-        InvalidTypeError: a payload is not bytes, or properties are not `dict[str, str]`.
-    """
-
 def encode_frame(
     segment_id: int,
     first_entry_id: int,
-    timestamp_ms: int,
+    timestamp_ms: int | Buffer,
     payloads: list[bytes],
     start: int,
     end: int,
     keys: Buffer | None = None,
     status: Buffer | None = None,
+    properties: list[dict[str, str] | None] | None = None,
 ) -> tuple[bytes, int]:
-    """One frame (records end to end, entry ids counting up from `first_entry_id`, one
-    timestamp) of the rows `start..end` of `payloads`, skipping rows whose `status` byte (one per
-    row of the range, as `DedupWindow.reserve_many` gives) is not 0; `keys` (N*16 bytes for the
-    whole list) gives each row its idempotency key. Returns `(frame, records)`: the batch lane's
-    encoding, one call and one `bytes` per batch.
+    """One frame (records as `encode_entry`, end to end, entry ids counting up from
+    `first_entry_id`) of the rows `start..end` of `payloads`: every writer's encoding, one call
+    and one `bytes` per run of entries. Returns `(frame, records)`.
+
+    Args:
+        timestamp_ms: One int for every row, or an int64 column (e.g. `array("q")`) with one
+            value per row of the whole list (each write's queueing time).
+        keys: N*16 bytes for the whole list: each row's idempotency key.
+        status: One byte per row of the range, as `DedupWindow.reserve_many` gives: rows whose
+            byte is not 0 (duplicates) are skipped.
+        properties: One `dict[str, str]` or None per row of the whole list.
 
     Raises:
-        InvalidArgumentError: the range is outside `payloads`, or `keys` / `status` do not match.
-        InvalidTypeError: a payload is not bytes.
+        InvalidArgumentError: the range is outside `payloads`, or a column does not match it.
+        InvalidTypeError: a payload is not bytes, or properties are not `dict[str, str]`.
     """
 
 def concat(parts: list[_B] | tuple[_B, ...]) -> bytes:

@@ -62,7 +62,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py::encode_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(py::decode_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(py::encode_entry, m)?)?;
-    m.add_function(wrap_pyfunction!(py::encode_new_entries, m)?)?;
     m.add_function(wrap_pyfunction!(py::encode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(py::count_records, m)?)?;
     m.add_function(wrap_pyfunction!(py::concat, m)?)?;

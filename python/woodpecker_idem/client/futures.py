@@ -9,6 +9,8 @@ creating the condition, so the two paths never miss each other:
 - condition first: completion takes the standard (condition-based) path and wakes them.
 The two lists a Future owns (`_waiters`, `_done_callbacks`) are made on first use too, so a
 future nobody waits on is one object for the garbage collector, not four.
+A queued write cannot be withdrawn (it may be on the nodes already), so `cancel()` returns False,
+as Kafka's producer futures do: a True would promise that a write which still lands did not.
 It relies on Future's private fields (`_state`, `_result`, `_exception`, `_waiters`,
 `_done_callbacks`, `_invoke_callbacks`), unchanged since Python 3.2; tests/test_write_future.py
 pins the behaviour.
@@ -17,7 +19,7 @@ pins the behaviour.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures._base import (
     CANCELLED,
@@ -28,7 +30,12 @@ from concurrent.futures._base import (
 )
 from typing import Any
 
+from ..types import LogMessageId, WriteResult
+
 _LAZY = threading.Lock()
+# what `settle_locked` leaves to do
+_DONE_NOW, _CALLBACKS, _FULL = object(), object(), object()
+_new = tuple.__new__  # a NamedTuple's own __new__ is a Python call: too slow once per write
 _DONE = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
 
 
@@ -97,8 +104,43 @@ class WriteFuture(Future):
     def set_result(self, result: Any) -> None:
         self._complete(result, None)
 
-    def set_exception(self, exception: BaseException | None) -> None:
-        self._complete(None, exception)
+    @staticmethod
+    def settle_all(futures: Sequence[Any], results: Sequence[Any]) -> None:
+        """Set each future's result (one ack settles a run of writes) under one `_LAZY` hold.
+        A future settled already (a timeout got there first) is left alone; other waiters than
+        WriteFutures, and futures somebody blocks on, get the full `set_result`."""
+        slow = []
+        called = []
+        with _LAZY:
+            for future, result in zip(futures, results, strict=True):
+                how = future.settle_locked(result) if type(future) is WriteFuture else _FULL
+                if how is _CALLBACKS:
+                    called.append(future)
+                elif how is _FULL:
+                    slow.append((future, result))
+        for future in called:
+            future.run_callbacks()
+        for future, result in slow:
+            try:
+                future.set_result(result)
+            except InvalidStateError:  # settled already
+                pass
+
+    def settle_locked(self, result: Any) -> object:
+        """`settle_all`'s step, with `_LAZY` held: settles at once unless a condition exists.
+        Returns _DONE_NOW, _CALLBACKS (callbacks to run after the lock) or _FULL."""
+        if self._cond is not None:
+            return _FULL
+        if self._state is PENDING:
+            self._result = result
+            self._state = FINISHED
+            if self._callbacks:
+                return _CALLBACKS
+        return _DONE_NOW
+
+    def run_callbacks(self) -> None:
+        """The callbacks of a future `settle_locked` settled (outside `_LAZY`)."""
+        self._invoke_callbacks()
 
     def add_done_callback(self, fn: Callable[[Future], object]) -> None:
         with _LAZY:
@@ -121,6 +163,10 @@ class WriteFuture(Future):
         except Exception:
             LOGGER.exception("exception calling callback for %r", self)
 
+    def cancel(self) -> bool:
+        """Always False: a queued write cannot be withdrawn."""
+        return False
+
     def result(self, timeout: float | None = None) -> Any:
         if self._state == FINISHED:  # set before the state, so both are visible now
             if self._exception is not None:
@@ -130,3 +176,32 @@ class WriteFuture(Future):
 
     def done(self) -> bool:
         return self._state in _DONE
+
+
+class FutureRun:
+    """The one waiter of a run of entries made from queued writes, one future each: told once
+    with the run's first id, it settles every future with its own (`settle_all`, one call)."""
+
+    __slots__ = ("futures",)
+
+    def __init__(self, futures: list[Any]):
+        self.futures = futures
+
+    def set_result(self, result: Any) -> None:
+        segment_id, first = result.message_id
+        duplicate = result.duplicate
+        results = [
+            _new(WriteResult, (_new(LogMessageId, (segment_id, first + i)), duplicate))
+            for i in range(len(self.futures))
+        ]
+        WriteFuture.settle_all(self.futures, results)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        for future in self.futures:
+            try:
+                future.set_exception(exception)
+            except InvalidStateError:  # settled already (a timeout got there first)
+                pass
+
+    def split(self, count: int) -> tuple[FutureRun, FutureRun]:
+        return FutureRun(self.futures[:count]), FutureRun(self.futures[count:])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ..errors import InvalidTypeError, PayloadTooLargeError
+from collections.abc import Sequence
+
+from ..errors import InvalidTypeError, PayloadTooLargeError, WoodpeckerError
 from ..types import WriteMessage
 
 
@@ -49,3 +51,24 @@ def coerce_message(
             if not isinstance(k, str) or not isinstance(v, str):
                 raise InvalidTypeError(f"properties must map str to str; got {k!r}: {v!r}")
     return payload, props
+
+
+def checked_payloads(payloads: Sequence[bytes], max_bytes: int) -> list[bytes]:
+    """A batch's payloads as bytes, every row checked (type, size) before any is queued: a bad
+    row refuses the whole batch, naming it."""
+    if not (hasattr(payloads, "__len__") and hasattr(payloads, "__getitem__")):
+        raise InvalidTypeError(
+            f"payloads must be a sequence (a list or tuple), not {type(payloads).__name__}"
+        )
+    return [  # plain bytes within the limit need nothing more (the common case)
+        p if isinstance(p, bytes) and len(p) <= max_bytes else _checked_row(p, i, max_bytes)
+        for i, p in enumerate(payloads)
+    ]
+
+
+def _checked_row(row: object, i: int, max_bytes: int) -> bytes:
+    try:
+        payload, _ = coerce_message(row, None, max_bytes)  # type: ignore[arg-type]
+    except WoodpeckerError as exc:
+        raise type(exc)(f"payloads[{i}]: {exc}") from None
+    return payload

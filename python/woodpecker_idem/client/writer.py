@@ -29,12 +29,10 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
-from .._core import encode_entry
 from ..args import timeout_arg, wait_for
 from ..errors import (
     ClientClosedError,
     InvalidArgumentError,
-    InvalidTypeError,
     WoodpeckerError,
     WriterClosedError,
     WriterFencedError,
@@ -47,14 +45,15 @@ from .dispatch import Dispatch
 from .flusher import Flusher
 from .futures import WriteFuture
 from .hooks import NO_HOOKS, Outcomes, WriterHooks
-from .message import coerce_message
+from .interrupts import HOLD_INTERRUPTS
+from .message import checked_payloads, coerce_message
+from .queued import WriteQueue
 from .roll import SegmentRoller
-from .rows import write_rows
+from .rows import chunk_end, write_rows
 from .segment import (
     Batch,
     EntryJoiner,
     PendingEntry,
-    RunWaiter,
     SegmentHandle,
     SegmentStatus,
     Waiter,
@@ -70,32 +69,7 @@ log = logging.getLogger(__name__)
 LEASE_MS = 30_000
 
 
-def checked_payloads(payloads: Sequence[bytes], max_bytes: int) -> list[bytes]:
-    """A batch's payloads as bytes, every row checked (type, size) before any is queued: a bad
-    row refuses the whole batch, naming it."""
-    if not (hasattr(payloads, "__len__") and hasattr(payloads, "__getitem__")):
-        raise InvalidTypeError(
-            f"payloads must be a sequence (a list or tuple), not {type(payloads).__name__}"
-        )
-    return [  # plain bytes within the limit need nothing more (the common case)
-        p if isinstance(p, bytes) and len(p) <= max_bytes else _checked_row(p, i, max_bytes)
-        for i, p in enumerate(payloads)
-    ]
-
-
-def _checked_row(row: object, i: int, max_bytes: int) -> bytes:
-    try:
-        payload, _ = coerce_message(row, None, max_bytes)  # type: ignore[arg-type]
-    except WoodpeckerError as exc:
-        raise type(exc)(f"payloads[{i}]: {exc}") from None
-    return payload
-
-
-__all__ = [
-    "LogWriter",
-    "checked_payloads",
-    "coerce_message",
-]  # coerce_message: the idempotent writer checks input too
+__all__ = ["LogWriter"]
 
 
 class LogWriter:
@@ -164,6 +138,7 @@ class LogWriter:
             maint=self._maint,
         )
         self._needs_roll = self._roller.needs_roll  # the write path asks it of every write
+        self._queue = WriteQueue(self)  # write_async's writes not given ids yet (queued.py)
         # layer API: (entries, bytes) a segment takes before its roll limits; <= 0 once past them
         self.segment_room_locked = self._roller.room
         self.metrics: dict[str, float] = {
@@ -251,85 +226,45 @@ class LogWriter:
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
         future: Future[WriteResult] = WriteFuture()
         with self._lock:
-            self._append_locked(payload, props, future, self._clock.now_ms())
+            if self._fenced is not None or self._closed:
+                self.check_open_locked()
+            failed = self._queue.queue_locked(payload, props, future)
+        if failed:
+            resolve(failed)
         return future
-
-    def _append_locked(
-        self,
-        payload: bytes,
-        props: dict | None,
-        future: Future | None,
-        now_ms: int,
-    ) -> None:
-        """Assign the next id, encode and queue the entry; on failure sets the future's
-        exception."""
-        if self._fenced is not None or self._closed:
-            self.check_open_locked()
-        size = len(payload) + 64
-        if self.full_locked(size):
-            self.wait_for_room_locked(size)
-        now = time.monotonic()
-        seg = self._current
-        if seg is None or self._needs_roll(seg, now):
-            seg = self.writable_segment_locked()
-            if seg is None:
-                if future is not None:
-                    future.set_exception(self.unavailable_error())
-                return
-        # encode first: a KeyboardInterrupt (Ctrl-C in a write burst) raised here leaves no id
-        # taken without its entry queued
-        record = encode_entry(seg.segment_id, seg.next_entry_id, now_ms, payload, props)
-        self.enqueue_locked(seg, (record,), (future,), now)
 
     # --- layer API: what a layer over this core (hooks.py) may call --------------------------
 
-    def enqueue_locked(
-        self,
-        seg: SegmentHandle,
-        records: Sequence[bytes],
-        futures: Sequence[Future | None],
-        since: float,
-    ) -> None:
-        """The one enqueue path of both writers: `records` (encoded for the ids from
-        `seg.next_entry_id` on) become `seg`'s next entries, each with its future, pending until
-        the quorum ack; sent per group commit (`Dispatch.send_locked`). `since`: when the oldest was
-        queued (time.monotonic()). Kept flat on purpose: the hot path of every write."""
-        segment_id = seg.segment_id
-        first = entry_id = seg.next_entry_id
-        deadline = time.monotonic() + self.timeout_s
-        pending = seg.pending
-        unsent = seg.unsent
-        by_entry = seg.by_entry
-        was_empty = not unsent
-        seq = self._seq
-        added = 0
-        for record, future in zip(records, futures, strict=True):
-            seq += 1
-            entry = PendingEntry(seq, segment_id, entry_id, record, future, deadline)
-            pending.append(entry)
-            unsent.append(entry)
-            by_entry[entry_id] = entry
-            added += len(record)
-            entry_id += 1
-        self._seq = seq
-        self._queued_locked(seg, entry_id - first, added, was_empty, since)
+    def run_end_locked(self, seg: SegmentHandle, payloads: list[bytes], start: int, n: int) -> int:
+        """Where the run of rows from `start` (of `n`) ends: one AddEntries batch
+        (append.max_batch_entries / max_batch_bytes, a payload counting ROW_OVERHEAD more) within
+        `seg`'s roll limits. A segment past them (it could not be rolled) takes one batch more."""
+        room, room_bytes = self._roller.room(seg)
+        if room <= 0 or room_bytes <= 0:
+            room, room_bytes = n, self._max_batch_bytes
+        end = min(n, start + room, start + self._max_batch_entries)
+        return chunk_end(payloads, start, end, min(room_bytes, self._max_batch_bytes))[1]
 
     def enqueue_run_locked(
-        self, seg: SegmentHandle, frame: bytes, count: int, waiter: RunWaiter, since: float
+        self, seg: SegmentHandle, frame: bytes, count: int, waiter: Waiter, since: float
     ) -> None:
-        """The batch lane's enqueue: `count` entries from `seg.next_entry_id` on, encoded in one
-        `frame`, pending as one run with one `waiter` (told once for all of them). The caller
-        keeps `count` and the frame within append.max_batch_entries / max_batch_bytes, so a
-        run is never cut into two batches."""
-        self._seq += 1
-        deadline = time.monotonic() + self.timeout_s
-        run = PendingEntry(self._seq, seg.segment_id, seg.next_entry_id, frame, waiter, deadline)
-        run.count = count
-        was_empty = not seg.unsent
-        seg.pending.append(run)
-        seg.unsent.append(run)
-        seg.by_entry[run.entry_id] = run
-        self._queued_locked(seg, count, len(frame), was_empty, since)
+        """The one enqueue path of every write: `count` entries from `seg.next_entry_id` on,
+        encoded in one `frame`, pending as one run with one `waiter` (told once for all of them,
+        with the first entry's id; a `RunWaiter` when `count` > 1), sent per group commit
+        (`Dispatch.send_locked`). The caller keeps the run within `run_end_locked`, so a run is
+        never cut into two batches. `since`: when the oldest was queued (time.monotonic())."""
+        with HOLD_INTERRUPTS:  # in every list, or in none
+            self._seq += 1
+            deadline = time.monotonic() + self.timeout_s
+            run = PendingEntry(
+                self._seq, seg.segment_id, seg.next_entry_id, frame, waiter, deadline
+            )
+            run.count = count
+            was_empty = not seg.unsent
+            seg.pending.append(run)
+            seg.unsent.append(run)
+            seg.by_entry[run.entry_id] = run
+            self._queued_locked(seg, count, len(frame), was_empty, since)
 
     def _queued_locked(
         self, seg: SegmentHandle, entries: int, nbytes: int, was_empty: bool, since: float
@@ -455,7 +390,10 @@ class LogWriter:
         with self._lock:
             if self._closed:
                 self.check_open_locked()
+            failed = self._queue.admit_locked() if self._queue else []
             target = self._seq
+        resolve(failed)
+        with self._lock:
             while self._fenced is None:
                 oldest = min(
                     (s.pending[0].seq for s in self._segments.values() if s.pending),
@@ -492,8 +430,10 @@ class LogWriter:
             log.warning("log %s: closing with unflushed entries: %s", self.log_id, exc)
         with self._lock:
             self._closed = True
+            late = self._queue.drop()  # queued after the flush: nobody will admit them
             self._wake.notify_all()
             self._space.notify_all()
+        resolve([(f, WriterClosedError(f"writer of log {self.log_id} closed")) for f in late])
         self._stopping.set()
         atexit_close.untrack(self)
         self._flusher.join(left(5))
@@ -538,11 +478,19 @@ class LogWriter:
         return list(self._segments.values())
 
     def admit_queued_locked(self) -> tuple[Outcomes, float | None]:
-        """Let the layer above turn its queued writes into entries (`WriterHooks.admit_locked`);
-        returns their outcomes and the seconds until the rest are due (None: nothing queued)."""
+        """Turn queued writes (this writer's and the layer's above, `WriterHooks.admit_locked`)
+        into entries if nothing is in flight or the oldest has waited linger_ms; returns their
+        outcomes and the seconds until the rest are due (None: nothing queued)."""
+        failed: Outcomes = []
+        due = self._queue.due_locked(time.monotonic())
+        if due is not None and (due <= 0 or self.idle_locked()):
+            failed, due = self._queue.admit_locked(), None
         if not self._hooks.queued():
-            return [], None
-        return self._hooks.admit_locked(self.idle_locked())
+            return failed, due
+        admitted, layer_due = self._hooks.admit_locked(self.idle_locked())
+        if layer_due is not None:
+            due = layer_due if due is None else min(due, layer_due)
+        return failed + admitted, due
 
     def complete_if_drained_locked(self, seg: SegmentHandle) -> None:
         """A rolled segment with nothing pending any more is completed (in the background)."""
@@ -575,6 +523,8 @@ class LogWriter:
             if not committed:
                 return
             resolved = self.commit_locked(seg, committed)
+            if self._queue:  # writes queued while this batch was in flight
+                resolved.extend(self._queue.admit_locked())
             if self._hooks.queued():  # writes queued while this batch was in flight
                 admitted, _ = self._hooks.admit_locked(self.idle_locked())
                 resolved.extend(admitted)
@@ -634,6 +584,7 @@ class LogWriter:
         for seg in self._segments.values():
             for entry in seg.pending:
                 resolved.extend((f, WriterFencedError(str(exc))) for f, _ in entry.waiters())
+        resolved.extend((f, WriterFencedError(str(exc))) for f in self._queue.drop())
         resolved.extend(self._hooks.fenced_locked(exc))
         self._wake.notify_all()
         self._space.notify_all()

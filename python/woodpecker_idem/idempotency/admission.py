@@ -13,8 +13,10 @@ import threading
 import time
 from concurrent.futures import Future
 
-from .._core import DedupWindow, encode_new_entries
+from .._core import DedupWindow, encode_frame
+from ..client.futures import FutureRun
 from ..client.hooks import Outcomes
+from ..client.interrupts import HOLD_INTERRUPTS
 from ..client.segment import SegmentHandle
 from ..client.workers import resolve
 from ..client.writer import LogWriter
@@ -78,7 +80,7 @@ class Admission:
         try:
             if core.full_locked(size):
                 if intake.futures:  # room comes from commits: queued writes must be entries
-                    early = self._admit_locked(intake.take())
+                    early = self._admit_locked()
                     rows = 0
                 core.wait_for_room_locked(size)  # raises once closed or fenced
             futures = intake.futures
@@ -109,20 +111,20 @@ class Admission:
                 threading.Thread(target=resolve, args=(early,), daemon=True).start()
             raise
         if alone and core.idle_locked():  # nothing in flight: no company worth waiting for
-            resolved = self._admit_locked(intake.take())
+            resolved = self._admit_locked()
             return early + resolved if early else resolved
         if len(futures) == 1:
             core.wake_locked()  # the flusher admits it after linger_ms unless an ack comes first
         if len(futures) >= ADMIT_AT and len(futures) % 16 == 0:
             ready = intake.pipe.ready_count()
             if ready >= ADMIT_MIN:
-                resolved = self._admit_locked(intake.take(ready))
+                resolved = self._admit_locked(ready)
                 return early + resolved if early else resolved
         return early
 
     def admit_all_locked(self) -> Outcomes:
         """Admit every queued write now (flush, close)."""
-        return self._admit_locked(self.intake.take()) if self.intake.futures else []
+        return self._admit_locked() if self.intake.futures else []
 
     def admit_locked(self, idle: bool) -> tuple[Outcomes, float | None]:
         """Admit every queued write if nothing is in flight in the current segment (`idle`: an
@@ -134,18 +136,21 @@ class Admission:
             due = self.intake.since + self._core.linger_s - time.monotonic()
             if due > 0:
                 return [], due
-        return self._admit_locked(self.intake.take()), None
+        return self._admit_locked(), None
 
-    def _admit_locked(self, batch: IntakeBatch) -> list:
-        """Give queued writes their ids; returns the outcomes to set after the lock."""
+    def _admit_locked(self, count: int | None = None) -> list:
+        """Give the oldest `count` queued writes (all by default) their ids; returns the outcomes
+        to set after the lock."""
         resolved: list = []
         core = self._core
-        core.release_locked(len(batch.futures), batch.nbytes)
-        try:
-            core.check_open_locked()
-        except WoodpeckerError as exc:  # fenced or closed: nobody will send them
-            return [(f, exc) for f in batch.futures]
-        self._assign_locked(batch, resolved)
+        with HOLD_INTERRUPTS:  # taken off the intake and made entries, or neither
+            batch = self.intake.take(count)
+            core.release_locked(len(batch.futures), batch.nbytes)
+            try:
+                core.check_open_locked()
+            except WoodpeckerError as exc:  # fenced or closed: nobody will send them
+                return [(f, exc) for f in batch.futures]
+            self._assign_locked(batch, resolved)
         return resolved
 
     def _assign_locked(self, batch: IntakeBatch, resolved: list) -> None:
@@ -166,17 +171,7 @@ class Admission:
                     key = keys[16 * i : 16 * i + 16]
                     self._admit_one_unavailable_locked(batch.futures[i], key, stamps[i], resolved)
                 return
-            # a chunk stays within the segment's entry and byte limits; rolls happen in between
-            # (a segment past them could not be rolled: the rest goes into it, see the roll)
-            room, room_bytes = core.segment_room_locked(seg)
-            end = min(n, start + room) if room > 0 else n
-            if 0 < room_bytes <= batch.nbytes:
-                room = room_bytes
-                for i in range(start, end):
-                    room -= len(batch.payloads[i]) + OVERHEAD
-                    if room <= 0:
-                        end = i + 1
-                        break
+            end = core.run_end_locked(seg, batch.payloads, start, n)  # one batch, in the segment
             status, seg_col, ent_col = window.reserve_many(
                 keys[16 * start : 16 * end], stamps[start:end], seg.segment_id, seg.next_entry_id
             )
@@ -194,27 +189,31 @@ class Admission:
         ent_col: bytes,
         resolved: list,
     ) -> None:
-        """Rows start..end of an admitted batch, judged by the window: new ones become entries
-        (one encoding call, the core's one enqueue path), duplicates are answered or joined."""
-        whole = start == 0 and end == len(batch.futures)
-        cut = slice(start, end)
-        futures = batch.futures if whole else batch.futures[cut]
-        keys = batch.keys if whole else batch.keys[16 * start : 16 * end]
-        records = encode_new_entries(
-            status,
+        """Rows start..end of an admitted batch (one AddEntries batch at most), judged by the
+        window: new ones become one run (one encoding call, the core's one enqueue path),
+        duplicates are answered or joined."""
+        futures = (
+            batch.futures if start == 0 and end == len(batch.futures) else batch.futures[start:end]
+        )
+        frame, count = encode_frame(
             seg.segment_id,
             seg.next_entry_id,
-            batch.timestamps if whole else batch.timestamps[cut],
-            batch.payloads if whole else batch.payloads[cut],
-            batch.properties if whole else batch.properties[cut],
-            keys,
+            batch.timestamps,
+            batch.payloads,
+            start,
+            end,
+            batch.keys,
+            status,
+            batch.properties,
         )
-        duplicates = len(records) != len(futures)
+        duplicates = count != len(futures)
         if duplicates:
             new_futures = [futures[i] for i, code in enumerate(status) if not code]
         else:  # the common case
             new_futures = futures
-        self._core.enqueue_locked(seg, records, new_futures, batch.since)
+        if count:
+            waiter = new_futures[0] if count == 1 else FutureRun(new_futures)
+            self._core.enqueue_run_locked(seg, frame, count, waiter, batch.since)
         if duplicates:  # after the new entries: a row may join one made by an earlier row
             for i, code in enumerate(status):
                 if code == 1:

@@ -19,16 +19,13 @@ from concurrent.futures import Future
 from typing import NamedTuple
 
 from .._core import KeyPipe
+from ..client.queued import TIMESTAMP_TYPECODE
+from ..client.rows import ROW_OVERHEAD as OVERHEAD
 
-# Bytes a queued write counts against append.max_inflight_bytes until its record exists
-OVERHEAD = 64
 # A producer admits queued writes itself once this many wait ...
 ADMIT_AT = 128
 # ... and at least this many of the oldest have their keys ready
 ADMIT_MIN = 64
-
-# Queueing times: C long where it is 64-bit (appending an int to it is cheaper than to 'q')
-TIMESTAMP_TYPECODE = "l" if array("l").itemsize == 8 else "q"
 
 
 class IntakeBatch(NamedTuple):

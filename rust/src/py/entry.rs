@@ -1,7 +1,7 @@
 //! Python face of `entry`: encoding a record on the write path and counting a frame's records.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 
 use crate::args;
 use crate::entry::{self, EntryFields};
@@ -62,96 +62,27 @@ fn property_strings<'py>(
     Ok(owned)
 }
 
-/// The records of the rows `DedupWindow.reserve_many` made new (status 0), in row order, with
-/// entry ids counting up from `first_entry_id`: the writer's admission, one call per batch.
-/// `payloads` and `properties` are lists of N items, `timestamps_ms` N int64, `keys` N*16 bytes.
+/// One frame (records end to end, entry ids counting up from `first_entry_id`) of the rows
+/// `start..end` of `payloads` (a list of bytes), skipping rows whose `status` byte (one per row of
+/// the range, as `DedupWindow.reserve_many` gives) is not 0. `timestamp_ms` is one int for every
+/// row or an int64 column (one per row of the whole list: each write's queueing time); `keys`
+/// (N*16 bytes for the whole list) gives each row its idempotency key, `properties` (a list of
+/// N dicts or None) its properties. Returns `(frame, records)`: every writer's encoding, one call
+/// and one `bytes` per run of entries instead of one per row.
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
-pub fn encode_new_entries<'py>(
-    py: Python<'py>,
-    status: &Bound<'py, PyAny>,
-    segment_id: i64,
-    first_entry_id: i64,
-    timestamps_ms: &Bound<'py, PyAny>,
-    payloads: &Bound<'py, PyList>,
-    properties: &Bound<'py, PyList>,
-    keys: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyList>> {
-    let status = args::bytes_like(status, "status")?;
-    let status = status.as_slice();
-    let n = status.len();
-    let stamps = args::i64_column(timestamps_ms, "timestamps_ms")?;
-    let keys = args::key_buffer(keys, "keys")?;
-    let keys = keys.as_slice();
-    if stamps.len() != n || payloads.len() != n || properties.len() != n || keys.len() != n * 16 {
-        return Err(InvalidArgumentError::new_err(format!(
-            "status has {n} rows but timestamps_ms {}, payloads {}, properties {} and keys {}",
-            stamps.len(),
-            payloads.len(),
-            properties.len(),
-            keys.len() / 16
-        )));
-    }
-    let stamps = stamps.view(py);
-    let out = PyList::empty(py);
-    let mut entry_id = first_entry_id;
-    for (i, &code) in status.iter().enumerate() {
-        if code != 0 {
-            continue;
-        }
-        let payload = payloads.get_item(i)?;
-        let payload = payload.cast::<PyBytes>().map_err(|_| {
-            InvalidTypeError::new_err(format!(
-                "payloads[{i}] must be bytes, not {}",
-                type_name(&payload)
-            ))
-        })?;
-        let props = properties.get_item(i)?;
-        let owned = property_strings(Some(&props))?;
-        let mut pairs: Vec<(&[u8], &[u8])> = Vec::with_capacity(owned.len());
-        for (k, v) in &owned {
-            pairs.push((k.to_str()?.as_bytes(), v.to_str()?.as_bytes()));
-        }
-        let timestamp_ms = match stamps.get(i).map(i64::try_from) {
-            Some(Ok(t)) => t,
-            v => {
-                return Err(InvalidArgumentError::new_err(format!(
-                    "timestamps_ms[{i}] = {v:?} does not fit int64"
-                )))
-            }
-        };
-        let record = entry::encode_record(&EntryFields {
-            segment_id,
-            entry_id,
-            timestamp_ms,
-            payload: payload.as_bytes(),
-            properties: &pairs,
-            idempotency_key: keys.get(i * 16..i * 16 + 16).unwrap_or_default(),
-        });
-        out.append(PyBytes::new(py, &record))?;
-        entry_id += 1;
-    }
-    Ok(out)
-}
-
-/// One frame (records end to end, entry ids counting up from `first_entry_id`, one timestamp)
-/// of the rows `start..end` of `payloads` (a list of bytes), skipping rows whose `status` byte
-/// (one per row of the range, as `DedupWindow.reserve_many` gives) is not 0; `keys` (N*16 bytes
-/// for the whole list) gives each row its idempotency key. Returns `(frame, records)`: the batch
-/// lane's encoding, one call and one `bytes` per batch instead of one per row.
-#[pyfunction]
-#[pyo3(signature = (segment_id, first_entry_id, timestamp_ms, payloads, start, end, keys=None, status=None))]
+#[pyo3(signature = (segment_id, first_entry_id, timestamp_ms, payloads, start, end, keys=None, status=None, properties=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn encode_frame<'py>(
     py: Python<'py>,
     segment_id: i64,
     first_entry_id: i64,
-    timestamp_ms: i64,
+    timestamp_ms: &Bound<'py, PyAny>,
     payloads: &Bound<'py, PyList>,
     start: usize,
     end: usize,
     keys: Option<&Bound<'py, PyAny>>,
     status: Option<&Bound<'py, PyAny>>,
+    properties: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(Bound<'py, PyBytes>, usize)> {
     let n = payloads.len();
     if start > end || end > n {
@@ -159,6 +90,24 @@ pub fn encode_frame<'py>(
             "rows {start}..{end} are not within the {n} payloads"
         )));
     }
+    let one_stamp = if timestamp_ms.is_instance_of::<PyInt>() {
+        Some(args::int_i64(timestamp_ms, "timestamp_ms")?)
+    } else {
+        None
+    };
+    let stamps = match one_stamp {
+        Some(_) => None,
+        None => Some(args::i64_column(timestamp_ms, "timestamp_ms")?),
+    };
+    if let Some(col) = &stamps {
+        if col.len() != n {
+            return Err(InvalidArgumentError::new_err(format!(
+                "timestamp_ms holds {} values but payloads {n} rows",
+                col.len()
+            )));
+        }
+    }
+    let stamps = stamps.as_ref().map(|c| c.view(py));
     let keys = keys
         .filter(|k| !k.is_none())
         .map(|k| args::key_buffer(k, "keys"))
@@ -186,6 +135,24 @@ pub fn encode_frame<'py>(
             )));
         }
     }
+    let properties = match properties.filter(|p| !p.is_none()) {
+        None => None,
+        Some(p) => {
+            let list = p.cast::<PyList>().map_err(|_| {
+                InvalidTypeError::new_err(format!(
+                    "properties must be a list (one dict or None per row), not {}",
+                    type_name(p)
+                ))
+            })?;
+            if list.len() != n {
+                return Err(InvalidArgumentError::new_err(format!(
+                    "properties holds {} rows but payloads {n}",
+                    list.len()
+                )));
+            }
+            Some(list)
+        }
+    };
     let mut rows: Vec<(usize, Bound<'py, PyBytes>)> = Vec::with_capacity(end - start);
     let mut total = 0usize;
     for i in start..end {
@@ -204,6 +171,28 @@ pub fn encode_frame<'py>(
     }
     let mut frame = Vec::with_capacity(total);
     for (entry_id, (i, payload)) in (first_entry_id..).zip(rows.iter()) {
+        let i = *i;
+        let timestamp_ms = match (&stamps, one_stamp) {
+            (Some(col), _) => match col.get(i).map(i64::try_from) {
+                Some(Ok(t)) => t,
+                v => {
+                    return Err(InvalidArgumentError::new_err(format!(
+                        "timestamp_ms[{i}] = {v:?} does not fit int64"
+                    )))
+                }
+            },
+            (None, one) => one.unwrap_or_default(),
+        };
+        let owned = match properties {
+            Some(list) => property_strings(Some(&list.get_item(i)?)).map_err(|e| {
+                InvalidTypeError::new_err(format!("properties[{i}]: {}", e.value(py)))
+            })?,
+            None => Vec::new(),
+        };
+        let mut pairs: Vec<(&[u8], &[u8])> = Vec::with_capacity(owned.len());
+        for (k, v) in &owned {
+            pairs.push((k.to_str()?.as_bytes(), v.to_str()?.as_bytes()));
+        }
         entry::encode_record_into(
             &mut frame,
             &EntryFields {
@@ -211,7 +200,7 @@ pub fn encode_frame<'py>(
                 entry_id,
                 timestamp_ms,
                 payload: payload.as_bytes(),
-                properties: &[],
+                properties: &pairs,
                 idempotency_key: keys
                     .and_then(|k| k.get(i * 16..i * 16 + 16))
                     .unwrap_or_default(),

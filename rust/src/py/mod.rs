@@ -15,7 +15,7 @@ mod window;
 mod window_entry;
 
 pub use arrow::register as register_arrow;
-pub use entry::{concat, count_records, encode_entry, encode_frame, encode_new_entries};
+pub use entry::{concat, count_records, encode_entry, encode_frame};
 pub use fileput::put_file;
 pub use keypipe::PyKeyPipe;
 pub use keys::{
