@@ -87,29 +87,24 @@ class LogWriter:
         self._hooks = hooks
         client = handle.client
         self._cfg = client.config
-        self._clock = client.clock
         self.clock = client.clock
         self._meta = client.meta
         self._transport = client.transport
         self.log_id = handle.log_id
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         ap = self._cfg.append
-        self._max_batch_entries = ap.max_batch_entries
-        self._max_batch_bytes = ap.max_batch_bytes
-        self.max_batch_entries = ap.max_batch_entries  # the batch lane cuts its runs by these
+        self.max_batch_entries = ap.max_batch_entries  # the layer cuts its runs by these
         self.max_batch_bytes = ap.max_batch_bytes
         self.timeout_s = ap.timeout_ms / 1000  # a waiter's deadline (core interface too)
         self.max_retries = ap.max_retries  # core interface: a node's retries of one batch
-        self._max_entry_bytes = ap.max_entry_bytes
         self.max_entry_bytes = ap.max_entry_bytes
         self.linger_s = ap.linger_ms / 1000
         self._max_inflight_entries = ap.max_inflight_entries
         self._max_inflight_bytes = ap.max_inflight_bytes
 
-        self._lock = threading.Lock()
-        self.lock = self._lock  # the layer API's lock: `_locked` methods and hooks run under it
-        self._space = threading.Condition(self._lock)  # backpressure, flush, drain
-        self._wake = threading.Condition(self._lock)  # the flusher
+        self.lock = threading.Lock()  # the layer API's lock: `_locked` methods and hooks need it
+        self._space = threading.Condition(self.lock)  # backpressure, flush, drain
+        self._wake = threading.Condition(self.lock)  # the flusher
         self._closed = False
         self._stopping = threading.Event()  # set on close: background retries end
         self._fenced: WriterFencedError | None = None
@@ -147,7 +142,7 @@ class LogWriter:
             "background_retries": 0,
         }
 
-        self.epoch = self._meta.take_over(self.log_id, self.owner, self._clock.now_ms(), LEASE_MS)
+        self.epoch = self._meta.take_over(self.log_id, self.owner, self.clock.now_ms(), LEASE_MS)
         self._completion = SegmentCompletion(
             self,
             meta=self._meta,
@@ -159,7 +154,7 @@ class LogWriter:
         )
         self._completion.take_over()  # the previous writers' segments (DESIGN.md 3 and 4)
         self._hooks.taken_over()
-        with self._lock:
+        with self.lock:
             self.open_segment_locked()
         self._flusher = Flusher(self, self._dispatch, self._wake, self._maint)
         atexit_close.track(self)  # closed at interpreter exit if still open
@@ -223,9 +218,9 @@ class LogWriter:
                 "idempotency_id given to a non-idempotent writer; open it with "
                 "open_writer(idempotent=True)"
             )
-        payload, props = coerce_message(message, properties, self._max_entry_bytes)
+        payload, props = coerce_message(message, properties, self.max_entry_bytes)
         future: Future[WriteResult] = WriteFuture()
-        with self._lock:
+        with self.lock:
             if self._fenced is not None or self._closed:
                 self.check_open_locked()
             failed = self._queue.queue_locked(payload, props, future)
@@ -241,9 +236,9 @@ class LogWriter:
         `seg`'s roll limits. A segment past them (it could not be rolled) takes one batch more."""
         room, room_bytes = self._roller.room(seg)
         if room <= 0 or room_bytes <= 0:
-            room, room_bytes = n, self._max_batch_bytes
-        end = min(n, start + room, start + self._max_batch_entries)
-        return chunk_end(payloads, start, end, min(room_bytes, self._max_batch_bytes))[1]
+            room, room_bytes = n, self.max_batch_bytes
+        end = min(n, start + room, start + self.max_batch_entries)
+        return chunk_end(payloads, start, end, min(room_bytes, self.max_batch_bytes))[1]
 
     def enqueue_run_locked(
         self, seg: SegmentHandle, frame: bytes, count: int, waiter: Waiter, since: float
@@ -281,8 +276,8 @@ class LogWriter:
             seg.unsent_since = since
         if (
             not seg.batches
-            or seg.unsent_entries >= self._max_batch_entries
-            or seg.unsent_bytes >= self._max_batch_bytes
+            or seg.unsent_entries >= self.max_batch_entries
+            or seg.unsent_bytes >= self.max_batch_bytes
         ):
             self._send_locked(seg)
 
@@ -387,13 +382,13 @@ class LogWriter:
         """Wait until every entry queued before this call is committed or failed."""
         timeout = timeout_arg(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
+        with self.lock:
             if self._closed:
                 self.check_open_locked()
             failed = self._queue.admit_locked() if self._queue else []
             target = self._seq
         resolve(failed)
-        with self._lock:
+        with self.lock:
             while self._fenced is None:
                 oldest = min(
                     (s.pending[0].seq for s in self._segments.values() if s.pending),
@@ -428,7 +423,7 @@ class LogWriter:
                 self.flush(timeout)
         except WoodpeckerError as exc:
             log.warning("log %s: closing with unflushed entries: %s", self.log_id, exc)
-        with self._lock:
+        with self.lock:
             self._closed = True
             late = self._queue.drop()  # queued after the flush: nobody will admit them
             self._wake.notify_all()
@@ -439,7 +434,7 @@ class LogWriter:
         self._flusher.join(left(5))
         self._dispatch.stop(left)
         self._maint.stop(left(10))
-        with self._lock:
+        with self.lock:
             segments = list(self._segments.values())
         unresolved: Outcomes = []
         for seg in segments:
@@ -516,7 +511,7 @@ class LogWriter:
 
     def on_ack(self, node: str, seg: SegmentHandle, batch: Batch) -> None:
         """`node` stored `batch`: commit what reached aq, in order, and send what was held."""
-        with self._lock:
+        with self.lock:
             if seg.status in (SegmentStatus.FAILED, SegmentStatus.DONE):
                 return  # recovery decides (FAILED); nothing is pending any more (DONE)
             committed = seg.ack(node, batch)
@@ -562,14 +557,14 @@ class LogWriter:
         """Renew this writer's lease on the log (the flusher asks every few seconds)."""
         try:
             self._meta.renew_lease(
-                self.log_id, self.epoch, self.owner, self._clock.now_ms(), LEASE_MS
+                self.log_id, self.epoch, self.owner, self.clock.now_ms(), LEASE_MS
             )
         except WriterFencedError as exc:
             self.fence(exc)
 
     def fence(self, exc: WriterFencedError) -> None:
         """`fence_locked`, then its outcomes set (call without the lock)."""
-        with self._lock:
+        with self.lock:
             resolved = self.fence_locked(exc)
         resolve(resolved)
 

@@ -110,12 +110,13 @@ class Admission:
                 # lock is released (their writes were accepted; their callers wait on them)
                 threading.Thread(target=resolve, args=(early,), daemon=True).start()
             raise
-        if alone and core.idle_locked():  # nothing in flight: no company worth waiting for
-            resolved = self._admit_locked()
-            return early + resolved if early else resolved
-        if len(futures) == 1:
+        n = len(futures)
+        if n == 1:  # (more queued: the first one's call judged whether anything was in flight)
+            if alone and core.idle_locked():  # nothing in flight: no company worth waiting for
+                resolved = self._admit_locked()
+                return early + resolved if early else resolved
             core.wake_locked()  # the flusher admits it after linger_ms unless an ack comes first
-        if len(futures) >= ADMIT_AT and len(futures) % 16 == 0:
+        elif n >= ADMIT_AT and n % 16 == 0:
             ready = intake.pipe.ready_count()
             if ready >= ADMIT_MIN:
                 resolved = self._admit_locked(ready)

@@ -223,11 +223,12 @@ class IdempotentLogWriter:
     ) -> Future[WriteResult]:
         """Queue a write; the future resolves at the quorum ack (or with the failure outcome), at
         once for a key committed in the window when no earlier write is queued."""
-        self._check_process()
+        if _fork_generation != self._generation:
+            self._check_process()
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
         future: Future[WriteResult] = WriteFuture()
         key = None
-        if not self._intake:  # a hint (re-checked under the lock): nothing queued ahead of it
+        if not self._intake.futures:  # a hint (re-checked under the lock): nothing queued ahead
             key = content_key(payload) if idempotency_id is None else explicit_key(idempotency_id)
         with self._lock:
             hit = None if key is None else self._admission.committed_locked(key)
