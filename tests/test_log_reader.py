@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 from segfile_util import flip_entry_byte
 
+from woodpecker_idem._core import encode_entry
+from woodpecker_idem.client.replicas import ReplicaFault, read_messages
 from woodpecker_idem.errors import CorruptEntryError
-from woodpecker_idem.types import LogMessageId
+from woodpecker_idem.meta.base import SegmentMeta
+from woodpecker_idem.types import LogMessage, LogMessageId, SegmentState
 
 
 def fill(handle, n, prefix=b"m", **writer_kw):
@@ -180,3 +183,36 @@ def test_corrupt_block_raises_corrupt_entry_naming_position(tmp_path, wp_connect
     after = list(fresh.open_reader(LogMessageId(0, target + 1)))
     assert [m.message_id for m in after] == ids[target + 1 :]
     assert after[0].payload == b"payload-%d" % (target + 1)
+
+
+class _Replicas:
+    """A transport whose nodes answer fixed LogEntry bytes (what a remote store could send:
+    CRC-checked there, yet not a valid entry for this position)."""
+
+    def __init__(self, answers: dict[str, list[bytes]]):
+        self.answers = answers
+
+    def read(self, node_id, log_id, segment_id, from_entry_id, max_entries):
+        return self.answers[node_id][from_entry_id : from_entry_id + max_entries]
+
+
+def test_read_messages_skips_a_replica_whose_entry_does_not_parse():
+    seg = SegmentMeta(9, 1, SegmentState.COMPLETED, ("node-a", "node-b"), 2, 2, 2, 0, 3)
+    good = [encode_entry(1, i, 100 + i, b"p%d" % i, {"k": "v"}, b"K" * 16)[8:] for i in range(4)]
+    broken = good[:3] + [b"\x22\x09abc"]  # entry 3's payload is cut short
+    faults: list[ReplicaFault] = []
+    transport = _Replicas({"node-a": broken, "node-b": good})
+    got = read_messages(transport, seg, 0, 4, faults.append)  # type: ignore[arg-type]
+    assert got == [
+        LogMessage(LogMessageId(1, i), b"p%d" % i, {"k": "v"}, 100 + i, b"K" * 16) for i in range(4)
+    ]
+    (fault,) = faults
+    assert (fault.node, fault.log_id, fault.segment_id) == ("node-a", 9, 1)
+    assert fault.error.startswith("node-a: log 9 entry 1:3: unparseable entry ("), fault.error
+    # no intact replica: the error names the position and each node's problem
+    transport.answers["node-b"] = broken
+    with pytest.raises(CorruptEntryError) as exc:
+        read_messages(transport, seg, 3, 1)  # type: ignore[arg-type]
+    msg = str(exc.value)
+    assert msg.startswith("log 9 entry 1:3: no replica holds it intact"), msg
+    assert "node-a: corrupt: node-a: log 9 entry 1:3" in msg and "node-b: corrupt" in msg, msg

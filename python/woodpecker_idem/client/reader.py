@@ -17,7 +17,7 @@ from ..errors import (
 )
 from ..meta.base import SegmentMeta
 from ..types import LogMessage, LogMessageId, SegmentState
-from .replicas import ReplicaFault, read_entries
+from .replicas import ReplicaFault, read_messages
 
 if TYPE_CHECKING:
     from .log import LogHandle
@@ -158,19 +158,9 @@ class LogReader:
     def _read(self, seg: SegmentMeta, last: int) -> None:
         want = min(READ_BATCH, last - self._pos.entry_id + 1)
         first = self._pos.entry_id
-        entries = read_entries(self._transport, seg, first, want, self._on_corrupt)
-        segment_id = seg.segment_id
-        self._buffer.extend(
-            LogMessage(
-                LogMessageId(segment_id, e.entry_id),
-                e.payload,
-                e.properties,
-                e.timestamp_ms,
-                e.idempotency_key or None,
-            )
-            for e in entries
-        )
-        self._pos = LogMessageId(segment_id, first + len(entries))
+        messages = read_messages(self._transport, seg, first, want, self._on_corrupt)
+        self._buffer.extend(messages)
+        self._pos = LogMessageId(seg.segment_id, first + len(messages))
 
     def _on_corrupt(self, fault: ReplicaFault) -> None:
         self.corrupt_replica_reads += 1

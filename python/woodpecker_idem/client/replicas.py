@@ -13,11 +13,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
-from .._core import StoredEntry, decode_entries
+from .._core import StoredEntry, decode_entries, decode_messages
 from ..errors import CorruptEntryError, NodeUnavailableError
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import SegmentMeta
+from ..types import LogMessage, LogMessageId
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,31 @@ def read_entries(
     want: int,
     on_corrupt: Callable[[ReplicaFault], None] | None = None,
 ) -> list[StoredEntry]:
+    """Between 1 and `want` consecutive entries of `seg` from `entry_id`, decoded and checked
+    (see `_read`)."""
+    return _read(transport, seg, entry_id, want, on_corrupt, _decode)
+
+
+def read_messages(
+    transport: LogStoreTransport,
+    seg: SegmentMeta,
+    entry_id: int,
+    want: int,
+    on_corrupt: Callable[[ReplicaFault], None] | None = None,
+) -> list[LogMessage]:
+    """`read_entries` decoded straight into the `LogMessage`s a reader hands out (one native
+    call per read, one object per entry: the reader's hot path)."""
+    return _read(transport, seg, entry_id, want, on_corrupt, _decode_messages)
+
+
+def _read(
+    transport: LogStoreTransport,
+    seg: SegmentMeta,
+    entry_id: int,
+    want: int,
+    on_corrupt: Callable[[ReplicaFault], None] | None,
+    decode: Callable[[str, SegmentMeta, int, list[bytes]], list[T]],
+) -> list[T]:
     """Between 1 and `want` consecutive entries of `seg` from `entry_id`, decoded and checked.
 
     Replicas are tried in ensemble order. When every replica fails and one of them was corrupt,
@@ -56,7 +85,7 @@ def read_entries(
         for node in seg.nodes:
             try:
                 raw = transport.read(node, seg.log_id, seg.segment_id, entry_id, want)
-                entries = _decode(node, seg, entry_id, raw)
+                entries = decode(node, seg, entry_id, raw)
             except NodeUnavailableError as exc:
                 problems[node] = f"unavailable: {exc}"
                 unavailable = True
@@ -114,3 +143,11 @@ def _decode(node: str, seg: SegmentMeta, first: int, raw: list[bytes]) -> list[S
             f"{node}: log {seg.log_id} entry {seg.segment_id}:{first + index}: {why}"
         )
     return entries
+
+
+def _decode_messages(node: str, seg: SegmentMeta, first: int, raw: list[bytes]) -> list[LogMessage]:
+    """`_decode` into `LogMessage`s."""
+    try:
+        return decode_messages(raw, seg.segment_id, first, LogMessage, LogMessageId)
+    except CorruptEntryError as exc:
+        raise CorruptEntryError(f"{node}: log {seg.log_id} {exc}") from None
