@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from woodpecker_idem import CorruptEntryError, InvalidArgumentError, InvalidTypeError, crc32c
 from woodpecker_idem._core import (
+    check_entries,
     concat,
     count_records,
     decode_entries,
@@ -220,3 +221,19 @@ def test_decode_messages_raises_corrupt_entry_naming_the_position() -> None:
         decode_messages(good, 3, 0, dict, LogMessageId)  # type: ignore[arg-type]
     with pytest.raises(InvalidTypeError, match=r"id_type must be a tuple subclass, not list"):
         decode_messages(good, 3, 0, LogMessage, list)  # type: ignore[arg-type]
+
+
+def test_check_entries_passes_what_decodes_and_names_the_first_bad_entry() -> None:
+    good = [encode_entry(3, i, 0, b"payload", {"k": "v"}, b"K" * 16)[8:] for i in range(3)]
+    assert check_entries(good, 3, 0) is None
+    assert check_entries([], 3, 0) is None
+    # cut inside the payload, a field of the wrong wire type, a varint that never ends
+    for bad in (good[1][:10], good[1][:4] + b"\x20\x01", good[1][:4] + b"\x18\xff"):
+        with pytest.raises(CorruptEntryError, match=r"^entry 3:1: unparseable entry \("):
+            check_entries([good[0], bad, good[2]], 3, 0)
+    with pytest.raises(CorruptEntryError, match=r"^entry 3:1: stored entry says 3:2$"):
+        check_entries([good[0], good[2]], 3, 0)
+    with pytest.raises(CorruptEntryError, match=r"^entry 7:5: stored entry says 3:0$"):
+        check_entries(good, 7, 5)
+    with pytest.raises(InvalidTypeError, match=r"raw\[2\] must be bytes, not bytearray"):
+        check_entries([good[0], good[1], bytearray(good[2])], 3, 0)  # type: ignore[list-item]

@@ -33,6 +33,7 @@ __all__ = [
     "arrow_explicit_keys",
     "arrow_first_misrouted",
     "arrow_rows",
+    "check_entries",
     "concat",
     "content_key",
     "content_keys",
@@ -368,6 +369,17 @@ def decode_entries(
     parse or says it is another position, `entries` then holding the ones before it.
 
     Raises:
+        InvalidTypeError: an item of `raw` is not bytes.
+    """
+
+def check_entries(raw: list[bytes], segment_id: int, first_entry_id: int) -> None:
+    """Check that every entry of `raw` (LogEntry bytes of ids `first_entry_id`, ... of
+    `segment_id`) parses and is the entry at its position, building nothing (a reader checks a
+    whole read at once, then decodes it a few entries at a time with `decode_messages`).
+
+    Raises:
+        CorruptEntryError: the first entry that does not parse or says it is another position,
+            named (`entry {segment_id}:{entry_id}: why`).
         InvalidTypeError: an item of `raw` is not bytes.
     """
 

@@ -15,11 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .._core import StoredEntry, decode_entries, decode_messages
+from .._core import StoredEntry, check_entries, decode_entries
 from ..errors import CorruptEntryError, NodeUnavailableError
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import SegmentMeta
-from ..types import LogMessage, LogMessageId
 
 T = TypeVar("T")
 
@@ -51,16 +50,16 @@ def read_entries(
     return _read(transport, seg, entry_id, want, on_corrupt, _decode)
 
 
-def read_messages(
+def read_checked(
     transport: LogStoreTransport,
     seg: SegmentMeta,
     entry_id: int,
     want: int,
     on_corrupt: Callable[[ReplicaFault], None] | None = None,
-) -> list[LogMessage]:
-    """`read_entries` decoded straight into the `LogMessage`s a reader hands out (one native
-    call per read, one object per entry: the reader's hot path)."""
-    return _read(transport, seg, entry_id, want, on_corrupt, _decode_messages)
+) -> list[bytes]:
+    """`read_entries` left as LogEntry bytes, each checked to parse and to be the entry at its
+    position (one native call): the reader builds its messages from them a few at a time."""
+    return _read(transport, seg, entry_id, want, on_corrupt, _check)
 
 
 def _read(
@@ -145,9 +144,10 @@ def _decode(node: str, seg: SegmentMeta, first: int, raw: list[bytes]) -> list[S
     return entries
 
 
-def _decode_messages(node: str, seg: SegmentMeta, first: int, raw: list[bytes]) -> list[LogMessage]:
-    """`_decode` into `LogMessage`s."""
+def _check(node: str, seg: SegmentMeta, first: int, raw: list[bytes]) -> list[bytes]:
+    """`_decode`, keeping the bytes."""
     try:
-        return decode_messages(raw, seg.segment_id, first, LogMessage, LogMessageId)
+        check_entries(raw, seg.segment_id, first)
     except CorruptEntryError as exc:
         raise CorruptEntryError(f"{node}: log {seg.log_id} {exc}") from None
+    return raw

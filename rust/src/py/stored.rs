@@ -126,12 +126,7 @@ pub fn decode_messages<'py>(
     let segment = segment_id.into_pyobject(py)?.into_any();
     let out = PyList::empty(py);
     for (i, item) in raw.iter().enumerate() {
-        let data = item.cast::<PyBytes>().map_err(|_| {
-            crate::errors::InvalidTypeError::new_err(format!(
-                "raw[{i}] must be bytes, not {}",
-                crate::errors::type_name(&item)
-            ))
-        })?;
+        let data = bytes_item(&item, i)?;
         let want = first_entry_id + i as i64;
         let e = checked(data.as_bytes(), segment_id, want)?;
         let id = new_tuple_of(
@@ -163,6 +158,34 @@ pub fn decode_messages<'py>(
         out.append(message)?;
     }
     Ok(out)
+}
+
+/// Checks that every entry of `raw` (LogEntry bytes of consecutive ids from `first_entry_id` of
+/// `segment_id`) parses and is the entry at its position, without building anything: a reader
+/// checks a whole read (to fall back to another replica at once) and builds its messages a few
+/// at a time with `decode_messages` (young objects the cycle collector does not have to keep
+/// passing over). Raises `CorruptEntryError` naming the first bad entry.
+#[pyfunction]
+pub fn check_entries(
+    raw: &Bound<'_, PyList>,
+    segment_id: i64,
+    first_entry_id: i64,
+) -> PyResult<()> {
+    for (i, item) in raw.iter().enumerate() {
+        let data = bytes_item(&item, i)?;
+        checked(data.as_bytes(), segment_id, first_entry_id + i as i64)?;
+    }
+    Ok(())
+}
+
+/// `raw[i]` as bytes, or `InvalidTypeError` naming it.
+fn bytes_item<'a, 'py>(item: &'a Bound<'py, PyAny>, i: usize) -> PyResult<&'a Bound<'py, PyBytes>> {
+    item.cast::<PyBytes>().map_err(|_| {
+        crate::errors::InvalidTypeError::new_err(format!(
+            "raw[{i}] must be bytes, not {}",
+            crate::errors::type_name(item)
+        ))
+    })
 }
 
 /// A new instance of the tuple subclass `ty` holding `items`: what `tuple.__new__(ty, items)`
@@ -222,5 +245,6 @@ fn checked(data: &[u8], segment_id: i64, entry_id: i64) -> PyResult<DecodedEntry
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decode_entries, m)?)?;
     m.add_function(wrap_pyfunction!(decode_messages, m)?)?;
+    m.add_function(wrap_pyfunction!(check_entries, m)?)?;
     m.add_class::<PyStoredEntry>()
 }
