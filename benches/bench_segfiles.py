@@ -9,9 +9,10 @@ Run: `PYTHONPATH=python .venv/bin/python -m pytest benches/bench_segfiles.py -s
   Asserted: at most 4 files per segment (data, footer; fence files only after a takeover). Then a
   fresh client (no cache, like another process) reads the completed segments back with the
   storage's one-call sequential read (`LogStoreEngine.read_completed`), interleaved with the full
-  reader (`open_reader()`, which decodes every entry into a `LogMessage`), 7 rounds, judged on
-  the fastest storage round (the least disturbed on a shared machine): >= 300,000 entries/s. The
-  reader's figure is reported.
+  reader (`open_reader()` iterated to the end, which decodes every entry into a `LogMessage`),
+  7 rounds. Both are judged on their fastest round (the least disturbed on a shared machine):
+  >= 300,000 entries/s each (issue 12's read-back target is the reader's; the storage's is its
+  floor). Medians are reported too.
 - `test_add_vs_floor`: interleaved rounds of one durable 1 KiB add through the engine (append,
   fdatasync, fence check: one native call), the floor (os.write + os.fdatasync on an open file)
   and one durable object put (create, fsync, link, directory fsync); medians and the ratio.
@@ -97,6 +98,7 @@ def test_sync_writes_files_and_read_back(benchmark):
     print("\nsegment files:", info)
     assert worst <= MAX_FILES_PER_SEGMENT, files
     assert max(storage_rates) >= TARGET_READ_PER_S, info
+    assert max(reader_rates) >= TARGET_READ_PER_S, info
 
 
 def test_add_vs_floor(benchmark):

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import gc
 import struct
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from woodpecker_idem import InvalidArgumentError, InvalidTypeError, crc32c
-from woodpecker_idem._core import concat, count_records, decode_entries, encode_entry
+from woodpecker_idem import CorruptEntryError, InvalidArgumentError, InvalidTypeError, crc32c
+from woodpecker_idem._core import (
+    check_entries,
+    concat,
+    count_records,
+    decode_entries,
+    decode_messages,
+    encode_entry,
+)
 from woodpecker_idem._proto.logstore_pb2 import LogEntry
+from woodpecker_idem.types import LogMessage, LogMessageId
 
 int64 = st.integers(-(2**63), 2**63 - 1)
 ENTRY = {  # every field of a LogEntry
@@ -149,3 +158,82 @@ def test_decode_entries_stops_at_a_bad_entry_and_says_why() -> None:
     assert entries == [] and bad == (0, "stored entry says 3:0")
     with pytest.raises(InvalidTypeError, match=r"raw\[1\] must be bytes, not str"):
         decode_entries([good[0], "x"], 3, 0)  # type: ignore[list-item]
+
+
+@given(**ENTRY, unknown=st.booleans())
+def test_decode_messages_builds_what_a_reader_returned(
+    seg, entry, ts, payload, props, key, unknown
+) -> None:
+    """The reader's one-call decoder gives the LogMessage the reader built from protobuf's parse:
+    same fields, same types, a new properties dict per message, None for no key."""
+    body = LogEntry(
+        segment_id=seg,
+        entry_id=entry,
+        timestamp_ms=ts,
+        payload=payload,
+        properties=props,
+        idempotency_key=key or b"",
+    ).SerializeToString()
+    if unknown:
+        body += b"\x38\x05"  # field 7, varint 5
+    (got,) = decode_messages([body], seg, entry, LogMessage, LogMessageId)
+    assert type(got) is LogMessage and type(got.message_id) is LogMessageId
+    assert got == LogMessage(LogMessageId(seg, entry), payload, props, ts, key)
+    assert type(got.payload) is bytes and type(got.properties) is dict
+
+
+def test_decode_messages_many_in_order_each_with_its_own_dict() -> None:
+    raw = [encode_entry(2, 5 + i, 10 + i, b"p%d" % i, {"i": str(i)})[8:] for i in range(600)]
+    got = decode_messages(raw, 2, 5, LogMessage, LogMessageId)
+    assert [m.message_id for m in got] == [LogMessageId(2, 5 + i) for i in range(600)]
+    assert [m.timestamp_ms for m in got] == list(range(10, 610))
+    assert got[7].payload == b"p7" and got[7].properties == {"i": "7"}
+    got[0].properties["x"] = "y"  # the messages share nothing mutable
+    assert got[1].properties == {"i": "1"}
+    assert got[0].message_id < got[1].message_id and hash(got[0].message_id) == hash((2, 5))
+    assert decode_messages([], 2, 5, LogMessage, LogMessageId) == []
+    # a LogMessageId (two ints, no __dict__) is left out of the cycle collector; a message (its
+    # dict could come to hold it) and an id type with a __dict__ are not
+    assert not gc.is_tracked(got[0].message_id) and gc.is_tracked(got[0])
+
+    class WithDict(tuple):
+        pass
+
+    (own,) = decode_messages(raw[:1], 2, 5, LogMessage, WithDict)
+    assert type(own.message_id) is WithDict and own.message_id == (2, 5)
+    assert gc.is_tracked(own.message_id)
+
+
+def test_decode_messages_raises_corrupt_entry_naming_the_position() -> None:
+    good = [encode_entry(3, i, 0, b"payload")[8:] for i in range(3)]
+    broken = bytearray(good[2])
+    broken[broken.index(b"payload") - 1] = 0x7F  # the payload's length runs past the end
+    with pytest.raises(CorruptEntryError, match=r"^entry 3:2: unparseable entry \(") as exc:
+        decode_messages([good[0], good[1], bytes(broken)], 3, 0, LogMessage, LogMessageId)
+    assert exc.value.code == "CORRUPT_ENTRY"
+    with pytest.raises(CorruptEntryError, match=r"^entry 3:1: stored entry says 3:2$"):
+        decode_messages([good[0], good[2]], 3, 0, LogMessage, LogMessageId)
+    with pytest.raises(CorruptEntryError, match=r"^entry 4:0: stored entry says 3:0$"):
+        decode_messages(good, 4, 0, LogMessage, LogMessageId)
+    with pytest.raises(InvalidTypeError, match=r"raw\[1\] must be bytes, not str"):
+        decode_messages([good[0], "x"], 3, 0, LogMessage, LogMessageId)  # type: ignore[list-item]
+    with pytest.raises(InvalidTypeError, match=r"message_type must be a tuple subclass, not dict"):
+        decode_messages(good, 3, 0, dict, LogMessageId)  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match=r"id_type must be a tuple subclass, not list"):
+        decode_messages(good, 3, 0, LogMessage, list)  # type: ignore[arg-type]
+
+
+def test_check_entries_passes_what_decodes_and_names_the_first_bad_entry() -> None:
+    good = [encode_entry(3, i, 0, b"payload", {"k": "v"}, b"K" * 16)[8:] for i in range(3)]
+    assert check_entries(good, 3, 0) is None
+    assert check_entries([], 3, 0) is None
+    # cut inside the payload, a field of the wrong wire type, a varint that never ends
+    for bad in (good[1][:10], good[1][:4] + b"\x20\x01", good[1][:4] + b"\x18\xff"):
+        with pytest.raises(CorruptEntryError, match=r"^entry 3:1: unparseable entry \("):
+            check_entries([good[0], bad, good[2]], 3, 0)
+    with pytest.raises(CorruptEntryError, match=r"^entry 3:1: stored entry says 3:2$"):
+        check_entries([good[0], good[2]], 3, 0)
+    with pytest.raises(CorruptEntryError, match=r"^entry 7:5: stored entry says 3:0$"):
+        check_entries(good, 7, 5)
+    with pytest.raises(InvalidTypeError, match=r"raw\[2\] must be bytes, not bytearray"):
+        check_entries([good[0], good[1], bytearray(good[2])], 3, 0)  # type: ignore[list-item]

@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 from segfile_util import flip_entry_byte
 
+from woodpecker_idem._core import decode_messages, encode_entry
+from woodpecker_idem.client.replicas import ReplicaFault, read_checked
 from woodpecker_idem.errors import CorruptEntryError
-from woodpecker_idem.types import LogMessageId
+from woodpecker_idem.meta.base import SegmentMeta
+from woodpecker_idem.types import LogMessage, LogMessageId, SegmentState
 
 
 def fill(handle, n, prefix=b"m", **writer_kw):
@@ -180,3 +183,64 @@ def test_corrupt_block_raises_corrupt_entry_naming_position(tmp_path, wp_connect
     after = list(fresh.open_reader(LogMessageId(0, target + 1)))
     assert [m.message_id for m in after] == ids[target + 1 :]
     assert after[0].payload == b"payload-%d" % (target + 1)
+
+
+class _Replicas:
+    """A transport whose nodes answer fixed LogEntry bytes (what a remote store could send:
+    CRC-checked there, yet not a valid entry for this position)."""
+
+    def __init__(self, answers: dict[str, list[bytes]]):
+        self.answers = answers
+
+    def read(self, node_id, log_id, segment_id, from_entry_id, max_entries):
+        return self.answers[node_id][from_entry_id : from_entry_id + max_entries]
+
+
+def test_read_checked_skips_a_replica_whose_entry_does_not_parse():
+    seg = SegmentMeta(9, 1, SegmentState.COMPLETED, ("node-a", "node-b"), 2, 2, 2, 0, 3)
+    good = [encode_entry(1, i, 100 + i, b"p%d" % i, {"k": "v"}, b"K" * 16)[8:] for i in range(4)]
+    broken = good[:3] + [b"\x22\x09abc"]  # entry 3's payload is cut short
+    faults: list[ReplicaFault] = []
+    transport = _Replicas({"node-a": broken, "node-b": good})
+    got = read_checked(transport, seg, 0, 4, faults.append)  # type: ignore[arg-type]
+    assert got == good
+    assert decode_messages(got, 1, 0, LogMessage, LogMessageId) == [
+        LogMessage(LogMessageId(1, i), b"p%d" % i, {"k": "v"}, 100 + i, b"K" * 16) for i in range(4)
+    ]
+    (fault,) = faults
+    assert (fault.node, fault.log_id, fault.segment_id) == ("node-a", 9, 1)
+    assert fault.error.startswith("node-a: log 9 entry 1:3: unparseable entry ("), fault.error
+    # an entry stored at the wrong position is corrupt too
+    transport.answers["node-a"] = [good[0], good[2]]
+    assert read_checked(transport, seg, 0, 2, faults.append) == good[:2]  # type: ignore[arg-type]
+    assert faults[-1].error == "node-a: log 9 entry 1:1: stored entry says 1:2", faults[-1]
+    # no intact replica: the error names the position and each node's problem
+    transport.answers = {"node-a": broken, "node-b": broken}
+    with pytest.raises(CorruptEntryError) as exc:
+        read_checked(transport, seg, 3, 1)  # type: ignore[arg-type]
+    msg = str(exc.value)
+    assert msg.startswith("log 9 entry 1:3: no replica holds it intact"), msg
+    assert "node-a: corrupt: node-a: log 9 entry 1:3" in msg and "node-b: corrupt" in msg, msg
+
+
+def test_position_and_read_next_between_decoded_batches(tmp_path, wp_connect):
+    """A read is decoded a few entries at a time: stopping anywhere in it, `position`,
+    `read_next` and a new iteration go on from the next entry, none lost or repeated."""
+    client = wp_connect(tmp_path)
+    handle = client.create_log("chunks")
+    writer, ids = fill(handle, 700)  # more than one read (500), many decoded batches
+    writer.close()
+    reader = handle.open_reader()
+    got = []
+    for stop in (1, 63, 65, 128, 498, 500, 502):  # each stop is past the read_next before it
+        for m in reader:
+            got.append(m.message_id)
+            if len(got) == stop:
+                break
+        assert reader.position == ids[stop], stop
+        m = reader.read_next(0)
+        assert m is not None and m.message_id == ids[stop] and m.payload == b"m%d" % stop
+        got.append(m.message_id)
+    got += [m.message_id for m in reader]
+    assert got == ids
+    assert reader.read_next(0) is None and reader.position > ids[-1]

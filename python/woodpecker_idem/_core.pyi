@@ -16,6 +16,7 @@ from typing import Any, Self, TypeVar, final
 from typing_extensions import Buffer
 
 _B = TypeVar("_B", bound=Buffer)  # any one buffer type: `list[bytes]` is not a `list[Buffer]`
+_T = TypeVar("_T", bound=tuple[Any, ...])
 
 __all__ = [
     "KEY_SIZE",
@@ -32,6 +33,7 @@ __all__ = [
     "arrow_explicit_keys",
     "arrow_first_misrouted",
     "arrow_rows",
+    "check_entries",
     "concat",
     "content_key",
     "content_keys",
@@ -39,6 +41,7 @@ __all__ = [
     "count_records",
     "crc32c",
     "decode_entries",
+    "decode_messages",
     "decode_snapshot",
     "encode_entry",
     "encode_frame",
@@ -356,6 +359,35 @@ def decode_entries(
 
     Raises:
         InvalidTypeError: an item of `raw` is not bytes.
+    """
+
+def check_entries(raw: list[bytes], segment_id: int, first_entry_id: int) -> None:
+    """Check that every entry of `raw` (LogEntry bytes of ids `first_entry_id`, ... of
+    `segment_id`) parses and is the entry at its position, building nothing (a reader checks a
+    whole read at once, then decodes it a few entries at a time with `decode_messages`).
+
+    Raises:
+        CorruptEntryError: the first entry that does not parse or says it is another position,
+            named (`entry {segment_id}:{entry_id}: why`).
+        InvalidTypeError: an item of `raw` is not bytes.
+    """
+
+def decode_messages(
+    raw: list[bytes],
+    segment_id: int,
+    first_entry_id: int,
+    message_type: type[_T],
+    id_type: type[tuple[Any, ...]],
+) -> list[_T]:
+    """Parse entries read from a LogStore straight into a reader's messages, in one call: each is
+    `message_type(id_type(segment_id, entry_id), payload, properties, timestamp_ms,
+    idempotency_key or None)`, built in place (no `__new__` call), with a new properties dict
+    each. The types are `LogMessage` and `LogMessageId` (any tuple subclasses are accepted).
+
+    Raises:
+        CorruptEntryError: an entry does not parse or says it is another position; the message
+            names it (`entry {segment_id}:{entry_id}: why`).
+        InvalidTypeError: an item of `raw` is not bytes, or a type is not a tuple subclass.
     """
 
 @final

@@ -7,6 +7,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from .._core import decode_messages
 from ..args import message_id_arg, timeout_arg
 from ..errors import (
     CorruptEntryError,
@@ -17,12 +18,16 @@ from ..errors import (
 )
 from ..meta.base import SegmentMeta
 from ..types import LogMessage, LogMessageId, SegmentState
-from .replicas import ReplicaFault, read_entries
+from .replicas import ReplicaFault, read_checked
 
 if TYPE_CHECKING:
     from .log import LogHandle
 
 READ_BATCH = 500
+# Entries read are checked at once but become LogMessages this many at a time: a whole read's
+# worth would outlive several passes of the cycle collector and reach its oldest generation,
+# whose full passes then cost a read-back up to a fifth of its time.
+DECODE_BATCH = 64
 POLL_MIN_S = 0.005
 POLL_MAX_S = 0.2
 
@@ -40,6 +45,8 @@ class LogReader:
         self._transport = handle.client.transport
         self.log_id = handle.log_id
         self._buffer: deque[LogMessage] = deque()
+        self._raw: list[bytes] = []  # read and checked, not yet decoded: entries _raw_at, ...
+        self._raw_at = LogMessageId(0, 0)
         self._segments: list[SegmentMeta] = []
         self.corrupt_replica_reads = 0
         self.last_replica_fault: ReplicaFault | None = None
@@ -78,7 +85,9 @@ class LogReader:
     @property
     def position(self) -> LogMessageId:
         """The id of the next entry this reader returns."""
-        return self._buffer[0].message_id if self._buffer else self._pos
+        if self._buffer:
+            return self._buffer[0].message_id
+        return self._raw_at if self._raw else self._pos
 
     def read_next(self, timeout: float | None = 0.0) -> LogMessage | None:
         """The next entry; waits up to `timeout` seconds (None: forever) for one to be written."""
@@ -87,7 +96,7 @@ class LogReader:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = POLL_MIN_S
         while not self._buffer:
-            if self._fill():
+            if self._decode() or self._fill():
                 continue
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -103,12 +112,15 @@ class LogReader:
         while True:
             while buffer:
                 yield buffer.popleft()
+            if self._decode():
+                continue
             self._handle.client.check_open()
             if not self._fill():
                 return
 
     def close(self) -> None:
         self._buffer.clear()
+        self._raw.clear()
 
     # --- internals --------------------------------------------------------------------------
 
@@ -158,19 +170,24 @@ class LogReader:
     def _read(self, seg: SegmentMeta, last: int) -> None:
         want = min(READ_BATCH, last - self._pos.entry_id + 1)
         first = self._pos.entry_id
-        entries = read_entries(self._transport, seg, first, want, self._on_corrupt)
-        segment_id = seg.segment_id
+        self._raw = read_checked(self._transport, seg, first, want, self._on_corrupt)
+        self._raw_at = self._pos
+        self._pos = LogMessageId(seg.segment_id, first + len(self._raw))
+        self._decode()
+
+    def _decode(self) -> bool:
+        """Move the next few checked entries into the buffer as LogMessages; False if none."""
+        raw = self._raw
+        if not raw:
+            return False
+        at = self._raw_at
+        n = min(len(raw), DECODE_BATCH)
         self._buffer.extend(
-            LogMessage(
-                LogMessageId(segment_id, e.entry_id),
-                e.payload,
-                e.properties,
-                e.timestamp_ms,
-                e.idempotency_key or None,
-            )
-            for e in entries
+            decode_messages(raw[:n], at.segment_id, at.entry_id, LogMessage, LogMessageId)
         )
-        self._pos = LogMessageId(segment_id, first + len(entries))
+        del raw[:n]
+        self._raw_at = LogMessageId(at.segment_id, at.entry_id + n)
+        return True
 
     def _on_corrupt(self, fault: ReplicaFault) -> None:
         self.corrupt_replica_reads += 1

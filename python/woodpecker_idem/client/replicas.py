@@ -13,11 +13,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
-from .._core import StoredEntry, decode_entries
+from .._core import StoredEntry, check_entries, decode_entries
 from ..errors import CorruptEntryError, NodeUnavailableError
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import SegmentMeta
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,31 @@ def read_entries(
     want: int,
     on_corrupt: Callable[[ReplicaFault], None] | None = None,
 ) -> list[StoredEntry]:
+    """Between 1 and `want` consecutive entries of `seg` from `entry_id`, decoded and checked
+    (see `_read`)."""
+    return _read(transport, seg, entry_id, want, on_corrupt, _decode)
+
+
+def read_checked(
+    transport: LogStoreTransport,
+    seg: SegmentMeta,
+    entry_id: int,
+    want: int,
+    on_corrupt: Callable[[ReplicaFault], None] | None = None,
+) -> list[bytes]:
+    """`read_entries` left as LogEntry bytes, each checked to parse and to be the entry at its
+    position (one native call): the reader builds its messages from them a few at a time."""
+    return _read(transport, seg, entry_id, want, on_corrupt, _check)
+
+
+def _read(
+    transport: LogStoreTransport,
+    seg: SegmentMeta,
+    entry_id: int,
+    want: int,
+    on_corrupt: Callable[[ReplicaFault], None] | None,
+    decode: Callable[[str, SegmentMeta, int, list[bytes]], list[T]],
+) -> list[T]:
     """Between 1 and `want` consecutive entries of `seg` from `entry_id`, decoded and checked.
 
     Replicas are tried in ensemble order. When every replica fails and one of them was corrupt,
@@ -56,7 +84,7 @@ def read_entries(
         for node in seg.nodes:
             try:
                 raw = transport.read(node, seg.log_id, seg.segment_id, entry_id, want)
-                entries = _decode(node, seg, entry_id, raw)
+                entries = decode(node, seg, entry_id, raw)
             except NodeUnavailableError as exc:
                 problems[node] = f"unavailable: {exc}"
                 unavailable = True
@@ -114,3 +142,12 @@ def _decode(node: str, seg: SegmentMeta, first: int, raw: list[bytes]) -> list[S
             f"{node}: log {seg.log_id} entry {seg.segment_id}:{first + index}: {why}"
         )
     return entries
+
+
+def _check(node: str, seg: SegmentMeta, first: int, raw: list[bytes]) -> list[bytes]:
+    """`_decode`, keeping the bytes."""
+    try:
+        check_entries(raw, seg.segment_id, first)
+    except CorruptEntryError as exc:
+        raise CorruptEntryError(f"{node}: log {seg.log_id} {exc}") from None
+    return raw

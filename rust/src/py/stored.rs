@@ -2,10 +2,11 @@
 //! doing it here (one call per read, a small frozen object per entry) instead of through
 //! protobuf's Python objects is most of a reader's speed.
 
+use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple, PyType};
 
-use crate::entry::decode_entry;
+use crate::entry::{decode_entry, DecodedEntry};
 
 /// One entry read back from a LogStore: `payload`, `properties` (a new dict each access),
 /// `timestamp_ms`, `idempotency_key` (b"" when the entry has none), `segment_id`, `entry_id`.
@@ -92,8 +93,158 @@ pub fn decode_entries<'py>(
     Ok((out, None))
 }
 
-/// Adds this module's function and class to `_core` (one line in lib.rs).
+pyo3::import_exception!(woodpecker_idem.errors, CorruptEntryError);
+
+/// The entries `raw` (LogEntry bytes of consecutive ids from `first_entry_id` of `segment_id`)
+/// as the reader's messages, in one call: each is `message_type(id_type(segment_id, entry_id),
+/// payload, properties, timestamp_ms, idempotency_key or None)`, built as the tuple itself (no
+/// intermediate object, no Python call per entry). Both types must be tuple subclasses (the
+/// `LogMessage` and `LogMessageId` NamedTuples). An entry that does not parse or says it is
+/// another position raises `CorruptEntryError` naming it.
+#[pyfunction]
+pub fn decode_messages<'py>(
+    py: Python<'py>,
+    raw: &Bound<'py, PyList>,
+    segment_id: i64,
+    first_entry_id: i64,
+    message_type: &Bound<'py, PyType>,
+    id_type: &Bound<'py, PyType>,
+) -> PyResult<Bound<'py, PyList>> {
+    let tuple = py.get_type::<PyTuple>();
+    for (name, ty) in [("message_type", message_type), ("id_type", id_type)] {
+        if !ty.is_subclass(&tuple)? {
+            return Err(crate::errors::InvalidTypeError::new_err(format!(
+                "{name} must be a tuple subclass, not {}",
+                ty.name()?
+            )));
+        }
+    }
+    // An id holds two ints and, like LogMessageId, no `__dict__` (its size is a tuple's): it
+    // can be in no reference cycle, so the cycle collector need not track it.
+    let basic_size = |ty: &Bound<'py, PyType>| ty.getattr("__basicsize__")?.extract::<isize>();
+    let plain_ids = basic_size(id_type)? == basic_size(&tuple)?;
+    let segment = segment_id.into_pyobject(py)?.into_any();
+    let out = PyList::empty(py);
+    for (i, item) in raw.iter().enumerate() {
+        let data = bytes_item(&item, i)?;
+        let want = first_entry_id + i as i64;
+        let e = checked(data.as_bytes(), segment_id, want)?;
+        let id = new_tuple_of(
+            id_type,
+            [segment.clone(), want.into_pyobject(py)?.into_any()],
+        )?;
+        if plain_ids {
+            untrack(&id);
+        }
+        let props = PyDict::new(py);
+        for (k, v) in &e.properties {
+            props.set_item(k, v)?;
+        }
+        let key = if e.idempotency_key.is_empty() {
+            py.None().into_bound(py)
+        } else {
+            PyBytes::new(py, e.idempotency_key).into_any()
+        };
+        let message = new_tuple_of(
+            message_type,
+            [
+                id,
+                PyBytes::new(py, e.payload).into_any(),
+                props.into_any(),
+                e.timestamp_ms.into_pyobject(py)?.into_any(),
+                key,
+            ],
+        )?;
+        out.append(message)?;
+    }
+    Ok(out)
+}
+
+/// Checks that every entry of `raw` (LogEntry bytes of consecutive ids from `first_entry_id` of
+/// `segment_id`) parses and is the entry at its position, without building anything: a reader
+/// checks a whole read (to fall back to another replica at once) and builds its messages a few
+/// at a time with `decode_messages` (young objects the cycle collector does not have to keep
+/// passing over). Raises `CorruptEntryError` naming the first bad entry.
+#[pyfunction]
+pub fn check_entries(
+    raw: &Bound<'_, PyList>,
+    segment_id: i64,
+    first_entry_id: i64,
+) -> PyResult<()> {
+    for (i, item) in raw.iter().enumerate() {
+        let data = bytes_item(&item, i)?;
+        checked(data.as_bytes(), segment_id, first_entry_id + i as i64)?;
+    }
+    Ok(())
+}
+
+/// `raw[i]` as bytes, or `InvalidTypeError` naming it.
+fn bytes_item<'a, 'py>(item: &'a Bound<'py, PyAny>, i: usize) -> PyResult<&'a Bound<'py, PyBytes>> {
+    item.cast::<PyBytes>().map_err(|_| {
+        crate::errors::InvalidTypeError::new_err(format!(
+            "raw[{i}] must be bytes, not {}",
+            crate::errors::type_name(item)
+        ))
+    })
+}
+
+/// A new instance of the tuple subclass `ty` holding `items`: what `tuple.__new__(ty, items)`
+/// makes, without a call and its argument tuples (a NamedTuple's own `__new__` is Python code).
+#[allow(unsafe_code)]
+fn new_tuple_of<'py, const N: usize>(
+    ty: &Bound<'py, PyType>,
+    items: [Bound<'py, PyAny>; N],
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = ty.py();
+    // SAFETY: the caller checked that `ty` subclasses tuple, so its `tp_alloc` slot (set on every
+    // ready type, inherited from tuple) allocates a tuple of `ty` with N empty (NULL) items and
+    // one reference, ours; `PyTuple_SetItem` accepts tuple subclasses with one reference and
+    // fills each slot once, taking over the item's reference (even when it fails). This is
+    // CPython's own `tuple_subtype_new`. If a fill fails, dropping the half-filled tuple is safe:
+    // tuple deallocation skips NULL items.
+    unsafe {
+        let slot = ffi::PyType_GetSlot(ty.as_type_ptr(), ffi::Py_tp_alloc);
+        let alloc: Option<ffi::allocfunc> = std::mem::transmute(slot);
+        let alloc = alloc.ok_or_else(|| PyErr::fetch(py))?;
+        let obj = Bound::from_owned_ptr_or_err(py, alloc(ty.as_type_ptr(), N as ffi::Py_ssize_t))?;
+        for (i, item) in items.into_iter().enumerate() {
+            if ffi::PyTuple_SetItem(obj.as_ptr(), i as ffi::Py_ssize_t, item.into_ptr()) != 0 {
+                return Err(PyErr::fetch(py));
+            }
+        }
+        Ok(obj)
+    }
+}
+
+/// Takes `obj` (a new tuple that can be in no cycle) out of the cycle collector: its passes over
+/// a reader's many young positions were a large part of a read's time. CPython untracks such
+/// plain tuples itself, but not a NamedTuple's.
+#[allow(unsafe_code)]
+fn untrack(obj: &Bound<'_, PyAny>) {
+    // SAFETY: `obj` is a live GC object (a tuple made by `new_tuple_of`, tracked by tp_alloc);
+    // untracking a tracked object is always sound (it only leaves the collector's lists; at
+    // worst a cycle through it would never be collected, which the caller rules out).
+    unsafe { ffi::PyObject_GC_UnTrack(obj.as_ptr().cast()) }
+}
+
+/// Entry `entry_id` of `segment_id` parsed from `data`, or `CorruptEntryError` naming it.
+fn checked(data: &[u8], segment_id: i64, entry_id: i64) -> PyResult<DecodedEntry<'_>> {
+    let bad =
+        |why: String| CorruptEntryError::new_err(format!("entry {segment_id}:{entry_id}: {why}"));
+    let e = decode_entry(data).map_err(|why| bad(format!("unparseable entry ({why})")))?;
+    if e.segment_id != segment_id || e.entry_id != entry_id {
+        return Err(bad(format!(
+            "stored entry says {}:{}",
+            e.segment_id, e.entry_id
+        )));
+    }
+    Ok(e)
+}
+
+/// Adds this module's functions and class to `_core` (one line in lib.rs).
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decode_entries, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_messages, m)?)?;
+    m.add_function(wrap_pyfunction!(check_entries, m)?)?;
     m.add_class::<PyStoredEntry>()
 }
