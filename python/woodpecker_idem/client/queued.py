@@ -78,7 +78,7 @@ class WriteQueue:
         core = self._core
         size = len(payload) + ROW_OVERHEAD
         failed: Outcomes = []
-        if core.full_locked(size):
+        if core.full_locked(size + self.nbytes, len(self._futures) + 1):  # with the queued ones
             if self._futures:  # room comes from commits: queued writes must be entries first
                 failed = self.admit_locked()
             core.wait_for_room_locked(size)  # raises once closed or fenced

@@ -289,13 +289,8 @@ class LogWriter:
             or self._inflight_bytes + size > self._max_inflight_bytes
         )
 
-    def hold_locked(self, entries: int, nbytes: int) -> None:
-        """Count writes the layer queued (no entries yet) against the in-flight limits."""
-        self._inflight_entries += entries
-        self._inflight_bytes += nbytes
-
     def release_locked(self, entries: int, nbytes: int) -> None:
-        """Stop counting writes held with `hold_locked` (they became entries, or failed)."""
+        """Stop counting entries that left without a commit (dropped with their segment)."""
         self._inflight_entries -= entries
         self._inflight_bytes -= nbytes
         self._space.notify_all()

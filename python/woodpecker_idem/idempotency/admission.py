@@ -77,8 +77,8 @@ class Admission:
         intake = self.intake
         early = None
         rows, held = len(intake.futures), False
-        try:
-            if core.full_locked(size):
+        try:  # the queued writes count against the in-flight limits with this one
+            if core.full_locked(size + intake.nbytes, rows + 1):
                 if intake.futures:  # room comes from commits: queued writes must be entries
                     early = self._admit_locked()
                     rows = 0
@@ -90,7 +90,6 @@ class Admission:
             intake.payloads.append(payload)
             intake.properties.append(props)
             futures.append(future)
-            core.hold_locked(1, size)
             intake.nbytes += size
             held = True
             # Last: a row is queued once its key is in the pipe.
@@ -105,7 +104,6 @@ class Admission:
                 intake.trim()
                 if held:
                     intake.nbytes -= size
-                    core.release_locked(1, size)
             if early:  # the caller gets the exception, not these outcomes: set them once its
                 # lock is released (their writes were accepted; their callers wait on them)
                 threading.Thread(target=resolve, args=(early,), daemon=True).start()
@@ -146,7 +144,6 @@ class Admission:
         core = self._core
         with HOLD_INTERRUPTS:  # taken off the intake and made entries, or neither
             batch = self.intake.take(count)
-            core.release_locked(len(batch.futures), batch.nbytes)
             try:
                 core.check_open_locked()
             except WoodpeckerError as exc:  # fenced or closed: nobody will send them
