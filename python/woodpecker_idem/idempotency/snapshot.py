@@ -68,14 +68,14 @@ class SnapshotSource:
 # A snapshot holds the whole window, so writing one every `threshold` new keys costs O(window)
 # each time: quadratic in the keys written while a large window fills. The next snapshot waits
 # for max(threshold, the last snapshot's keys / SNAPSHOT_GROWTH) new keys instead, which keeps
-# the snapshots' total cost linear (a few times the window) and recovery's replay within a
-# quarter of the window.
-SNAPSHOT_GROWTH = 4
+# the snapshots' total cost linear (about 3x the window) and recovery's replay within a third
+# of the window.
+SNAPSHOT_GROWTH = 2
 
 
 class Snapshotter:
-    """Writes snapshots every `interval_s` or after `due_keys` new keys (`threshold`, or a
-    quarter of the last snapshot's keys if more), off the write path.
+    """Writes snapshots every `interval_s` or after `due_keys` new keys (`threshold`, or half
+    the last snapshot's keys if more), off the write path.
 
     A failed write is logged, counted and retried on the next tick; writes go on meanwhile. A fenced
     writer stops and deletes nothing.
