@@ -27,6 +27,7 @@ from woodpecker_idem.errors import (
     WriterForkedError,
 )
 from woodpecker_idem.history import History
+from woodpecker_idem.retry import Backoff
 from woodpecker_idem.spark import ROUTE_COLUMN
 from woodpecker_idem.spark.sink import (
     SinkOptions,
@@ -114,6 +115,10 @@ def _attempt(data_dir: str, first: bool, started, taken, results) -> None:
                 started.set()
                 taken.wait(60)
             if not first and i == 1:
+                # the task's write thread runs behind: signal once batch 0 is written
+                wait = Backoff(0.01, 0.1, budget_s=60)
+                while msg.rows < 100 and wait.wait():
+                    pass
                 taken.set()
             yield b
 

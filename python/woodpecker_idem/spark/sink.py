@@ -286,7 +286,9 @@ class _WriteThread:
     def __init__(self, task: TaskWriters, msg: WoodpeckerCommitMessage):
         self._task = task
         self._msg = msg
-        self._queue: queue.Queue[tuple[int, list[bytes], bytes] | None] = queue.Queue(self.DEPTH)
+        self._queue: queue.Queue[tuple[int, list[bytes], bytes, int] | None] = queue.Queue(
+            self.DEPTH
+        )
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="wp-sink-writer", daemon=True)
         self._thread.start()
@@ -295,7 +297,7 @@ class _WriteThread:
         while (item := self._queue.get()) is not None:
             if self._error is not None:
                 continue  # failed: drop the rest (the task fails with the error)
-            route, payloads, keys = item
+            route, payloads, keys, batch_rows = item
             try:
                 dups = self._task.write(route, payloads, keys)
             except BaseException as exc:  # raised in the task's thread
@@ -303,14 +305,16 @@ class _WriteThread:
                 continue
             self._msg.duplicates += dups
             self._msg.written += len(payloads) - dups
+            self._msg.rows += batch_rows  # a batch's rows count once all its routes are written
 
     def _raise(self) -> None:
         if self._error is not None:
             raise self._error
 
-    def put(self, route: int, payloads: list[bytes], keys: bytes) -> None:
+    def put(self, route: int, payloads: list[bytes], keys: bytes, batch_rows: int = 0) -> None:
+        """Queue one route's rows of a batch (`batch_rows`: the batch's rows, on its last part)."""
         self._raise()
-        self._queue.put((route, payloads, keys))
+        self._queue.put((route, payloads, keys, batch_rows))
 
     def close(self) -> None:
         """Wait until every batch handed over is written (or dropped after a failure)."""
@@ -325,6 +329,7 @@ def write_batches(
     """Write prepared Arrow batches through the writers of their routes, counting into `msg`."""
     partitions = opts.partitions or 1
     task = TaskWriters(opts)
+    handed = 0  # rows handed to the write thread (msg.rows counts those written)
     try:
         writes = _WriteThread(task, msg)
         try:
@@ -344,14 +349,15 @@ def write_batches(
                 if bad is not None:
                     row, found, want = bad
                     raise RowsNotPreparedError(
-                        f"row {msg.rows + row} of this task has route {found}, but its key routes "
+                        f"row {handed + row} of this task has route {found}, but its key routes "
                         f"to {want} of {partitions}: call woodpecker_idem.spark.prepare(df, key, "
                         f"{partitions}) with the same key (and payloadColumn) as the sink"
                     )
                 routes = memoryview(route_keys(keys, partitions)).cast("i")
-                for route, (part, part_keys) in _split_by_route(payloads, keys, routes).items():
-                    writes.put(route, part, part_keys)
-                msg.rows += batch.num_rows
+                parts = list(_split_by_route(payloads, keys, routes).items())
+                for i, (route, (part, part_keys)) in enumerate(parts, 1):
+                    writes.put(route, part, part_keys, batch.num_rows if i == len(parts) else 0)
+                handed += batch.num_rows
         finally:
             writes.close()  # what was handed over is written before the task ends or fails
         msg.routes = task.routes
