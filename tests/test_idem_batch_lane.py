@@ -374,3 +374,34 @@ def test_write_keyed_refuses_a_row_that_is_not_bytes(env_factory):
     assert w.window.pending_count == 0 and len(w.window) == 0
     res = w.write_keyed(payloads, keys)
     assert not any(res.duplicate)
+
+
+def test_snapshots_of_a_filling_window_cost_linear_not_quadratic(tmp_path):
+    """A snapshot holds the whole window: one after every `snapshot_threshold` new keys while
+    batches fill a large window would encode O(keys^2 / threshold) keys. The next snapshot waits
+    for half the last one's keys (if more than the threshold): about 3x the keys in all."""
+    rows, call = 40_000, 500
+    client = wp.connect(
+        tmp_path,
+        {
+            "quorum.es": 1,
+            "idempotency.snapshot_interval_s": 3600,
+            "idempotency.snapshot_threshold": 100,
+        },
+    )
+    try:
+        w = client.open_log("snap", create=True).open_writer(
+            idempotent=True, window_duration_s=3600, window_max_keys=2 * rows
+        )
+        for start in range(0, rows, call):
+            ids = [f"k{i}" for i in range(start, start + call)]
+            w.write_many([b"x" * 100] * call, ids)
+        time.sleep(0.2)  # a snapshot kicked by the last commits
+        writes = w.metrics_snapshot()["snapshot_writes"]
+        written = w.metrics_snapshot()["snapshot_bytes"]
+        w.close()
+        final = client.objects.get(w._snapshotter.last_key)  # the close's snapshot: every key
+        assert len(wp.decode_snapshot(final)) == rows
+        assert written <= 4 * len(final), (writes, written, len(final))
+    finally:
+        client.close()

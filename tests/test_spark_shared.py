@@ -89,13 +89,18 @@ def _duplicate_attempt(opts_pickle: bytes, rows_file: str, marks: str, results: 
     with pa.OSFile(rows_file, "rb") as f:
         table = pa.ipc.open_file(f).read_all()
 
+    msg = WoodpeckerCommitMessage(partition=0, attempt=1)
+
     def batches():
         yield from table.slice(0, COPY_FIRST).to_batches(max_chunksize=100)
-        (Path(marks) / "paused").touch()  # write_batches wrote them before asking for more
+        # The task's write thread runs a few batches behind: pause once they are all written.
+        wait = Backoff(0.01, 0.1, budget_s=120)
+        while msg.rows < COPY_FIRST and wait.wait():
+            pass
+        (Path(marks) / "paused").touch()
         wait_for(Path(marks) / "resume", 120)
         yield from table.slice(COPY_FIRST).to_batches(max_chunksize=100)
 
-    msg = WoodpeckerCommitMessage(partition=0, attempt=1)
     try:
         write_batches(opts, batches(), msg)
         results.put(("ok", msg.rows, msg.written, msg.duplicates))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,10 +27,12 @@ from woodpecker_idem.errors import (
     WriterForkedError,
 )
 from woodpecker_idem.history import History
+from woodpecker_idem.retry import Backoff
 from woodpecker_idem.spark import ROUTE_COLUMN
 from woodpecker_idem.spark.sink import (
     SinkOptions,
     WoodpeckerCommitMessage,
+    _WriteThread,
     ensure_log_group,
     write_batches,
 )
@@ -112,6 +115,10 @@ def _attempt(data_dir: str, first: bool, started, taken, results) -> None:
                 started.set()
                 taken.wait(60)
             if not first and i == 1:
+                # the task's write thread runs behind: signal once batch 0 is written
+                wait = Backoff(0.01, 0.1, budget_s=60)
+                while msg.rows < 100 and wait.wait():
+                    pass
                 taken.set()
             yield b
 
@@ -164,6 +171,42 @@ def test_early_evictions_fail_the_task_naming_window_max_keys(group):
     msg = WoodpeckerCommitMessage(partition=0, attempt=0)
     with pytest.raises(EarlyEvictionError, match="windowMaxKeys"):
         write_batches(options(group, windowMaxKeys="50"), iter(prepared_batches(0, 400)), msg)
+
+
+def test_a_failed_write_drops_the_batches_handed_over_after_it():
+    """Writes run on the task's write thread, a few batches behind Spark: once one fails, the
+    batches queued behind it are dropped (the task fails with that error), not written."""
+    release = threading.Event()
+    written: list[int] = []
+
+    class Task:  # stands in for TaskWriters: the first write fails once two more are queued
+        def write(self, route: int, payloads: list[bytes], keys: bytes) -> int:
+            written.append(route)
+            release.wait(30)
+            raise WriterFencedError("taken over")
+
+    writes = _WriteThread(Task(), WoodpeckerCommitMessage(partition=0, attempt=0))  # type: ignore[arg-type]
+    for route in range(3):
+        writes.put(route, [b"x"], bytes(16))
+    release.set()
+    with pytest.raises(WriterFencedError, match="taken over"):
+        writes.close()
+    assert written == [0]
+
+
+def test_rows_handed_over_before_an_upstream_failure_are_written(group):
+    """The task's iterator fails after 3 batches (an injected failure upstream): the 3 batches
+    handed over are written before the error reaches Spark, so the retry finds them."""
+    msg = WoodpeckerCommitMessage(partition=0, attempt=0)
+
+    def failing():
+        yield from prepared_batches(0, 300)
+        raise RuntimeError("upstream failed")
+
+    with pytest.raises(RuntimeError, match="upstream failed"):
+        write_batches(options(group), failing(), msg)
+    assert msg.written == 300
+    assert_exactly_once(group, {explicit_key(str(i)) for i in range(300)})
 
 
 def test_a_group_keeps_its_partition_count(tmp_path):

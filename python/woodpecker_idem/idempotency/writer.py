@@ -379,7 +379,7 @@ class IdempotentLogWriter:
                 early,
                 window.max_keys,
             )
-        if self._snapshotter is not None and self._new_keys >= self._snapshotter.threshold:
+        if self._snapshotter is not None and self._new_keys >= self._snapshotter.due_keys:
             self._snapshotter.kick()
 
     def dropped_locked(self, segment_id: int, entries: list[PendingEntry]) -> None:
