@@ -32,11 +32,10 @@ from woodpecker_idem import connect
 from woodpecker_idem.errors import ConfigError, InvalidArgumentError, WriterFencedError
 from woodpecker_idem.retry import Backoff
 from woodpecker_idem.spark import ROUTE_COLUMN, prepare
+from woodpecker_idem.spark.options import SinkOptions, ensure_log_group
 from woodpecker_idem.spark.pipeline import inject_failures
 from woodpecker_idem.spark.sink import (
-    SinkOptions,
     WoodpeckerCommitMessage,
-    ensure_log_group,
     write_batches,
 )
 

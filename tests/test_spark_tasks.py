@@ -29,11 +29,10 @@ from woodpecker_idem.errors import (
 from woodpecker_idem.history import History
 from woodpecker_idem.retry import Backoff
 from woodpecker_idem.spark import ROUTE_COLUMN
+from woodpecker_idem.spark.options import SinkOptions, ensure_log_group
 from woodpecker_idem.spark.sink import (
-    SinkOptions,
     WoodpeckerCommitMessage,
     _WriteThread,
-    ensure_log_group,
     write_batches,
 )
 

@@ -8,7 +8,8 @@ from typing import Any
 import pyarrow as pa
 
 from .._core import arrow_explicit_keys
-from .sink import SinkOptions, WoodpeckerCommitMessage, ensure_log_group, write_batches
+from .options import SinkOptions, ensure_log_group
+from .sink import WoodpeckerCommitMessage, write_batches
 
 
 def _as_batches(items: Iterable[Any], chunk_rows: int) -> Iterator[Any]:
