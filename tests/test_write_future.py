@@ -164,3 +164,19 @@ def test_a_settled_future_is_one_object_for_the_garbage_collector() -> None:
     called = []
     futures[0].add_done_callback(called.append)  # done: called at once, still no condition
     assert called == [futures[0]] and futures[0]._cond is None
+
+
+def test_write_results_are_the_namedtuples_built_in_place() -> None:
+    import gc
+
+    from woodpecker_idem._core import write_results
+    from woodpecker_idem.errors import InvalidTypeError
+
+    got = write_results(7, 2**40, 3, True, WriteResult, LogMessageId)
+    assert got == [WriteResult(LogMessageId(7, 2**40 + i), True) for i in range(3)]
+    assert all(type(r) is WriteResult and type(r.message_id) is LogMessageId for r in got)
+    assert got[0].message_id.entry_id == 2**40 and got[2].duplicate is True
+    assert not any(gc.is_tracked(r) or gc.is_tracked(r.message_id) for r in got)  # no cycles
+    assert write_results(0, 0, 0, False, WriteResult, LogMessageId) == []
+    with pytest.raises(InvalidTypeError, match="result_type must be a tuple subclass"):
+        write_results(0, 0, 1, False, dict, LogMessageId)  # type: ignore[type-var]

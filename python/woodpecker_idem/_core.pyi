@@ -52,6 +52,7 @@ __all__ = [
     "route_keys",
     "segfile_read",
     "segfile_scan",
+    "write_results",
 ]
 
 __version__: str
@@ -278,6 +279,23 @@ def encode_frame(
     Raises:
         InvalidArgumentError: the range is outside `payloads`, or a column does not match it.
         InvalidTypeError: a payload is not bytes, or properties are not `dict[str, str]`.
+    """
+
+def write_results(
+    segment_id: int,
+    first_entry_id: int,
+    count: int,
+    duplicate: bool,
+    result_type: type[_T],
+    id_type: type,
+) -> list[_T]:
+    """`[result_type(id_type(segment_id, first_entry_id + i), duplicate) for i in range(count)]`,
+    built in place: the results of a run of writes settled by one ack, without a Python call per
+    write (`WriteResult` and `LogMessageId`). Types without a `__dict__` (a NamedTuple's) leave
+    the cycle collector: a tuple of ints and a bool is in no cycle.
+
+    Raises:
+        InvalidTypeError: a type is not a tuple subclass.
     """
 
 def concat(parts: list[_B] | tuple[_B, ...]) -> bytes:

@@ -4,7 +4,7 @@
 //! no Python dependency and are unit-tested with `cargo test`; `py` (one file per class), `args` and
 //! `errors` are the PyO3 layer. The contract is `docs/core-api.md`.
 
-#![deny(unsafe_code)] // three exceptions, each proven sound where it is: md5x::digest_many, py::arrow (Arrow C data interface import), py::stored::new_tuple_of (a NamedTuple built in place)
+#![deny(unsafe_code)] // three exceptions, each proven sound where it is: md5x::digest_many, py::arrow (Arrow C data interface import), py::tuples::new_tuple_of (a NamedTuple built in place) and untrack
 
 mod args;
 mod arrow_keys;
@@ -62,6 +62,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py::encode_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(py::decode_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(py::encode_entry, m)?)?;
+    m.add_function(wrap_pyfunction!(py::write_results, m)?)?;
     m.add_function(wrap_pyfunction!(py::encode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(py::count_records, m)?)?;
     m.add_function(wrap_pyfunction!(py::concat, m)?)?;

@@ -30,12 +30,12 @@ from concurrent.futures._base import (
 )
 from typing import Any
 
+from .._core import write_results
 from ..types import LogMessageId, WriteResult
 
 _LAZY = threading.Lock()
 # what `settle_locked` leaves to do
 _DONE_NOW, _CALLBACKS, _FULL = object(), object(), object()
-_new = tuple.__new__  # a NamedTuple's own __new__ is a Python call: too slow once per write
 _DONE = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
 
 
@@ -189,12 +189,11 @@ class FutureRun:
 
     def set_result(self, result: Any) -> None:
         segment_id, first = result.message_id
-        duplicate = result.duplicate
-        results = [
-            _new(WriteResult, (_new(LogMessageId, (segment_id, first + i)), duplicate))
-            for i in range(len(self.futures))
-        ]
-        WriteFuture.settle_all(self.futures, results)
+        futures = self.futures
+        results = write_results(
+            segment_id, first, len(futures), result.duplicate, WriteResult, LogMessageId
+        )
+        WriteFuture.settle_all(futures, results)
 
     def set_exception(self, exception: BaseException | None) -> None:
         for future in self.futures:

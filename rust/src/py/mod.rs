@@ -11,6 +11,7 @@ mod keys;
 mod segfile;
 mod snapshot;
 mod stored;
+mod tuples;
 mod window;
 mod window_entry;
 
@@ -24,5 +25,6 @@ pub use keys::{
 pub use segfile::register as register_segfile;
 pub use snapshot::{decode_snapshot, encode_snapshot, PySnapshot};
 pub use stored::register as register_stored;
+pub use tuples::write_results;
 pub use window::PyDedupWindow;
 pub use window_entry::PyWindowEntry;

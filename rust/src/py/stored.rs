@@ -2,10 +2,10 @@
 //! doing it here (one call per read, a small frozen object per entry) instead of through
 //! protobuf's Python objects is most of a reader's speed.
 
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple, PyType};
 
+use super::tuples::{new_tuple_of, untrack};
 use crate::entry::{decode_entry, DecodedEntry};
 
 /// One entry read back from a LogStore: `payload`, `properties` (a new dict each access),
@@ -186,45 +186,6 @@ fn bytes_item<'a, 'py>(item: &'a Bound<'py, PyAny>, i: usize) -> PyResult<&'a Bo
             crate::errors::type_name(item)
         ))
     })
-}
-
-/// A new instance of the tuple subclass `ty` holding `items`: what `tuple.__new__(ty, items)`
-/// makes, without a call and its argument tuples (a NamedTuple's own `__new__` is Python code).
-#[allow(unsafe_code)]
-fn new_tuple_of<'py, const N: usize>(
-    ty: &Bound<'py, PyType>,
-    items: [Bound<'py, PyAny>; N],
-) -> PyResult<Bound<'py, PyAny>> {
-    let py = ty.py();
-    // SAFETY: the caller checked that `ty` subclasses tuple, so its `tp_alloc` slot (set on every
-    // ready type, inherited from tuple) allocates a tuple of `ty` with N empty (NULL) items and
-    // one reference, ours; `PyTuple_SetItem` accepts tuple subclasses with one reference and
-    // fills each slot once, taking over the item's reference (even when it fails). This is
-    // CPython's own `tuple_subtype_new`. If a fill fails, dropping the half-filled tuple is safe:
-    // tuple deallocation skips NULL items.
-    unsafe {
-        let slot = ffi::PyType_GetSlot(ty.as_type_ptr(), ffi::Py_tp_alloc);
-        let alloc: Option<ffi::allocfunc> = std::mem::transmute(slot);
-        let alloc = alloc.ok_or_else(|| PyErr::fetch(py))?;
-        let obj = Bound::from_owned_ptr_or_err(py, alloc(ty.as_type_ptr(), N as ffi::Py_ssize_t))?;
-        for (i, item) in items.into_iter().enumerate() {
-            if ffi::PyTuple_SetItem(obj.as_ptr(), i as ffi::Py_ssize_t, item.into_ptr()) != 0 {
-                return Err(PyErr::fetch(py));
-            }
-        }
-        Ok(obj)
-    }
-}
-
-/// Takes `obj` (a new tuple that can be in no cycle) out of the cycle collector: its passes over
-/// a reader's many young positions were a large part of a read's time. CPython untracks such
-/// plain tuples itself, but not a NamedTuple's.
-#[allow(unsafe_code)]
-fn untrack(obj: &Bound<'_, PyAny>) {
-    // SAFETY: `obj` is a live GC object (a tuple made by `new_tuple_of`, tracked by tp_alloc);
-    // untracking a tracked object is always sound (it only leaves the collector's lists; at
-    // worst a cycle through it would never be collected, which the caller rules out).
-    unsafe { ffi::PyObject_GC_UnTrack(obj.as_ptr().cast()) }
 }
 
 /// Entry `entry_id` of `segment_id` parsed from `data`, or `CorruptEntryError` naming it.
