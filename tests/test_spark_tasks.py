@@ -235,24 +235,30 @@ def test_bad_options_are_refused_on_the_driver(raw, match):
         SinkOptions.parse(raw, need_partitions=True)
 
 
-def test_a_writer_used_in_a_forked_child_fails_clearly(tmp_path):
+@pytest.mark.parametrize("idempotent", [True, False], ids=["idempotent", "plain"])
+def test_a_writer_used_in_a_forked_child_fails_clearly(tmp_path, idempotent):
     client = connect(tmp_path)
-    writer = client.open_log("l", create=True).open_writer(idempotent=True)
+    writer = client.open_log("l", create=True).open_writer(idempotent=idempotent)
     writer.write(b"before")
     pid = os.fork()
     if pid == 0:  # the child: no writer threads exist here
-        signal.alarm(20)  # without the check the write would wait forever
-        try:
-            writer.write(b"in child")
-        except WriterForkedError:
-            os._exit(0)
-        except BaseException:  # noqa: BLE001
-            os._exit(2)
-        os._exit(1)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # (not pytest-timeout's handler)
+        signal.alarm(20)  # without the check the write would wait forever: killed instead
+        code = 0
+        for call in (lambda: writer.write(b"in child"), writer.flush, writer.close):
+            try:
+                call()
+                code = 1
+            except WriterForkedError:
+                pass
+            except BaseException:  # noqa: BLE001
+                code = 2
+        os._exit(code)  # (a normal exit would run the atexit hook: it leaves the writer alone)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    writer.write(b"after")  # the parent's writer is unaffected
+    writer.write(b"after")  # the parent's writer is unaffected, its segment still open
     writer.close()
+    assert [m.payload for m in client.open_log("l").open_reader()] == [b"before", b"after"]
     client.close()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import time
 import weakref
 from typing import TYPE_CHECKING
@@ -23,6 +24,8 @@ log = logging.getLogger(__name__)
 EXIT_CLOSE_TIMEOUT_S = 30.0
 
 _open: weakref.WeakSet[LogWriter] = weakref.WeakSet()
+# A forked child's writers are its parent's: the child neither flushes nor completes them at exit.
+os.register_at_fork(after_in_child=_open.clear)
 
 
 def track(writer: LogWriter) -> None:

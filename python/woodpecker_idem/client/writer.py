@@ -36,6 +36,7 @@ from ..errors import (
     WoodpeckerError,
     WriterClosedError,
     WriterFencedError,
+    WriterForkedError,
     WriteTimeoutError,
 )
 from ..types import LogMessageId, WriteManyResult, WriteMessage, WriteResult
@@ -68,6 +69,18 @@ log = logging.getLogger(__name__)
 
 LEASE_MS = 30_000
 
+# Bumped in every forked child: a writer made before the fork sees it changed (one list read per
+# call, cheaper than os.getpid()). Its threads do not exist in the child, so a write there would
+# wait forever; it raises WriterForkedError instead (the idempotent writer reads this too).
+FORKS = [0]
+
+
+def _after_fork_in_child() -> None:
+    FORKS[0] += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 __all__ = ["LogWriter"]
 
@@ -92,6 +105,8 @@ class LogWriter:
         self._transport = client.transport
         self.log_id = handle.log_id
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.generation = FORKS[0]  # see FORKS: its threads and locks exist in this process only
+        self._pid = os.getpid()
         ap = self._cfg.append
         self.max_batch_entries = ap.max_batch_entries  # the layer cuts its runs by these
         self.max_batch_bytes = ap.max_batch_bytes
@@ -194,6 +209,7 @@ class LogWriter:
         any row is queued. A failure raises the lowest failed row's error, carrying the result
         and which rows were acknowledged (`batch_result`, `acknowledged`); a retry on this plain
         writer appends the rows again (the idempotent writer's `write_many` answers them)."""
+        self.check_process()
         wait = timeout_arg(timeout, allow_zero=False)
         rows = checked_payloads(payloads, self.max_entry_bytes)
         return write_rows(self, rows, wait, self._still_pending_text)
@@ -213,6 +229,8 @@ class LogWriter:
         idempotency_id: str | bytes | None = None,
     ) -> Future[WriteResult]:
         """Queue an append; the future resolves at the quorum ack (or with the failure outcome)."""
+        if FORKS[0] != self.generation:
+            self.check_process()
         if idempotency_id is not None:
             raise InvalidArgumentError(
                 "idempotency_id given to a non-idempotent writer; open it with "
@@ -362,6 +380,15 @@ class LogWriter:
             return None
         return self._roller.roll_locked(seg) if self._needs_roll(seg, time.monotonic()) else seg
 
+    def check_process(self) -> None:
+        """Raise `WriterForkedError` in a process forked after this writer was opened."""
+        if FORKS[0] != self.generation:
+            raise WriterForkedError(
+                f"writer of log {self.log_id} was opened in process {self._pid} and used in "
+                f"process {os.getpid()} (a fork): its threads do not exist here; open a client "
+                "and writer in this process"
+            )
+
     def check_open_locked(self) -> None:
         """Raise why no write is accepted any more (fenced, closed, or the client closed)."""
         if self._fenced is not None:
@@ -375,6 +402,7 @@ class LogWriter:
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every entry queued before this call is committed or failed."""
+        self.check_process()
         timeout = timeout_arg(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.lock:
@@ -407,6 +435,7 @@ class LogWriter:
         timeout = timeout_arg(timeout)
         if self._closed:
             return
+        self.check_process()  # a forked child must not complete its parent's segments
         self._hooks.closing()
         deadline = None if timeout is None else time.monotonic() + timeout
 

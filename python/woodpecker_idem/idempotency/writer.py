@@ -15,7 +15,6 @@ The window is rebuilt (snapshot + gap) before the writer accepts anything.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
@@ -34,7 +33,7 @@ from ..client.hooks import Outcomes
 from ..client.message import checked_payloads, coerce_message
 from ..client.segment import PendingEntry
 from ..client.workers import resolve
-from ..client.writer import LogWriter
+from ..client.writer import FORKS, LogWriter
 from ..config import KEYS, check_value
 from ..errors import (
     ConfigError,
@@ -43,7 +42,6 @@ from ..errors import (
     PayloadTooLargeError,
     WriterClosedError,
     WriterFencedError,
-    WriterForkedError,
 )
 from ..types import WriteManyResult, WriteMessage, WriteResult
 from .admission import Admission
@@ -56,18 +54,6 @@ if TYPE_CHECKING:
     from ..client.log import LogHandle
 
 log = logging.getLogger(__name__)
-
-# Bumped in every forked child: a writer made before the fork sees it changed (cheaper per write
-# than comparing os.getpid()).
-_fork_generation = 0
-
-
-def _after_fork_in_child() -> None:
-    global _fork_generation
-    _fork_generation += 1
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _window_option(name: str, value: object, default: object) -> int | float:
@@ -108,8 +94,7 @@ class IdempotentLogWriter:
         self._handle = handle
         self.log_id = handle.log_id
         self._clock = handle.client.clock
-        self._pid = os.getpid()  # its threads and locks exist in this process only
-        self._generation = _fork_generation
+        self._generation = FORKS[0]  # its threads and locks exist in this process only
         self.recovery: RecoveryReport | None = None
         self._snapshotter: Snapshotter | None = None
         # takes over, completes segments, calls taken_over (window rebuilt), opens one
@@ -223,7 +208,7 @@ class IdempotentLogWriter:
     ) -> Future[WriteResult]:
         """Queue a write; the future resolves at the quorum ack (or with the failure outcome), at
         once for a key committed in the window when no earlier write is queued."""
-        if _fork_generation != self._generation:
+        if FORKS[0] != self._generation:
             self._check_process()
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
         future: Future[WriteResult] = WriteFuture()
@@ -342,12 +327,7 @@ class IdempotentLogWriter:
         return self._write_keyed_rows(payloads, keys, wait)
 
     def _check_process(self) -> None:
-        if _fork_generation != self._generation:
-            raise WriterForkedError(
-                f"writer of log {self.log_id} was opened in process {self._pid} and used in "
-                f"process {os.getpid()} (a fork): its threads do not exist here; open a client "
-                "and writer in this process"
-            )
+        self._core.check_process()
 
     def _write_keyed_rows(
         self, payloads: list[bytes], keys: bytes, wait: float | None
