@@ -1,20 +1,20 @@
 """LogWriter: the single writer of a log (Woodpecker's LogWriter), and the writer core the
 idempotent writer composes.
 
-`write_async` assigns (segment, entry), encodes the entry once and queues it. Batches are cut by
-group commit: an entry queued while nothing of its segment is in flight is sent at once; entries
-queued while a batch is in flight go together as the next batch when its ack arrives or when they
-fill a batch (or after `append.linger_ms` if a node failed the batch in flight once and it is
-being retried). Each batch goes to one worker thread per node, which retries it up to
-`append.max_retries` times. A batch commits at aq acks, in entry order. A node that keeps failing is
-dropped from the segment; when fewer than aq nodes remain, the segment is completed by the recovery
-rule and its pending entries are resolved against it (present -> committed, absent -> dropped with
-`SegmentClosedError`), then writing goes on in a new segment.
+`write_async` queues the write (queued.py); queued writes become entries in runs, one encoding call,
+one pending run and one waiter per AddEntries batch, with ids (segment, entry) assigned then. Group
+commit decides when: a write queued while nothing of its segment is in flight is sent at once;
+writes queued while a batch is in flight go together as the next batch when its ack arrives or when
+they fill a batch (or after `append.linger_ms`). Each batch goes to one worker thread per node,
+which retries it up to `append.max_retries` times. A batch commits at aq acks, in entry order. A
+node that keeps failing is dropped from the segment; when fewer than aq nodes remain, the segment is
+completed by the recovery rule and its pending entries are resolved against it (present ->
+committed, absent -> dropped with `SegmentClosedError`), then writing goes on in a new segment.
 
 This module owns the entries (ids, the in-flight count, acks, outcomes) and composes the parts,
-one job each: `message` (input checks), `dispatch` + `workers` (group commit, node senders),
-`roll` (opening and rolling segments), `completion` (completing them), `flusher` (timeouts,
-LAC updates, the lease).
+one job each: `message` (input checks), `queued` (write_async's queue), `dispatch` + `workers`
+(group commit, node senders), `roll` (opening and rolling segments), `completion` (completing
+them), `flusher` (timeouts, LAC updates, the lease).
 """
 
 from __future__ import annotations
