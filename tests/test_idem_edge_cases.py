@@ -838,3 +838,22 @@ def test_recovery_keeps_newest_entry_of_rewritten_key(env_factory, with_snapshot
     assert entry is not None and (entry.segment_id, entry.entry_id) == tuple(second.message_id)
     assert env.write(w2, b"K", "K") == wp.WriteResult(second.message_id, True)
     env.check(5_000, 100)
+
+
+def test_early_evictions_are_logged_once_a_minute_and_all_counted(tmp_path, caplog):
+    """A window too small for its rate evicts early at every commit: one warning (with the
+    count) per minute, not one line per commit; the metric counts every eviction."""
+    import logging
+
+    client = wp.connect(tmp_path, {"quorum.es": 1})
+    w = client.open_log("e", create=True).open_writer(
+        idempotent=True, window_duration_s=3600, window_max_keys=10
+    )
+    with caplog.at_level(logging.WARNING, logger="woodpecker_idem.idempotency.writer"):
+        for i in range(60):  # each write its own commit: 50 of them evict early
+            w.write(b"e%d" % i, idempotency_id=f"e{i}")
+    warnings = [r for r in caplog.records if "evicted by capacity" in r.getMessage()]
+    assert w.metrics_snapshot()["early_evictions"] == 50
+    assert len(warnings) == 1 and "1 keys evicted" in warnings[0].getMessage()
+    w.close()
+    client.close()

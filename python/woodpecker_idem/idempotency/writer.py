@@ -15,6 +15,7 @@ The window is rebuilt (snapshot + gap) before the writer accepts anything.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+EARLY_WARNING_EVERY_S = 60.0  # early evictions are logged at most this often (all are counted)
+
 
 def _window_option(name: str, value: object, default: object) -> int | float:
     """An `open_writer` window option, checked against its config key's type and range (the
@@ -91,6 +94,8 @@ class IdempotentLogWriter:
         self._watermarks: dict[int, int] = {}
         self._intake = Intake()  # before the core: its threads ask `queued()` from the start
         self._new_keys = 0
+        self._early_unreported = 0  # early evictions not logged yet (see _warn_early)
+        self._early_warned_at = -EARLY_WARNING_EVERY_S
         self._handle = handle
         self.log_id = handle.log_id
         self._clock = handle.client.clock
@@ -352,15 +357,28 @@ class IdempotentLogWriter:
         self._watermarks[segment_id] = last
         early = window.early_evictions - before
         if early:
-            log.warning(
-                "log %s: %d keys evicted by capacity before window_duration_s (window_max_keys"
-                "=%d is too small for this rate); retries of them would be new writes",
-                self.log_id,
-                early,
-                window.max_keys,
-            )
+            self._warn_early(early)
         if self._snapshotter is not None and self._new_keys >= self._snapshotter.due_keys:
             self._snapshotter.kick()
+
+    def _warn_early(self, early: int) -> None:
+        """Log early evictions at most once per EARLY_WARNING_EVERY_S: a window too small for
+        its rate evicts early at every commit, and one line per commit would flood the log."""
+        self._early_unreported += early
+        now = time.monotonic()
+        if now - self._early_warned_at < EARLY_WARNING_EVERY_S:
+            return
+        log.warning(
+            "log %s: %d keys evicted by capacity before window_duration_s since the last warning "
+            "(window_max_keys=%d is too small for this rate); retries of them would be new "
+            "writes. Counted in metrics_snapshot()['early_evictions']; warned at most once a "
+            "minute",
+            self.log_id,
+            self._early_unreported,
+            self._window.max_keys,
+        )
+        self._early_warned_at = now
+        self._early_unreported = 0
 
     def dropped_locked(self, segment_id: int, entries: list[PendingEntry]) -> None:
         self._window.drop_segment(segment_id)  # completed without them: all that is left
