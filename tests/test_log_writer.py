@@ -194,6 +194,32 @@ def test_lingered_batch_waits_for_the_batch_in_flight(tmp_path, wp_connect):
     assert [m.payload for m in read_all(handle)] == [b"first"] + [b"r%d" % i for i in range(20)]
 
 
+def test_write_many_after_queued_write_async_keeps_call_order(tmp_path, wp_connect):
+    """A write queued by write_async (a batch is in flight) is given its id before the rows of a
+    later write_many call of the same thread: the log keeps call order."""
+    client = wp_connect(tmp_path, {"append.linger_ms": 1000})
+    faults = FaultInjectingTransport(client.transport)
+    client.transport = faults
+    handle = client.create_log("order")
+    writer = handle.open_writer()
+    faults.delay("node-0", 200)
+    first = writer.write_async(b"first")
+    deadline = time.monotonic() + 5
+    while faults.calls.get("add_entries", 0) < 1:  # its batch is in flight
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    queued = writer.write_async(b"queued")  # waits behind the batch in flight
+    faults.delay("node-0", 0)
+    many = writer.write_many([b"m0", b"m1"], timeout=10)
+    assert [f.result(5).message_id for f in (first, queued)] == [
+        LogMessageId(0, 0),
+        LogMessageId(0, 1),
+    ]
+    assert list(many.entry_ids) == [2, 3]
+    writer.close()
+    assert [m.payload for m in read_all(handle)] == [b"first", b"queued", b"m0", b"m1"]
+
+
 def test_close_seals_then_reopen_continues(tmp_path, wp_connect):
     client = wp_connect(tmp_path)
     handle = client.create_log("c")

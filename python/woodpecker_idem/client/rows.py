@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .._core import encode_frame
 from ..errors import WoodpeckerError, WriteTimeoutError
 from ..types import WriteManyResult
+from .workers import resolve
 
 if TYPE_CHECKING:
     from .writer import LogWriter
@@ -253,12 +254,14 @@ def write_rows(
     result = WriteManyResult(array("q", bytes(8 * n)), array("q", bytes(8 * n)), bytearray(n))
     call = BatchCompletion()
     start = 0
+    outcomes: list = []
     try:
         while start < n:
             nbytes, end = chunk_end(
                 payloads, start, min(n, start + core.max_batch_entries), core.max_batch_bytes
             )
             with core.lock:
+                outcomes += core.admit_writes_locked()  # write_async's queued writes go first
                 core.check_open_locked()
                 if core.full_locked(nbytes, end - start):
                     core.wait_for_room_locked(nbytes, end - start)
@@ -267,11 +270,7 @@ def write_rows(
                     call.fail(range(start, end), core.unavailable_error())
                     start = end
                     continue
-                room, room_bytes = core.segment_room_locked(seg)
-                if 0 < room < end - start:
-                    end = start + room
-                if 0 < room_bytes < nbytes:
-                    nbytes, end = chunk_end(payloads, start, end, room_bytes)
+                end = core.run_end_locked(seg, payloads, start, end)  # within the segment
                 first = seg.next_entry_id
                 frame, count = encode_frame(
                     seg.segment_id, first, core.clock.now_ms(), payloads, start, end
@@ -286,4 +285,6 @@ def write_rows(
         call.fail(range(start, n), refused)
     finally:
         call.handed()
+        if outcomes:
+            resolve(outcomes)
     return finish(call, result, wait, pending_text)

@@ -149,8 +149,6 @@ class LogWriter:
         )
         self._needs_roll = self._roller.needs_roll  # the write path asks it of every write
         self._queue = WriteQueue(self)  # write_async's writes not given ids yet (queued.py)
-        # layer API: (entries, bytes) a segment takes before its roll limits; <= 0 once past them
-        self.segment_room_locked = self._roller.room
         self.metrics: dict[str, float] = {
             "segments_rolled": 0,
             "segments_repaired": 0,
@@ -247,6 +245,11 @@ class LogWriter:
         return future
 
     # --- layer API: what a layer over this core (hooks.py) may call --------------------------
+
+    def admit_writes_locked(self) -> Outcomes:
+        """Give the writes `write_async` queued their ids now (a batch call goes after them);
+        returns the outcomes of those that failed, to set after the lock."""
+        return self._queue.admit_locked() if self._queue else []
 
     def run_end_locked(self, seg: SegmentHandle, payloads: list[bytes], start: int, n: int) -> int:
         """Where the run of rows from `start` (of `n`) ends: one AddEntries batch
@@ -408,7 +411,7 @@ class LogWriter:
         with self.lock:
             if self._closed:
                 self.check_open_locked()
-            failed = self._queue.admit_locked() if self._queue else []
+            failed = self.admit_writes_locked()
             target = self._seq
         resolve(failed)
         with self.lock:

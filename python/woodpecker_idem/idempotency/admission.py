@@ -28,7 +28,8 @@ from .intake import ADMIT_AT, ADMIT_MIN, OVERHEAD, Intake, IntakeBatch
 _new = tuple.__new__
 
 
-def _i64(column: bytes, i: int) -> int:
+def i64_at(column: bytes, i: int) -> int:
+    """Value `i` of a little-endian int64 column (as `DedupWindow.reserve_many` returns)."""
     return int.from_bytes(column[8 * i : 8 * i + 8], "little", signed=True)
 
 
@@ -215,10 +216,10 @@ class Admission:
         if duplicates:  # after the new entries: a row may join one made by an earlier row
             for i, code in enumerate(status):
                 if code == 1:
-                    self._join_locked(_i64(seg_col, i), _i64(ent_col, i), futures[i])
+                    self._join_locked(i64_at(seg_col, i), i64_at(ent_col, i), futures[i])
                 elif code == 2:
                     self.duplicates += 1
-                    mid = LogMessageId(_i64(seg_col, i), _i64(ent_col, i))
+                    mid = LogMessageId(i64_at(seg_col, i), i64_at(ent_col, i))
                     resolved.append((futures[i], WriteResult(mid, True)))
 
     def evict_due_locked(self, now_ms: int) -> None:

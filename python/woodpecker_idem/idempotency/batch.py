@@ -31,7 +31,7 @@ from ..client.writer import LogWriter
 from ..clock import Clock
 from ..errors import WoodpeckerError
 from ..types import WriteManyResult
-from .admission import Admission
+from .admission import Admission, i64_at
 
 # status byte (0 new, 1 pending, 2 committed) -> duplicate flag
 _DUPLICATE = bytes.maketrans(b"\x00\x01\x02", b"\x00\x01\x01")
@@ -41,10 +41,6 @@ def _column(raw: bytes) -> array:
     col = array("q")
     col.frombytes(raw)
     return col
-
-
-def _i64(column: bytes, i: int) -> int:
-    return int.from_bytes(column[8 * i : 8 * i + 8], "little", signed=True)
 
 
 class BatchLane:
@@ -137,11 +133,7 @@ class BatchLane:
                 if seg is None:  # repairing: duplicates are answered, new rows refused
                     self._unavailable_locked(call, keys, start, end, result)
                 else:
-                    room, room_bytes = core.segment_room_locked(seg)
-                    if 0 < room < end - start:
-                        end = start + room
-                    if 0 < room_bytes < nbytes:
-                        nbytes, end = chunk_end(payloads, start, end, room_bytes)
+                    end = core.run_end_locked(seg, payloads, start, end)  # within the segment
                     self._admit_locked(call, seg, payloads, keys, start, end, result)
         finally:
             if outcomes:
@@ -191,7 +183,7 @@ class BatchLane:
             if code == 1:
                 joiner = RowJoiner(call, start + i)
                 call.add(joiner)
-                self._core.join_locked(_i64(segs, i), _i64(ents, i), joiner)
+                self._core.join_locked(i64_at(segs, i), i64_at(ents, i), joiner)
 
     def _unavailable_locked(
         self, call: BatchCompletion, keys: bytes, start: int, end: int, result: WriteManyResult
