@@ -94,3 +94,18 @@ def judge_group(client: Any, log: str, expected_keys: set[bytes], partitions: in
     assert verdict.ok, verdict.summary()
     assert len(messages) == len(expected_keys)
     assert {m.idempotency_key for m in messages} == expected_keys
+
+
+def run_attempt(opts: Any, batches: Iterator[Any], msg: Any, results: Any) -> None:
+    """Write `batches` as one task attempt (`write_batches`) and put its outcome on `results`:
+    ("ok", rows, written, duplicates), ("fenced", rows, written, why) or ("error", type, why, 0)."""
+    from woodpecker_idem.errors import WriterFencedError
+    from woodpecker_idem.spark.sink import write_batches
+
+    try:
+        write_batches(opts, batches, msg)
+        results.put(("ok", msg.rows, msg.written, msg.duplicates))
+    except WriterFencedError as exc:
+        results.put(("fenced", msg.rows, msg.written, str(exc)))
+    except BaseException as exc:  # noqa: BLE001 - reported to the test
+        results.put(("error", type(exc).__name__, str(exc), 0))

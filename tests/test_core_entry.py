@@ -125,12 +125,9 @@ def test_concat_keeps_the_gil_where_bytes_join_lets_go() -> None:
     assert 2 * sorted(held)[2] < sorted(released)[2], (held, released)
 
 
-@given(**ENTRY, unknown=st.booleans())
-def test_decode_entries_reads_what_protobuf_wrote(
-    seg, entry, ts, payload, props, key, unknown
-) -> None:
-    """The read path's Rust parser agrees with protobuf on every field (also with a field this
-    version does not know, which a newer writer may add)."""
+def _protobuf_entry(seg, entry, ts, payload, props, key, unknown) -> bytes:
+    """A LogEntry as protobuf serializes it, with a field this version does not know if
+    `unknown` (a newer writer may add one)."""
     body = LogEntry(
         segment_id=seg,
         entry_id=entry,
@@ -139,8 +136,16 @@ def test_decode_entries_reads_what_protobuf_wrote(
         properties=props,
         idempotency_key=key or b"",
     ).SerializeToString()
-    if unknown:
-        body += b"\x38\x05"  # field 7, varint 5
+    return body + b"\x38\x05" if unknown else body  # field 7, varint 5
+
+
+@given(**ENTRY, unknown=st.booleans())
+def test_decode_entries_reads_what_protobuf_wrote(
+    seg, entry, ts, payload, props, key, unknown
+) -> None:
+    """The read path's Rust parser agrees with protobuf on every field (also with a field this
+    version does not know, which a newer writer may add)."""
+    body = _protobuf_entry(seg, entry, ts, payload, props, key, unknown)
     (got,), bad = decode_entries([body], seg, entry)
     assert bad is None
     assert (got.segment_id, got.entry_id, got.timestamp_ms) == (seg, entry, ts)
@@ -166,16 +171,7 @@ def test_decode_messages_builds_what_a_reader_returned(
 ) -> None:
     """The reader's one-call decoder gives the LogMessage the reader built from protobuf's parse:
     same fields, same types, a new properties dict per message, None for no key."""
-    body = LogEntry(
-        segment_id=seg,
-        entry_id=entry,
-        timestamp_ms=ts,
-        payload=payload,
-        properties=props,
-        idempotency_key=key or b"",
-    ).SerializeToString()
-    if unknown:
-        body += b"\x38\x05"  # field 7, varint 5
+    body = _protobuf_entry(seg, entry, ts, payload, props, key, unknown)
     (got,) = decode_messages([body], seg, entry, LogMessage, LogMessageId)
     assert type(got) is LogMessage and type(got.message_id) is LogMessageId
     assert got == LogMessage(LogMessageId(seg, entry), payload, props, ts, key)

@@ -25,6 +25,7 @@ from sparkenv import (
     judge_group,
     order_keys,
     orders,
+    run_attempt,
     spark,  # noqa: F401 - the session fixture
 )
 
@@ -100,13 +101,7 @@ def _duplicate_attempt(opts_pickle: bytes, rows_file: str, marks: str, results: 
         wait_for(Path(marks) / "resume", 120)
         yield from table.slice(COPY_FIRST).to_batches(max_chunksize=100)
 
-    try:
-        write_batches(opts, batches(), msg)
-        results.put(("ok", msg.rows, msg.written, msg.duplicates))
-    except WriterFencedError as exc:
-        results.put(("fenced", msg.rows, msg.written, str(exc)))
-    except BaseException as exc:  # noqa: BLE001 - reported to the test
-        results.put(("error", type(exc).__name__, str(exc), 0))
+    run_attempt(opts, batches(), msg, results)
 
 
 def wait_for(path: Path, timeout_s: float) -> bool:

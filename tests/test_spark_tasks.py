@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from sparkenv import run_attempt
 
 from woodpecker_idem import connect, explicit_key
 from woodpecker_idem._core import arrow_explicit_keys, route_keys
@@ -121,13 +122,7 @@ def _attempt(data_dir: str, first: bool, started, taken, results) -> None:
                 taken.set()
             yield b
 
-    try:
-        write_batches(opts, batches(), msg)
-        results.put(("ok", msg.rows, msg.written, msg.duplicates))
-    except WriterFencedError as exc:
-        results.put(("fenced", msg.rows, msg.written, str(exc)))
-    except BaseException as exc:  # noqa: BLE001 - reported to the test
-        results.put(("error", type(exc).__name__, str(exc), 0))
+    run_attempt(opts, batches(), msg, results)
 
 
 def test_a_duplicate_attempt_fences_the_first_and_the_log_stays_exactly_once(group):
