@@ -96,3 +96,27 @@ def test_ctrl_c_while_queued_writes_become_entries_loses_none(
     msgs = list(client.open_log("a").open_reader())
     assert [m.payload for m in msgs] == [b"p%d" % i for i in range(200)]
     assert {m.payload: m.message_id for m in msgs if m.payload in acked} == acked
+
+
+def test_an_error_while_queued_writes_become_entries_ends_them(tmp_path, wp_connect, monkeypatch):
+    """Any error before a run is queued (here: the encoding fails once) ends the writes it held
+    with that error instead of leaving their futures pending; later writes go on."""
+    from woodpecker_idem.client import queued
+
+    client = wp_connect(tmp_path, {"append.max_batch_entries": 5})
+    writer = client.create_log("e").open_writer()
+    real, calls = queued.encode_frame, [0]
+
+    def encode_frame(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise MemoryError("no room for the frame")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(queued, "encode_frame", encode_frame)
+    lost = writer.write_async(b"lost")
+    with pytest.raises(MemoryError, match="no room"):
+        lost.result(timeout=5)
+    assert writer.write(b"next", timeout=5).message_id.entry_id == 0
+    writer.close()
+    assert [m.payload for m in client.open_log("e").open_reader()] == [b"next"]

@@ -116,23 +116,23 @@ class WriteQueue:
             n = len(futures)
             start = 0
             while start < n:
-                try:
+                try:  # a roll that failed (fenced, metadata unreachable) or any error before
+                    # the run is queued ends the writes not queued yet, with that error
                     seg = core.writable_segment_locked()
-                except WoodpeckerError as exc:  # a roll failed (fenced, metadata unreachable)
+                    if seg is None:  # a repair replaces the segment: new writes fail fast
+                        raise core.unavailable_error()
+                    end = core.run_end_locked(seg, payloads, start, n)
+                    frame, count = encode_frame(
+                        seg.segment_id,
+                        seg.next_entry_id,
+                        timestamps,
+                        payloads,
+                        start,
+                        end,
+                        properties=properties,
+                    )
+                except Exception as exc:  # noqa: BLE001 - set on their futures
                     return [(f, exc) for f in futures[start:]]
-                if seg is None:  # a repair replaces the segment: new writes fail fast
-                    refused = core.unavailable_error()
-                    return [(f, refused) for f in futures[start:]]
-                end = core.run_end_locked(seg, payloads, start, n)
-                frame, count = encode_frame(
-                    seg.segment_id,
-                    seg.next_entry_id,
-                    timestamps,
-                    payloads,
-                    start,
-                    end,
-                    properties=properties,
-                )
                 waiter: Waiter = futures[start] if count == 1 else FutureRun(futures[start:end])
                 core.enqueue_run_locked(seg, frame, count, waiter, self.since)
                 start = end
