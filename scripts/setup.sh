@@ -15,7 +15,8 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 java_major() {  # 17 for "17.0.15", 1 for "1.8.0_392"; 0 when there is no java
   command -v java >/dev/null 2>&1 || { echo 0; return; }
-  v=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1)
+  v=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p')
+  v=${v%%$'\n'*}  # the first match; no `| head`, whose early exit is a SIGPIPE under pipefail
   echo "${v:-0}"
 }
 if [ "$(java_major)" -lt 17 ]; then  # Spark 4 (the spark extra) runs on Java 17 or 21
@@ -35,6 +36,7 @@ if [ "$(java_major)" -lt 17 ]; then  # Spark 4 (the spark extra) runs on Java 17
 fi
 rm -rf dist
 .venv/bin/maturin build --release --out dist -q 2>&1 | grep -v '^📦\|^🍹\|^🔗\|^🐍' || true
-WHEEL=$(ls dist/woodpecker_idem-*.whl | head -n 1)
+WHEELS=(dist/woodpecker_idem-*.whl)
+WHEEL=${WHEELS[0]}
 .venv/bin/python -m pip install -q --force-reinstall --no-deps "$WHEEL"
 .venv/bin/python -m pip install -q "${WHEEL}[${WOODPECKER_EXTRAS:-test}]"
