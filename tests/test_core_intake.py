@@ -85,13 +85,13 @@ def test_keypipe_accepts_bytes_likes_and_refuses_the_rest():
 
 
 def test_keypipe_holds_bytes_without_copying_and_releases_them_when_taken():
-    """A bytes payload is held by reference until it is hashed (no 1 KiB copy per write): small
-    chunks are hashed, and let go of, as they fill; a large chunk's payloads go to the worker and
-    are let go of when their keys are taken. A mutable buffer is copied, so changing it afterwards
-    cannot change its key."""
+    """A bytes payload is held by reference until it is hashed (no copy per write): small
+    chunks (under 32 KiB) are hashed, and let go of, as they fill; a larger chunk's payloads go
+    to the worker and are let go of when their keys are taken. A mutable buffer is copied, so
+    changing it afterwards cannot change its key."""
     import sys
 
-    payload = b"held" * 256
+    payload = b"held" * 64  # 256 B: a chunk of 64 is 16 KiB
     before = sys.getrefcount(payload)
     pipe = KeyPipe()
     for _ in range(200):  # three chunks of 64 hashed at once, 8 stay open
@@ -99,6 +99,13 @@ def test_keypipe_holds_bytes_without_copying_and_releases_them_when_taken():
     assert sys.getrefcount(payload) == before + 8
     assert pipe.take(200) == content_key(payload) * 200
     assert sys.getrefcount(payload) == before
+    kib = b"K" * 1024  # a chunk of 64 is 64 KiB: hashed by the worker, held until taken
+    kib_before = sys.getrefcount(kib)
+    for _ in range(130):
+        pipe.push(kib)
+    assert sys.getrefcount(kib) == kib_before + 130
+    assert pipe.take(130) == content_key(kib) * 130
+    assert sys.getrefcount(kib) == kib_before
     big = b"B" * (100 * 1024)
     big_before = sys.getrefcount(big)
     for _ in range(7):  # two chunks of 300 KiB go to the worker, one payload stays open

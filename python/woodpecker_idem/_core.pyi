@@ -480,9 +480,10 @@ class DedupWindow:
     """The per-log set of recent idempotency keys that makes retries return the original id.
 
     Pending keys (writes in flight) live in a separate table that is never evicted and does not
-    count against `max_keys`. Committed keys live in a preallocated ring in commit order, so the
-    oldest commit is evicted first, whether by capacity or by age. Memory is reserved for
-    `max_keys` up front (about 38-44 bytes per key), so steady-state inserts never reallocate.
+    count against `max_keys`. Committed keys live in a ring in commit order, so the oldest commit
+    is evicted first, whether by capacity or by age. The ring's address space is reserved for
+    `max_keys` up front (32 bytes per key, touched as keys land); its index grows with the keys
+    (about 6-12 bytes per key), so a window far from full costs, and copies, what it holds.
 
     Thread-safe: an internal lock guards the state; batch methods release the GIL while they hold
     it, and single-key methods wait for a busy lock with the GIL released.
@@ -678,8 +679,9 @@ class DedupWindow:
         `memory_bytes`."""
     def clone_committed(self) -> DedupWindow:
         """A copy with the same config and committed entries in the same order (no pending,
-        counters zero). A memcpy-like copy, cheap enough to take under the writer's lock so a
-        snapshot is consistent with the watermarks read under that lock."""
+        counters zero). A memcpy-like copy of what the window holds (not of `max_keys`), cheap
+        enough to take under the writer's lock so a snapshot is consistent with the watermarks
+        read under that lock."""
     def committed_entries(self) -> list[tuple[bytes, int, int, int]]:
         """`(key, segment_id, entry_id, timestamp_ms)` in commit order, oldest first (tests and
         tools; use `encode_snapshot` for bulk export)."""
@@ -691,11 +693,11 @@ class KeyPipe:
     """Content keys computed a chunk at a time, returned in push order.
 
     `push` holds a `bytes` payload by reference (no copy: bytes are immutable, so the pipe's thread
-    may read them without the GIL) and returns; every 64 payloads or 256 KiB the chunk is hashed,
-    all its payloads together: at once by the pusher under 128 KiB (cheaper than waking a thread),
-    else by the pipe's own Rust thread while the producer carries on. The references are released
-    when the keys are taken.
-    `push_id` computes an id's key at once (an id is short: waking the thread would cost more).
+    may read them without the GIL) and returns; every 64 inputs or 256 KiB the chunk is hashed,
+    all its payloads and ids together: at once by the pusher under 32 KiB of payloads (cheaper
+    than waking a thread), else by the pipe's own Rust thread while the producer carries on. The
+    references are released when the keys are taken.
+    `push_id` validates an id and copies it; its key is hashed with its chunk.
     Not meant to be shared: the idempotent writer calls it under its own lock.
     """
 

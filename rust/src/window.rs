@@ -1,5 +1,6 @@
 //! The dedup window: pending keys in a small side table, committed keys in a preallocated ring
-//! kept in commit order and indexed by a `HashTable<u32>` of ring slot numbers.
+//! kept in commit order and indexed by a `HashTable<u32>` of ring slot numbers, which grows with
+//! the keys as a hash table does (doubling while the window fills).
 //!
 //! Layout per committed key: one 32-byte [`Record`] in the ring plus one `u32` slot number and one
 //! control byte in the index (~ 32 + 5 * 8/7 .. 32 + 5 * 16/7 bytes, i.e. 37.7..43.5 bytes).
@@ -103,6 +104,18 @@ fn key_hash(seed: u64, key: &Key) -> u64 {
     fmix64(fmix64(lo ^ seed) ^ hi)
 }
 
+/// Add a pending record to its segment's order queue, which stays sorted by entry id.
+fn push_ordered(order: &mut VecDeque<(u32, Key)>, rec: &Record) {
+    match order.back() {
+        Some(&(last, _)) if last >= rec.entry_id => {
+            // Out of order (never from the writer): keep the queue sorted by entry id.
+            let at = order.partition_point(|&(e, _)| e <= rec.entry_id);
+            order.insert(at, (rec.entry_id, rec.key));
+        }
+        _ => order.push_back((rec.entry_id, rec.key)),
+    }
+}
+
 fn random_seed() -> u64 {
     std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64)
 }
@@ -115,7 +128,9 @@ fn age(now_ms: i64, ts_ms: i64) -> i128 {
 
 impl Window {
     /// A window for at most `max_keys` committed keys (1..=[`MAX_KEYS_LIMIT`]) and `window_ms`
-    /// (>= 1). Ring and index are reserved for `max_keys` now, so inserts never reallocate.
+    /// (>= 1). The ring is reserved for `max_keys` now (address space: pages are touched as
+    /// records land), so an impossible size fails here; the index grows with the keys, so a
+    /// window far from full costs, and copies ([`Window::clone_committed`]), what it holds.
     pub fn new(max_keys: usize, window_ms: i64) -> Result<Self, TryReserveError> {
         Self::with_seed(max_keys, window_ms, random_seed())
     }
@@ -124,10 +139,6 @@ impl Window {
         debug_assert!(max_keys >= 1 && max_keys as u64 <= MAX_KEYS_LIMIT && window_ms >= 1);
         let mut ring = Vec::new();
         ring.try_reserve_exact(max_keys)?;
-        let mut index = HashTable::new();
-        index
-            .try_reserve(max_keys, |_: &u32| 0)
-            .map_err(|_| alloc_error())?;
         Ok(Self {
             max_keys,
             window_ms,
@@ -135,7 +146,7 @@ impl Window {
             ring,
             head: 0,
             len: 0,
-            index,
+            index: HashTable::new(),
             dead: 0,
             pending: HashTable::new(),
             pending_order: HashMap::new(),
@@ -247,15 +258,7 @@ impl Window {
         let seed = self.seed;
         self.pending
             .insert_unique(h, rec, |r| key_hash(seed, &r.key));
-        let order = self.pending_order.entry(rec.segment_id).or_default();
-        match order.back() {
-            Some(&(last, _)) if last >= rec.entry_id => {
-                // Out of order (never from the writer): keep the queue sorted by entry id.
-                let at = order.partition_point(|&(e, _)| e <= rec.entry_id);
-                order.insert(at, (rec.entry_id, rec.key));
-            }
-            _ => order.push_back((rec.entry_id, rec.key)),
-        }
+        push_ordered(self.pending_order.entry(rec.segment_id).or_default(), &rec);
     }
 
     /// Commit the pending keys of `segment_id` whose entry ids are at most `last_entry_id`, in
@@ -476,7 +479,8 @@ impl Window {
     }
 
     /// Same config and committed entries in the same order; no pending, zero counters. Copies the
-    /// ring and the index as they are (no rehashing).
+    /// ring's records and the index as they are (no rehashing): O(keys held), whatever
+    /// `max_keys` is.
     pub fn clone_committed(&self) -> Result<Self, TryReserveError> {
         let mut ring = Vec::new();
         ring.try_reserve_exact(self.max_keys)?;
@@ -582,6 +586,8 @@ impl Window {
         let mut segs = vec![0u8; n * 8];
         let mut ents = vec![0u8; n * 8];
         let mut next = first_entry_id;
+        // The segment's order queue, looked up once for the batch (not once per key).
+        let mut order = self.pending_order.remove(&segment_id).unwrap_or_default();
         let rows = keys
             .chunks_exact(KEY_LEN)
             .zip(timestamps_ms)
@@ -617,7 +623,10 @@ impl Window {
                     if expired {
                         self.kill(&key, h); // the new write replaces its expired record
                     }
-                    self.insert_pending(rec, h);
+                    let seed = self.seed;
+                    self.pending
+                        .insert_unique(h, rec, |r| key_hash(seed, &r.key));
+                    push_ordered(&mut order, &rec);
                     next = next.wrapping_add(1);
                     (ABSENT, rec)
                 }
@@ -625,6 +634,9 @@ impl Window {
             *st = code;
             sg.copy_from_slice(&i64::from(rec.segment_id).to_le_bytes());
             en.copy_from_slice(&i64::from(rec.entry_id).to_le_bytes());
+        }
+        if !order.is_empty() {
+            self.pending_order.insert(segment_id, order);
         }
         (status, segs, ents)
     }
@@ -637,13 +649,6 @@ impl Window {
 
 /// Batches at least this long are looked up on several threads.
 pub const GET_MANY_PARALLEL_MIN: usize = 65_536;
-
-fn alloc_error() -> TryReserveError {
-    // hashbrown's error type differs from std's; produce a std one for a uniform signature.
-    Vec::<u8>::new()
-        .try_reserve(usize::MAX)
-        .expect_err("reserving usize::MAX bytes always fails")
-}
 
 #[cfg(test)]
 mod tests {

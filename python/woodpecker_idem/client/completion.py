@@ -31,13 +31,14 @@ from ..retry import Backoff, retry_call
 from ..types import SegmentState
 from .hooks import Outcomes, WriterHooks
 from .recovery import recover_segment, seal
-from .segment import Batch, PendingEntry, SegmentHandle, SegmentStatus, span
+from .segment import Batch, SegmentHandle, SegmentStatus, span
 from .workers import Maintenance, resolve
 
 if TYPE_CHECKING:
     from ..clock import Clock
     from ..logstore.transport import LogStoreTransport
     from ..meta import MetadataStore
+    from .inflight import InFlight
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +55,13 @@ class CompletionCore(Protocol):
     clock: Clock
     lock: threading.Lock
     metrics: dict[str, float]
+    inflight: InFlight
 
     @property
     def stopped(self) -> bool: ...
 
     @property
     def fenced(self) -> bool: ...
-
-    def commit_locked(self, seg: SegmentHandle, entries: list[PendingEntry]) -> Outcomes: ...
-
-    def release_locked(self, entries: int, nbytes: int) -> None: ...
 
     def forget_locked(self, seg: SegmentHandle) -> None: ...
 
@@ -230,7 +228,7 @@ class SegmentCompletion:
     def _resolve_segment_locked(self, seg: SegmentHandle, last_entry_id: int) -> Outcomes:
         core = self._core
         committed, dropped = seg.resolve_completed(last_entry_id)
-        resolved = core.commit_locked(seg, committed) if committed else []
+        resolved = core.inflight.commit_locked(seg, committed) if committed else []
         if dropped:
             self._hooks.dropped_locked(seg.segment_id, dropped)
             exc = SegmentClosedError(
@@ -239,7 +237,7 @@ class SegmentCompletion:
             )
             for entry in dropped:
                 resolved.extend((f, exc) for f, _ in entry.waiters())
-            core.release_locked(span(dropped), sum(len(e.record) for e in dropped))
+            core.inflight.release_locked(span(dropped), sum(len(e.record) for e in dropped))
         return resolved
 
     def unavailable_error(self) -> WoodpeckerError:

@@ -3,9 +3,9 @@ what happens to entries and segments, and feeds its queued writes in, without to
 private state (as Woodpecker's idempotentWriterImpl wraps a LogWriter).
 
 The core calls every hook; the layer calls back only the core's package API (`LogWriter.lock`,
-`check_open_locked`, `enqueue_run_locked`, ... documented there). `_locked` hooks run with the
-core's lock held and must not block or call out; outcomes they return are set by the core after it
-releases the lock.
+`check_open_locked`, `inflight.enqueue_run_locked`, ... documented there). `_locked` hooks run
+with the core's lock held and must not block or call out; outcomes they return are set by the
+core after it releases the lock.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class WriterHooks(Protocol):
         """How many accepted writes the layer holds that have no entry yet (lock held)."""
 
     def admit_locked(self, idle: bool) -> tuple[Outcomes, float | None]:
-        """Turn queued writes into entries (via `LogWriter.enqueue_run_locked`) if the current
+        """Turn queued writes into entries (via `InFlight.enqueue_run_locked`) if the current
         segment is `idle` (nothing in flight) or they are due; returns the outcomes and the
         seconds until the rest are due (None: nothing queued)."""
 

@@ -25,6 +25,7 @@ from .rows import ROW_OVERHEAD
 if TYPE_CHECKING:
     from ..clock import Clock
     from .hooks import Outcomes
+    from .inflight import InFlight
     from .segment import SegmentHandle, Waiter
 
 # Queueing times: C long where it is 64-bit (appending an int to it is cheaper than to 'q')
@@ -38,9 +39,9 @@ class QueueCore(Protocol):
     max_batch_entries: int
     max_batch_bytes: int
     linger_s: float
+    inflight: InFlight
 
     def check_open_locked(self) -> None: ...
-    def full_locked(self, size: int, entries: int = 1) -> bool: ...
     def wait_for_room_locked(self, size: int, entries: int = 1) -> None: ...
     def idle_locked(self) -> bool: ...
     def wake_locked(self) -> None: ...
@@ -49,9 +50,6 @@ class QueueCore(Protocol):
     def run_end_locked(
         self, seg: SegmentHandle, payloads: list[bytes], start: int, n: int
     ) -> int: ...
-    def enqueue_run_locked(
-        self, seg: SegmentHandle, frame: bytes, count: int, waiter: Waiter, since: float
-    ) -> None: ...
 
 
 class WriteQueue:
@@ -78,7 +76,9 @@ class WriteQueue:
         core = self._core
         size = len(payload) + ROW_OVERHEAD
         failed: Outcomes = []
-        if core.full_locked(size + self.nbytes, len(self._futures) + 1):  # with the queued ones
+        if core.inflight.full_locked(
+            size + self.nbytes, len(self._futures) + 1
+        ):  # with the queued ones
             if self._futures:  # room comes from commits: queued writes must be entries first
                 failed = self.admit_locked()
             core.wait_for_room_locked(size)  # raises once closed or fenced
@@ -134,7 +134,7 @@ class WriteQueue:
                 except Exception as exc:  # noqa: BLE001 - set on their futures
                     return [(f, exc) for f in futures[start:]]
                 waiter: Waiter = futures[start] if count == 1 else FutureRun(futures[start:end])
-                core.enqueue_run_locked(seg, frame, count, waiter, self.since)
+                core.inflight.enqueue_run_locked(seg, frame, count, waiter, self.since)
                 start = end
             return []
 

@@ -1,7 +1,7 @@
 """The batch lane: many rows per call, one completion per call, no future per row.
 
 A batch call (`LogWriter.write_many`, and `IdempotentLogWriter.write_keyed` with the calls built
-on it) hands the writer core its new rows as runs (`LogWriter.enqueue_run_locked`: up to a batch
+on it) hands the writer core its new rows as runs (`InFlight.enqueue_run_locked`: up to a batch
 of consecutive entries, one frame, one waiter), in chunks of one AddEntries batch. Each run's
 waiter is a `RunRows`, a row that joined an entry in flight a `RowJoiner`; both report to the
 call's `BatchCompletion`, which counts the rows still open and keeps the failures by row, so the
@@ -263,7 +263,7 @@ def write_rows(
             with core.lock:
                 outcomes += core.admit_writes_locked()  # write_async's queued writes go first
                 core.check_open_locked()
-                if core.full_locked(nbytes, end - start):
+                if core.inflight.full_locked(nbytes, end - start):
                     core.wait_for_room_locked(nbytes, end - start)
                 seg = core.writable_segment_locked()
                 if seg is None:  # repairing: refused, nothing queued
@@ -279,7 +279,7 @@ def write_rows(
                 result.entry_ids[start:end] = array("q", range(first, first + count))
                 waiter = RunRows(call, start, count)
                 call.add(waiter)
-                core.enqueue_run_locked(seg, frame, count, waiter, time.monotonic())
+                core.inflight.enqueue_run_locked(seg, frame, count, waiter, time.monotonic())
             start = end
     except WoodpeckerError as refused:  # fenced or closed: the rest is refused, nothing queued
         call.fail(range(start, n), refused)

@@ -11,10 +11,11 @@ node that keeps failing is dropped from the segment; when fewer than aq nodes re
 completed by the recovery rule and its pending entries are resolved against it (present ->
 committed, absent -> dropped with `SegmentClosedError`), then writing goes on in a new segment.
 
-This module owns the entries (ids, the in-flight count, acks, outcomes) and composes the parts,
-one job each: `message` (input checks), `queued` (write_async's queue), `dispatch` + `workers`
-(group commit, node senders), `roll` (opening and rolling segments), `completion` (completing
-them), `flusher` (timeouts, LAC updates, the lease).
+This module owns the writer's segments, acks and lifecycle (open, flush, close, fence) and
+composes the parts, one job each: `message` (input checks), `queued` (write_async's queue),
+`inflight` (entries from enqueue to commit: the one enqueue path, outcomes, backpressure),
+`dispatch` + `workers` (group commit, node senders), `roll` (opening and rolling segments),
+`completion` (completing them), `flusher` (timeouts, LAC updates, the lease).
 """
 
 from __future__ import annotations
@@ -39,14 +40,14 @@ from ..errors import (
     WriterForkedError,
     WriteTimeoutError,
 )
-from ..types import LogMessageId, WriteManyResult, WriteMessage, WriteResult
+from ..types import WriteManyResult, WriteMessage, WriteResult
 from . import atexit_close
 from .completion import SegmentCompletion
 from .dispatch import Dispatch
 from .flusher import Flusher
 from .futures import WriteFuture
 from .hooks import NO_HOOKS, Outcomes, WriterHooks
-from .interrupts import HOLD_INTERRUPTS
+from .inflight import InFlight
 from .message import checked_payloads, coerce_message
 from .queued import WriteQueue
 from .roll import SegmentRoller
@@ -54,11 +55,9 @@ from .rows import chunk_end, write_rows
 from .segment import (
     Batch,
     EntryJoiner,
-    PendingEntry,
     SegmentHandle,
     SegmentStatus,
     Waiter,
-    span,
 )
 from .workers import Maintenance, resolve
 
@@ -114,18 +113,12 @@ class LogWriter:
         self.max_retries = ap.max_retries  # core interface: a node's retries of one batch
         self.max_entry_bytes = ap.max_entry_bytes
         self.linger_s = ap.linger_ms / 1000
-        self._max_inflight_entries = ap.max_inflight_entries
-        self._max_inflight_bytes = ap.max_inflight_bytes
 
         self.lock = threading.Lock()  # the layer API's lock: `_locked` methods and hooks need it
-        self._space = threading.Condition(self.lock)  # backpressure, flush, drain
         self._wake = threading.Condition(self.lock)  # the flusher
         self._closed = False
         self._stopping = threading.Event()  # set on close: background retries end
         self._fenced: WriterFencedError | None = None
-        self._seq = 0
-        self._inflight_entries = 0
-        self._inflight_bytes = 0
         self._segments: dict[int, SegmentHandle] = {}
         self._last_opened = -1  # the newest segment this writer has had a handle for
         self._current: SegmentHandle | None = None
@@ -139,6 +132,9 @@ class LogWriter:
             linger_s=self.linger_s,
         )
         self._send_locked = self._dispatch.send_locked  # group commit (the hot path calls it)
+        # layer API: the entries in flight (the one enqueue path, commits, backpressure)
+        self.inflight = InFlight(self.lock, ap, self._send_locked, hooks.committed_locked)
+        self._space = self.inflight.space  # flush and close wait on it too
         self._roller = SegmentRoller(
             self,
             self._cfg,
@@ -261,61 +257,6 @@ class LogWriter:
         end = min(n, start + room, start + self.max_batch_entries)
         return chunk_end(payloads, start, end, min(room_bytes, self.max_batch_bytes))[1]
 
-    def enqueue_run_locked(
-        self, seg: SegmentHandle, frame: bytes, count: int, waiter: Waiter, since: float
-    ) -> None:
-        """The one enqueue path of every write: `count` entries from `seg.next_entry_id` on,
-        encoded in one `frame`, pending as one run with one `waiter` (told once for all of them,
-        with the first entry's id; a `RunWaiter` when `count` > 1), sent per group commit
-        (`Dispatch.send_locked`). The caller keeps the run within `run_end_locked`, so a run is
-        never cut into two batches. `since`: when the oldest was queued (time.monotonic())."""
-        with HOLD_INTERRUPTS:  # in every list, or in none
-            self._seq += 1
-            deadline = time.monotonic() + self.timeout_s
-            run = PendingEntry(
-                self._seq, seg.segment_id, seg.next_entry_id, frame, waiter, deadline
-            )
-            run.count = count
-            was_empty = not seg.unsent
-            seg.pending.append(run)
-            seg.unsent.append(run)
-            seg.by_entry[run.entry_id] = run
-            self._queued_locked(seg, count, len(frame), was_empty, since)
-
-    def _queued_locked(
-        self, seg: SegmentHandle, entries: int, nbytes: int, was_empty: bool, since: float
-    ) -> None:
-        """Count `entries` just appended to `seg` (`nbytes` of records) and send per group
-        commit."""
-        seg.next_entry_id += entries
-        seg.unsent_bytes += nbytes
-        seg.unsent_entries += entries
-        seg.size_bytes += nbytes
-        self._inflight_entries += entries
-        self._inflight_bytes += nbytes
-        if was_empty and seg.unsent:
-            seg.unsent_since = since
-        if (
-            not seg.batches
-            or seg.unsent_entries >= self.max_batch_entries
-            or seg.unsent_bytes >= self.max_batch_bytes
-        ):
-            self._send_locked(seg)
-
-    def full_locked(self, size: int, entries: int = 1) -> bool:
-        """Backpressure: would `size` more bytes in `entries` more entries pass the in-flight
-        limits?"""
-        return (
-            self._inflight_entries + entries > self._max_inflight_entries
-            or self._inflight_bytes + size > self._max_inflight_bytes
-        )
-
-    def release_locked(self, entries: int, nbytes: int) -> None:
-        """Stop counting entries that left without a commit (dropped with their segment)."""
-        self._inflight_entries -= entries
-        self._inflight_bytes -= nbytes
-        self._space.notify_all()
-
     def idle_locked(self) -> bool:
         """Nothing is in flight in the current segment (or there is none: being repaired)."""
         current = self._current
@@ -364,14 +305,8 @@ class LogWriter:
 
     def wait_for_room_locked(self, size: int, entries: int = 1) -> None:
         """Backpressure: block until in-flight entries/bytes leave room for `entries` more
-        entries of `size` bytes (or nothing is in flight)."""
-        while (
-            self.full_locked(size, entries)
-            and self._inflight_entries
-            and not self._closed
-            and self._fenced is None
-        ):
-            self._space.wait(0.1)
+        entries of `size` bytes (or nothing is in flight); raises once closed or fenced."""
+        self.inflight.wait_for_room_locked(size, entries, lambda: self.stopped)
         self.check_open_locked()
 
     def writable_segment_locked(self) -> SegmentHandle | None:
@@ -412,7 +347,7 @@ class LogWriter:
             if self._closed:
                 self.check_open_locked()
             failed = self.admit_writes_locked()
-            target = self._seq
+            target = self.inflight.seq
         resolve(failed)
         with self.lock:
             while self._fenced is None:
@@ -544,7 +479,7 @@ class LogWriter:
             committed = seg.ack(node, batch)
             if not committed:
                 return
-            resolved = self.commit_locked(seg, committed)
+            resolved = self.inflight.commit_locked(seg, committed)
             if self._queue:  # writes queued while this batch was in flight
                 resolved.extend(self._queue.admit_locked())
             if self._hooks.queued():  # writes queued while this batch was in flight
@@ -559,24 +494,6 @@ class LogWriter:
         """`node` gave up on `batch`: segment completion drops it, and repairs `seg` if it lost
         its ack quorum."""
         self._completion.node_failed(node, seg, batch, exc)
-
-    def commit_locked(self, seg: SegmentHandle, committed: list[PendingEntry]) -> Outcomes:
-        """`committed` (in entry order) reached aq: tell the hooks, free their in-flight room;
-        returns their outcomes (set after the lock is released)."""
-        self._hooks.committed_locked(seg.segment_id, committed)
-        resolved: Outcomes = []
-        nbytes = 0
-        for entry in committed:
-            nbytes += len(entry.record)
-            mid = LogMessageId(seg.segment_id, entry.entry_id)
-            if entry.future is not None:
-                resolved.append((entry.future, WriteResult(mid, False)))
-            if entry.joiners:
-                resolved.extend((f, WriteResult(mid, True)) for f in entry.joiners)
-        self._inflight_entries -= span(committed)
-        self._inflight_bytes -= nbytes
-        self._space.notify_all()
-        return resolved
 
     # --- fencing and the lease -----------------------------------------------------------------
 

@@ -79,7 +79,7 @@ class Admission:
         early = None
         rows, held = len(intake.futures), False
         try:  # the queued writes count against the in-flight limits with this one
-            if core.full_locked(size + intake.nbytes, rows + 1):
+            if core.inflight.full_locked(size + intake.nbytes, rows + 1):
                 if intake.futures:  # room comes from commits: queued writes must be entries
                     early = self._admit_locked()
                     rows = 0
@@ -212,7 +212,7 @@ class Admission:
             new_futures = futures
         if count:
             waiter = new_futures[0] if count == 1 else FutureRun(new_futures)
-            self._core.enqueue_run_locked(seg, frame, count, waiter, batch.since)
+            self._core.inflight.enqueue_run_locked(seg, frame, count, waiter, batch.since)
         if duplicates:  # after the new entries: a row may join one made by an earlier row
             for i, code in enumerate(status):
                 if code == 1:

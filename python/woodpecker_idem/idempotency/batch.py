@@ -5,7 +5,7 @@ one pass (`get_many`): committed keys are answered at once. The rest go in chunk
 AddEntries batch (append.max_batch_entries / max_batch_bytes, within the segment's roll limits),
 each under the core's lock: one `reserve_many` (every row judged as of the chunk's time: new,
 joining an entry in flight, or committed meanwhile), one `encode_frame` of the new rows, and one
-run handed to the core (`LogWriter.enqueue_run_locked`) with one waiter; only a row joining an
+run handed to the core (`InFlight.enqueue_run_locked`) with one waiter; only a row joining an
 entry in flight gets an object (`RowJoiner`). The results are filled in columns from the window's
 answers, and the call waits once, on its `BatchCompletion`.
 
@@ -29,12 +29,39 @@ from ..client.segment import SegmentHandle
 from ..client.workers import resolve
 from ..client.writer import LogWriter
 from ..clock import Clock
-from ..errors import WoodpeckerError
+from ..errors import (
+    InvalidArgumentError,
+    InvalidTypeError,
+    PayloadTooLargeError,
+    WoodpeckerError,
+)
 from ..types import WriteManyResult
 from .admission import Admission, i64_at
 
 # status byte (0 new, 1 pending, 2 committed) -> duplicate flag
 _DUPLICATE = bytes.maketrans(b"\x00\x01\x02", b"\x00\x01\x01")
+
+
+def keyed_rows(payloads: list[bytes], keys: bytes, max_bytes: int) -> list[bytes]:
+    """`write_keyed`'s rows, checked whole before any is queued (N*16 key bytes, bytes payloads
+    within append.max_entry_bytes): a bad row refuses the batch, naming it. No Python work per
+    row when every row is fine (the Spark sink's path)."""
+    n = len(payloads)
+    if len(keys) != 16 * n:
+        raise InvalidArgumentError(f"keys has {len(keys)} bytes; {n} payloads need {16 * n}")
+    if payloads and set(map(type, payloads)) != {bytes}:
+        row = next(i for i, p in enumerate(payloads) if type(p) is not bytes)
+        raise InvalidTypeError(
+            f"payloads[{row}] must be bytes, not {type(payloads[row]).__name__}; nothing of "
+            "the batch was written"
+        )
+    if payloads and max(map(len, payloads)) > max_bytes:
+        row = next(i for i, p in enumerate(payloads) if len(p) > max_bytes)
+        raise PayloadTooLargeError(
+            f"row {row}: payload is {len(payloads[row])} bytes; append.max_entry_bytes "
+            f"allows {max_bytes}; nothing of the batch was written"
+        )
+    return payloads if type(payloads) is list else list(payloads)
 
 
 def _column(raw: bytes) -> array:
@@ -127,7 +154,7 @@ class BatchLane:
             with core.lock:
                 outcomes = self._admission.admit_all_locked()  # writes queued ahead go first
                 core.check_open_locked()
-                if core.full_locked(nbytes, end - start):
+                if core.inflight.full_locked(nbytes, end - start):
                     core.wait_for_room_locked(nbytes, end - start)
                 seg = core.writable_segment_locked()
                 if seg is None:  # repairing: duplicates are answered, new rows refused
@@ -171,7 +198,7 @@ class BatchLane:
         if count:
             waiter = RunRows(call, start, count, status if mixed else None)
             call.add(waiter)
-            self._core.enqueue_run_locked(seg, frame, count, waiter, time.monotonic())
+            self._core.inflight.enqueue_run_locked(seg, frame, count, waiter, time.monotonic())
         if rows - new - status.count(2):  # after the run: a row may join an entry of it
             self._join_locked(call, start, status, segs, ents)
 

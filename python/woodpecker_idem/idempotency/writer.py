@@ -40,13 +40,12 @@ from ..errors import (
     ConfigError,
     InvalidArgumentError,
     InvalidTypeError,
-    PayloadTooLargeError,
     WriterClosedError,
     WriterFencedError,
 )
 from ..types import WriteManyResult, WriteMessage, WriteResult
 from .admission import Admission
-from .batch import BatchLane
+from .batch import BatchLane, keyed_rows
 from .intake import Intake
 from .recovery import RecoveryReport, rebuild_window
 from .snapshot import SnapshotSource, Snapshotter
@@ -280,7 +279,7 @@ class IdempotentLogWriter:
             raise InvalidArgumentError(f"ids has {len(ids)} items but payloads has {len(payloads)}")
         checked = checked_payloads(payloads, self._max_entry_bytes)
         self._check_process()
-        return self._write_keyed_rows(checked, keys, wait)
+        return self._lane.write(checked, keys, wait, self._still_pending_text)
 
     def write_arrow(
         self,
@@ -313,39 +312,11 @@ class IdempotentLogWriter:
         key functions, e.g. `arrow_rows`); checked whole before anything is queued."""
         wait = timeout_arg(timeout, allow_zero=False)
         self._check_process()
-        n = len(payloads)
-        if len(keys) != 16 * n:
-            raise InvalidArgumentError(f"keys has {len(keys)} bytes; {n} payloads need {16 * n}")
-        if payloads and set(map(type, payloads)) != {bytes}:
-            row = next(i for i, p in enumerate(payloads) if type(p) is not bytes)
-            raise InvalidTypeError(
-                f"payloads[{row}] must be bytes, not {type(payloads[row]).__name__}; nothing of "
-                "the batch was written"
-            )
-        limit = self._max_entry_bytes
-        if payloads and max(map(len, payloads)) > limit:
-            row = next(i for i, p in enumerate(payloads) if len(p) > limit)
-            raise PayloadTooLargeError(
-                f"row {row}: payload is {len(payloads[row])} bytes; append.max_entry_bytes "
-                f"allows {limit}; nothing of the batch was written"
-            )
-        return self._write_keyed_rows(payloads, keys, wait)
+        rows = keyed_rows(payloads, keys, self._max_entry_bytes)
+        return self._lane.write(rows, keys, wait, self._still_pending_text)
 
     def _check_process(self) -> None:
         self._core.check_process()
-
-    def _write_keyed_rows(
-        self, payloads: list[bytes], keys: bytes, wait: float | None
-    ) -> WriteManyResult:
-        """The one entry point for rows checked already: `payloads` are bytes within
-        append.max_entry_bytes, `keys` their N*16-byte keys (hashed by the caller, e.g. in Rust
-        from an Arrow batch); written through the batch lane (batch.py), waits up to `wait`."""
-        n = len(payloads)
-        if len(keys) != 16 * n:
-            raise InvalidArgumentError(f"{len(keys)} key bytes for {n} rows (16 per row)")
-        if type(payloads) is not list:
-            payloads = list(payloads)
-        return self._lane.write(payloads, keys, wait, self._still_pending_text)
 
     # --- hooks: entries and segments ------------------------------------------------------------
 
