@@ -419,15 +419,37 @@ mod tests {
 
     #[test]
     fn small_chunks_are_hashed_by_the_pusher() {
+        let size = INLINE_BYTES / CHUNK_ITEMS - 1; // a whole chunk stays under INLINE_BYTES
         let mut pipe = Pipe::new();
         for i in 0..CHUNK_ITEMS {
-            pipe.push(vec![i as u8; 1024]);
+            pipe.push(vec![i as u8; size]);
         }
-        assert_eq!(pipe.ready_count(), CHUNK_ITEMS, "hashed at once");
+        for i in 0..CHUNK_ITEMS {
+            pipe.push_id(format!("order-{i}").as_bytes()); // ids alone: hashed at once too
+        }
+        assert_eq!(pipe.ready_count(), 2 * CHUNK_ITEMS, "hashed at once");
         assert!(
             pipe.to_worker.is_none(),
             "no thread started for small chunks"
         );
+        let keys = pipe.take(2 * CHUNK_ITEMS, wait_slot);
+        let (payload_keys, id_keys) = keys.split_at(CHUNK_ITEMS * KEY_LEN);
+        for (i, k) in payload_keys.chunks_exact(KEY_LEN).enumerate() {
+            assert_eq!(k, keys::content_key(&vec![i as u8; size]));
+        }
+        for (i, k) in id_keys.chunks_exact(KEY_LEN).enumerate() {
+            assert_eq!(k, keys::explicit_key(format!("order-{i}").as_bytes()));
+        }
+    }
+
+    #[test]
+    fn chunks_of_1_kib_payloads_go_to_the_worker() {
+        // 64 x 1 KiB: the producer holds the GIL, so it hands these to the worker (hasher.rs doc)
+        let mut pipe = Pipe::new();
+        for i in 0..CHUNK_ITEMS {
+            pipe.push(vec![i as u8; 1024]);
+        }
+        assert!(pipe.to_worker.is_some(), "the worker took the chunk");
         let keys = pipe.take(CHUNK_ITEMS, wait_slot);
         for (i, k) in keys.chunks_exact(KEY_LEN).enumerate() {
             assert_eq!(k, keys::content_key(&[i as u8; 1024]));
