@@ -47,7 +47,9 @@ SNAPSHOT_SPEEDUP = 20.0
 # loose limits for the single-call paths (no target; they catch an order-of-magnitude regression)
 SINGLE_GET_NS = 2_000
 SINGLE_ADD_NS = 3_000
-BATCH_INSERTS_PER_S = 2_000_000
+# a bulk load sizes the growing index once (`reserve_committed`): ~8M keys/s; one that rehashes at
+# every doubling measured 3.4M
+BATCH_INSERTS_PER_S = 4_000_000
 
 
 def int64s(values: list[int]) -> bytes:
@@ -426,6 +428,35 @@ def test_snapshot_encode(benchmark: Any, snapshot_data: Any) -> None:
     )
     assert len(data) / d.n <= SNAPSHOT_BYTES_PER_ENTRY
     assert speedup >= SNAPSHOT_SPEEDUP
+
+
+CAPTURE_KEYS = 10_000
+CAPTURE_RATIO = 2.0  # the copy of a 2M-key window holding 10k keys, against one of 100k capacity
+
+
+def test_snapshot_capture_costs_the_keys_held(benchmark: Any) -> None:
+    """`clone_committed` is the copy a snapshot takes under the writer's lock: it must cost what
+    the window holds, not its capacity (the index used to be sized for `max_keys`, and a capture
+    of 10k keys in a 2M-key window took 12-13 ms against 0.3 ms)."""
+    keys = random_keys(CAPTURE_KEYS, 3)
+    small = loaded_window(keys, 100_000)
+    large = loaded_window(keys, 2_000_000)
+    med = interleaved(
+        {"small": small.clone_committed, "large": large.clone_committed},
+        rounds=7,
+        reps={"small": 5, "large": 5},
+    )
+    benchmark.pedantic(large.clone_committed, rounds=10, iterations=1)
+    ratio = med["large"] / med["small"]
+    record(
+        benchmark,
+        keys=CAPTURE_KEYS,
+        capture_ms_max_keys_100k=round(med["small"] * 1e3, 3),
+        capture_ms_max_keys_2m=round(med["large"] * 1e3, 3),
+        ratio_2m_over_100k=round(ratio, 2),
+    )
+    assert large.clone_committed().committed_entries() == small.committed_entries()
+    assert ratio <= CAPTURE_RATIO
 
 
 def test_snapshot_decode(benchmark: Any, snapshot_data: Any) -> None:

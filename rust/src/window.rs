@@ -480,10 +480,10 @@ impl Window {
 
     /// Same config and committed entries in the same order; no pending, zero counters. Copies the
     /// ring's records and the index as they are (no rehashing): O(keys held), whatever
-    /// `max_keys` is.
+    /// `max_keys` is. The copy's ring is not reserved for `max_keys` (it grows if written to).
     pub fn clone_committed(&self) -> Result<Self, TryReserveError> {
         let mut ring = Vec::new();
-        ring.try_reserve_exact(self.max_keys)?;
+        ring.try_reserve_exact(self.ring.len())?;
         ring.extend_from_slice(&self.ring);
         Ok(Self {
             max_keys: self.max_keys,
@@ -643,7 +643,23 @@ impl Window {
 
     /// Recovery insert of many records in order; returns how many were inserted.
     pub fn add_committed_many(&mut self, recs: impl IntoIterator<Item = Record>) -> usize {
-        recs.into_iter().filter(|r| self.add_committed(*r)).count()
+        let recs = recs.into_iter();
+        self.reserve_committed(recs.size_hint().0);
+        recs.filter(|r| self.add_committed(*r)).count()
+    }
+
+    /// Room in the index for `additional` more committed keys (`max_keys` in all at most), so a
+    /// bulk load (recovery) rehashes once, not at every doubling of a growing index.
+    pub fn reserve_committed(&mut self, additional: usize) {
+        let want = self.max_keys.min(self.len.saturating_add(additional));
+        let ring = &self.ring;
+        let seed = self.seed;
+        // Only a speed-up: if the memory is not there, inserts grow the index as they go.
+        let _ = self
+            .index
+            .try_reserve(want.saturating_sub(self.index.len()), |&s| {
+                ring.get(s as usize).map_or(0, |r| key_hash(seed, &r.key))
+            });
     }
 }
 
@@ -851,6 +867,40 @@ mod tests {
         c.add_committed(rec(9, 0));
         assert_eq!(order(&c), vec![3, 4, 5, 9]);
         assert_eq!(order(&w), vec![2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn a_bulk_load_sizes_the_index_once_within_max_keys() {
+        let mut w = Window::new(1_000, 100).unwrap();
+        assert_eq!(w.index.capacity(), 0, "nothing reserved before keys come");
+        w.reserve_committed(600);
+        let cap = w.index.capacity();
+        assert!((600..2_000).contains(&cap), "{cap}");
+        for i in 0..600 {
+            w.add_committed(rec(i, 0));
+        }
+        assert_eq!(w.index.capacity(), cap, "no growth within the reservation");
+        w.reserve_committed(1_000_000_000); // capped at max_keys
+        assert!(w.index.capacity() < 2_000, "{}", w.index.capacity());
+        let mut grown = Window::new(1_000, 100).unwrap();
+        assert_eq!(grown.add_committed_many((0..600).map(|i| rec(i, 0))), 600);
+        assert_eq!(order(&grown), order(&w));
+    }
+
+    #[test]
+    fn a_copy_of_a_part_full_window_grows_then_wraps_like_one() {
+        let mut w = Window::new(8, 100).unwrap();
+        for i in 0..3 {
+            w.add_committed(rec(i, 0));
+        }
+        let mut c = w.clone_committed().unwrap();
+        for i in 3..13 {
+            c.add_committed(rec(i, 0));
+        }
+        assert_eq!(order(&c), (5..13).map(|i| i as u32).collect::<Vec<_>>());
+        assert_eq!(c.peek(&k(4), None), Lookup::Absent);
+        assert_eq!(c.peek(&k(12), None), Lookup::Committed(rec(12, 0)));
+        assert_eq!(order(&w), vec![0, 1, 2]);
     }
 
     fn pending_rec(i: u64, segment_id: u32, entry_id: u32) -> Record {

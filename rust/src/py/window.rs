@@ -270,6 +270,7 @@ impl PyDedupWindow {
         // the GIL released.
         let mut inserted = 0;
         let mut start = 0;
+        py.detach(|| self.inner.lock().reserve_committed(n)); // one rehash, not one per doubling
         while start < n {
             let end = n.min(start + INSERT_CHUNK);
             // Values were range-checked above, so the narrowing casts are exact.
