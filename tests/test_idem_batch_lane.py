@@ -27,6 +27,7 @@ from woodpecker_idem._core import encode_frame
 from woodpecker_idem.client.rows import BatchCompletion, RowJoiner, RunRows
 from woodpecker_idem.client.segment import EntryJoiner, PendingEntry, SegmentHandle
 from woodpecker_idem.history import History
+from woodpecker_idem.idempotency import snapshot as snapshot_module
 from woodpecker_idem.logstore.transport import FaultInjectingTransport
 from woodpecker_idem.meta.base import SegmentMeta
 from woodpecker_idem.types import SegmentState
@@ -376,10 +377,11 @@ def test_write_keyed_refuses_a_row_that_is_not_bytes(env_factory):
     assert not any(res.duplicate)
 
 
-def test_snapshots_of_a_filling_window_cost_linear_not_quadratic(tmp_path):
+def test_snapshots_of_a_filling_window_cost_linear_not_quadratic(tmp_path, monkeypatch):
     """A snapshot holds the whole window: one after every `snapshot_threshold` new keys while
     batches fill a large window would encode O(keys^2 / threshold) keys. The next snapshot waits
     for half the last one's keys (if more than the threshold): about 3x the keys in all."""
+    monkeypatch.setattr(snapshot_module, "SNAPSHOT_GAP_S", 0.0)  # the key rule alone
     rows, call = 40_000, 500
     client = wp.connect(
         tmp_path,
@@ -403,5 +405,35 @@ def test_snapshots_of_a_filling_window_cost_linear_not_quadratic(tmp_path):
         final = client.objects.get(w._snapshotter.last_key)  # the close's snapshot: every key
         assert len(wp.decode_snapshot(final)) == rows
         assert written <= 4 * len(final), (writes, written, len(final))
+    finally:
+        client.close()
+
+
+def test_snapshots_due_by_new_keys_are_a_second_apart(tmp_path):
+    """A window filling fast (a Spark task) would write a snapshot, fsynced, every few
+    thousand keys; a snapshot due by new keys waits until a second after the last one (or the
+    writer's start), then comes by itself."""
+    client = wp.connect(
+        tmp_path,
+        {
+            "quorum.es": 1,
+            "idempotency.snapshot_interval_s": 3600,
+            "idempotency.snapshot_threshold": 100,
+        },
+    )
+    try:
+        w = client.open_log("gap", create=True).open_writer(idempotent=True)
+        opened = time.monotonic()
+        at: list[float] = []
+        for batch in range(2):
+            w.write_many([b"x"] * 500, [f"{batch}-{i}" for i in range(500)])  # due by keys
+            deadline = time.monotonic() + 10
+            while w.metrics_snapshot()["snapshot_writes"] == batch:
+                assert time.monotonic() < deadline, "a snapshot due by new keys never came"
+                time.sleep(0.01)
+            at.append(time.monotonic())
+        assert at[0] - opened >= 0.8, at[0] - opened  # the gap after the writer's start
+        assert at[1] - at[0] >= 0.8, at[1] - at[0]
+        w.close()
     finally:
         client.close()

@@ -198,7 +198,8 @@ KEYS: tuple[Key, ...] = (
         10_000,
         1,
         10**8,
-        "snapshot after this many new keys (or half the last snapshot's keys, if more)",
+        "snapshot after this many new keys (or half the last snapshot's keys, if more; "
+        "1 s apart at least)",
     ),
     _int("idempotency.snapshots_kept", 2, 1, 100, "dedup snapshots retained per log"),
     Key("storage.type", "choice", "object", "LogStore mode", choices=("object", "staged")),
