@@ -377,13 +377,9 @@ def test_write_keyed_refuses_a_row_that_is_not_bytes(env_factory):
     assert not any(res.duplicate)
 
 
-def test_snapshots_of_a_filling_window_cost_linear_not_quadratic(tmp_path, monkeypatch):
-    """A snapshot holds the whole window: one after every `snapshot_threshold` new keys while
-    batches fill a large window would encode O(keys^2 / threshold) keys. The next snapshot waits
-    for half the last one's keys (if more than the threshold): about 3x the keys in all."""
-    monkeypatch.setattr(snapshot_module, "SNAPSHOT_GAP_S", 0.0)  # the key rule alone
-    rows, call = 40_000, 500
-    client = wp.connect(
+def _snapshots_by_keys(tmp_path):
+    """A client whose snapshots come by new keys (every 100), not by time."""
+    return wp.connect(
         tmp_path,
         {
             "quorum.es": 1,
@@ -391,6 +387,15 @@ def test_snapshots_of_a_filling_window_cost_linear_not_quadratic(tmp_path, monke
             "idempotency.snapshot_threshold": 100,
         },
     )
+
+
+def test_snapshots_of_a_filling_window_cost_linear_not_quadratic(tmp_path, monkeypatch):
+    """A snapshot holds the whole window: one after every `snapshot_threshold` new keys while
+    batches fill a large window would encode O(keys^2 / threshold) keys. The next snapshot waits
+    for half the last one's keys (if more than the threshold): about 3x the keys in all."""
+    monkeypatch.setattr(snapshot_module, "SNAPSHOT_GAP_S", 0.0)  # the key rule alone
+    rows, call = 40_000, 500
+    client = _snapshots_by_keys(tmp_path)
     try:
         w = client.open_log("snap", create=True).open_writer(
             idempotent=True, window_duration_s=3600, window_max_keys=2 * rows
@@ -413,14 +418,7 @@ def test_snapshots_due_by_new_keys_are_a_second_apart(tmp_path):
     """A window filling fast (a Spark task) would write a snapshot, fsynced, every few
     thousand keys; a snapshot due by new keys waits until a second after the last one (or the
     writer's start), then comes by itself."""
-    client = wp.connect(
-        tmp_path,
-        {
-            "quorum.es": 1,
-            "idempotency.snapshot_interval_s": 3600,
-            "idempotency.snapshot_threshold": 100,
-        },
-    )
+    client = _snapshots_by_keys(tmp_path)
     try:
         w = client.open_log("gap", create=True).open_writer(idempotent=True)
         opened = time.monotonic()

@@ -255,10 +255,15 @@ impl Window {
 
     /// Insert a key known to be neither pending nor committed (live) under hash `h`.
     fn insert_pending(&mut self, rec: Record, h: u64) {
+        self.insert_pending_record(rec, h);
+        push_ordered(self.pending_order.entry(rec.segment_id).or_default(), &rec);
+    }
+
+    /// The pending table's half of [`Window::insert_pending`] (a batch keeps the order queue).
+    fn insert_pending_record(&mut self, rec: Record, h: u64) {
         let seed = self.seed;
         self.pending
             .insert_unique(h, rec, |r| key_hash(seed, &r.key));
-        push_ordered(self.pending_order.entry(rec.segment_id).or_default(), &rec);
     }
 
     /// Commit the pending keys of `segment_id` whose entry ids are at most `last_entry_id`, in
@@ -623,9 +628,7 @@ impl Window {
                     if expired {
                         self.kill(&key, h); // the new write replaces its expired record
                     }
-                    let seed = self.seed;
-                    self.pending
-                        .insert_unique(h, rec, |r| key_hash(seed, &r.key));
+                    self.insert_pending_record(rec, h);
                     push_ordered(&mut order, &rec);
                     next = next.wrapping_add(1);
                     (ABSENT, rec)

@@ -76,9 +76,8 @@ class WriteQueue:
         core = self._core
         size = len(payload) + ROW_OVERHEAD
         failed: Outcomes = []
-        if core.inflight.full_locked(
-            size + self.nbytes, len(self._futures) + 1
-        ):  # with the queued ones
+        # the queued writes count against the in-flight limits with this one
+        if core.inflight.full_locked(size + self.nbytes, len(self._futures) + 1):
             if self._futures:  # room comes from commits: queued writes must be entries first
                 failed = self.admit_locked()
             core.wait_for_room_locked(size)  # raises once closed or fenced

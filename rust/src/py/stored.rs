@@ -3,9 +3,9 @@
 //! protobuf's Python objects is most of a reader's speed.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple, PyType};
+use pyo3::types::{PyBytes, PyDict, PyList, PyType};
 
-use super::tuples::{new_tuple_of, untrack};
+use super::tuples::{new_tuple_of, tuple_types, untrack};
 use crate::entry::{decode_entry, DecodedEntry};
 
 /// One entry read back from a LogStore: `payload`, `properties` (a new dict each access),
@@ -110,19 +110,9 @@ pub fn decode_messages<'py>(
     message_type: &Bound<'py, PyType>,
     id_type: &Bound<'py, PyType>,
 ) -> PyResult<Bound<'py, PyList>> {
-    let tuple = py.get_type::<PyTuple>();
-    for (name, ty) in [("message_type", message_type), ("id_type", id_type)] {
-        if !ty.is_subclass(&tuple)? {
-            return Err(crate::errors::InvalidTypeError::new_err(format!(
-                "{name} must be a tuple subclass, not {}",
-                ty.name()?
-            )));
-        }
-    }
-    // An id holds two ints and, like LogMessageId, no `__dict__` (its size is a tuple's): it
-    // can be in no reference cycle, so the cycle collector need not track it.
-    let basic_size = |ty: &Bound<'py, PyType>| ty.getattr("__basicsize__")?.extract::<isize>();
-    let plain_ids = basic_size(id_type)? == basic_size(&tuple)?;
+    // An id holds two ints and, like LogMessageId, no `__dict__`: it can be in no reference
+    // cycle, so the cycle collector need not track it (a message holds a dict: it stays tracked).
+    let [_, plain_ids] = tuple_types(py, [("message_type", message_type), ("id_type", id_type)])?;
     let segment = segment_id.into_pyobject(py)?.into_any();
     let out = PyList::empty(py);
     for (i, item) in raw.iter().enumerate() {

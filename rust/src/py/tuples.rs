@@ -46,6 +46,29 @@ pub(crate) fn untrack(obj: &Bound<'_, PyAny>) {
     unsafe { ffi::PyObject_GC_UnTrack(obj.as_ptr().cast()) }
 }
 
+/// Checks that each named type subclasses tuple (so `new_tuple_of` may build it), and tells for
+/// each whether its instances are laid out as a plain tuple's (no `__dict__`, as a NamedTuple):
+/// then they can be in no reference cycle, and `untrack` may take them out of the collector.
+pub(crate) fn tuple_types<const N: usize>(
+    py: Python<'_>,
+    types: [(&str, &Bound<'_, PyType>); N],
+) -> PyResult<[bool; N]> {
+    let tuple = py.get_type::<PyTuple>();
+    let basic_size = |ty: &Bound<'_, PyType>| ty.getattr("__basicsize__")?.extract::<isize>();
+    let basic = basic_size(&tuple)?;
+    let mut plain = [false; N];
+    for ((name, ty), out) in types.into_iter().zip(plain.iter_mut()) {
+        if !ty.is_subclass(&tuple)? {
+            return Err(InvalidTypeError::new_err(format!(
+                "{name} must be a tuple subclass, not {}",
+                ty.name()?
+            )));
+        }
+        *out = basic_size(ty)? == basic;
+    }
+    Ok(plain)
+}
+
 /// `[result_type(id_type(segment_id, first_entry_id + i), duplicate) for i in range(count)]`:
 /// the results of a run of `count` writes settled by one ack, built as the tuples themselves (no
 /// Python call per write) and left out of the cycle collector when, like `WriteResult` and
@@ -60,18 +83,9 @@ pub fn write_results<'py>(
     result_type: &Bound<'py, PyType>,
     id_type: &Bound<'py, PyType>,
 ) -> PyResult<Bound<'py, PyList>> {
-    let tuple = py.get_type::<PyTuple>();
-    let basic = tuple.getattr("__basicsize__")?.extract::<isize>()?;
-    let mut plain = true;
-    for (name, ty) in [("result_type", result_type), ("id_type", id_type)] {
-        if !ty.is_subclass(&tuple)? {
-            return Err(InvalidTypeError::new_err(format!(
-                "{name} must be a tuple subclass, not {}",
-                ty.name()?
-            )));
-        }
-        plain &= ty.getattr("__basicsize__")?.extract::<isize>()? == basic;
-    }
+    let [plain_results, plain_ids] =
+        tuple_types(py, [("result_type", result_type), ("id_type", id_type)])?;
+    let plain = plain_results && plain_ids;
     let segment = segment_id.into_pyobject(py)?.into_any();
     let flag = PyBool::new(py, duplicate).to_owned().into_any();
     let out = PyList::empty(py);
