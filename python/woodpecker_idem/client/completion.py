@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ..logstore.transport import LogStoreTransport
     from ..meta import MetadataStore
     from .inflight import InFlight
+    from .segments import OpenSegments
 
 log = logging.getLogger(__name__)
 
@@ -56,18 +57,13 @@ class CompletionCore(Protocol):
     lock: threading.Lock
     metrics: dict[str, float]
     inflight: InFlight
+    segments: OpenSegments
 
     @property
     def stopped(self) -> bool: ...
 
     @property
     def fenced(self) -> bool: ...
-
-    def forget_locked(self, seg: SegmentHandle) -> None: ...
-
-    def drop_current_locked(self, seg: SegmentHandle) -> None: ...
-
-    def replace_current_locked(self) -> None: ...
 
     def fence(self, exc: WriterFencedError) -> None: ...
 
@@ -178,7 +174,7 @@ class SegmentCompletion:
                 return
             seg.status = SegmentStatus.FAILED
             self.repairing = seg
-            core.drop_current_locked(seg)
+            core.segments.drop_current_locked(seg)
         self._maint.submit(self.repair, seg)
 
     def repair(self, seg: SegmentHandle) -> None:
@@ -199,12 +195,12 @@ class SegmentCompletion:
                     )
                     with core.lock:
                         resolved = self._resolve_segment_locked(seg, done.last_entry_id)
-                        core.forget_locked(seg)
+                        core.segments.forget_locked(seg)
                         core.metrics["segments_repaired"] += 1
                     resolve(resolved)
                     self._completed(done.segment_id, done.last_entry_id)
                 with core.lock:
-                    core.replace_current_locked()  # only a current segment is replaced
+                    core.segments.replace_current_locked()  # only a current segment is replaced
                     if self.repairing is seg:
                         self.repairing = None
                 return
@@ -301,7 +297,7 @@ class SegmentCompletion:
         )
         with core.lock:
             seg.status = SegmentStatus.DONE
-            core.forget_locked(seg)
+            core.segments.forget_locked(seg)
         self._completed(seg.segment_id, last)
 
     # --- closing ---------------------------------------------------------------------------------

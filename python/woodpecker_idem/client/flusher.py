@@ -9,13 +9,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import WriteTimeoutError
 from .dispatch import Dispatch
 from .hooks import Outcomes
 from .segment import PendingEntry, SegmentHandle, SegmentStatus, Waiter
 from .workers import Maintenance, resolve
+
+if TYPE_CHECKING:
+    from .segments import OpenSegments
 
 LEASE_RENEW_EVERY_S = 10.0
 TICK_S = 0.05
@@ -29,13 +32,12 @@ class FlusherCore(Protocol):
     log_id: int
     lock: threading.Lock
     timeout_s: float  # append.timeout_ms in seconds: a waiter's deadline
+    segments: OpenSegments
 
     @property
     def stopped(self) -> bool: ...
 
     def admit_queued_locked(self) -> tuple[Outcomes, float | None]: ...
-
-    def segments_locked(self) -> list[SegmentHandle]: ...
 
     def complete_if_drained_locked(self, seg: SegmentHandle) -> None: ...
 
@@ -85,7 +87,7 @@ class Flusher:
                         wait = min(wait, due)
                 except Exception:  # a bug must not stop the flusher (and hang every call)
                     log.exception("log %s: admitting queued writes failed", w.log_id)
-                for seg in w.segments_locked():
+                for seg in w.segments.all_locked():
                     if seg.status in (SegmentStatus.OPEN, SegmentStatus.ROLLED):
                         dispatch.send_locked(seg)
                         due = dispatch.send_due(seg, now)

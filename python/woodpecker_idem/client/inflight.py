@@ -53,7 +53,7 @@ class InFlight:
         """The one enqueue path of every write: `count` entries from `seg.next_entry_id` on,
         encoded in one `frame`, pending as one run with one `waiter` (told once for all of them,
         with the first entry's id; a `RunWaiter` when `count` > 1), sent per group commit. The
-        caller keeps the run within `LogWriter.run_end_locked`, so a run is never cut into two
+        caller keeps the run within `OpenSegments.run_end_locked`, so a run is never cut into two
         batches. `since`: when the oldest was queued (time.monotonic())."""
         with HOLD_INTERRUPTS:  # in every list, or in none
             self.seq += 1

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from ..clock import Clock
     from .hooks import Outcomes
     from .inflight import InFlight
-    from .segment import SegmentHandle, Waiter
+    from .segment import Waiter
+    from .segments import OpenSegments
 
 # Queueing times: C long where it is 64-bit (appending an int to it is cheaper than to 'q')
 TIMESTAMP_TYPECODE = "l" if array("l").itemsize == 8 else "q"
@@ -40,16 +41,12 @@ class QueueCore(Protocol):
     max_batch_bytes: int
     linger_s: float
     inflight: InFlight
+    segments: OpenSegments
 
     def check_open_locked(self) -> None: ...
     def wait_for_room_locked(self, size: int, entries: int = 1) -> None: ...
-    def idle_locked(self) -> bool: ...
     def wake_locked(self) -> None: ...
-    def writable_segment_locked(self) -> SegmentHandle | None: ...
     def unavailable_error(self) -> WoodpeckerError: ...
-    def run_end_locked(
-        self, seg: SegmentHandle, payloads: list[bytes], start: int, n: int
-    ) -> int: ...
 
 
 class WriteQueue:
@@ -93,7 +90,7 @@ class WriteQueue:
         if n >= core.max_batch_entries or self.nbytes >= core.max_batch_bytes:
             return failed + self.admit_locked()
         if n == 1:
-            if core.idle_locked():  # nothing in flight: no company worth waiting for
+            if core.segments.idle_locked():  # nothing in flight: no company worth waiting for
                 return failed + self.admit_locked()
             core.wake_locked()  # the flusher admits it after linger_ms unless an ack comes first
         return failed
@@ -117,10 +114,10 @@ class WriteQueue:
             while start < n:
                 try:  # a roll that failed (fenced, metadata unreachable) or any error before
                     # the run is queued ends the writes not queued yet, with that error
-                    seg = core.writable_segment_locked()
+                    seg = core.segments.writable_locked()
                     if seg is None:  # a repair replaces the segment: new writes fail fast
                         raise core.unavailable_error()
-                    end = core.run_end_locked(seg, payloads, start, n)
+                    end = core.segments.run_end_locked(seg, payloads, start, n)
                     frame, count = encode_frame(
                         seg.segment_id,
                         seg.next_entry_id,

@@ -265,12 +265,12 @@ def write_rows(
                 core.check_open_locked()
                 if core.inflight.full_locked(nbytes, end - start):
                     core.wait_for_room_locked(nbytes, end - start)
-                seg = core.writable_segment_locked()
+                seg = core.segments.writable_locked()
                 if seg is None:  # repairing: refused, nothing queued
                     call.fail(range(start, end), core.unavailable_error())
                     start = end
                     continue
-                end = core.run_end_locked(seg, payloads, start, end)  # within the segment
+                end = core.segments.run_end_locked(seg, payloads, start, end)  # within the segment
                 first = seg.next_entry_id
                 frame, count = encode_frame(
                     seg.segment_id, first, core.clock.now_ms(), payloads, start, end

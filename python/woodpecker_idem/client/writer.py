@@ -14,7 +14,8 @@ committed, absent -> dropped with `SegmentClosedError`), then writing goes on in
 This module owns the writer's segments, acks and lifecycle (open, flush, close, fence) and
 composes the parts, one job each: `message` (input checks), `queued` (write_async's queue),
 `inflight` (entries from enqueue to commit: the one enqueue path, outcomes, backpressure),
-`dispatch` + `workers` (group commit, node senders), `roll` (opening and rolling segments),
+`dispatch` + `workers` (group commit, node senders), `segments` (the open segments, the
+current one, the roll rule),
 `completion` (completing them), `flusher` (timeouts, LAC updates, the lease).
 """
 
@@ -50,15 +51,9 @@ from .hooks import NO_HOOKS, Outcomes, WriterHooks
 from .inflight import InFlight
 from .message import checked_payloads, coerce_message
 from .queued import WriteQueue
-from .roll import SegmentRoller
-from .rows import chunk_end, write_rows
-from .segment import (
-    Batch,
-    EntryJoiner,
-    SegmentHandle,
-    SegmentStatus,
-    Waiter,
-)
+from .rows import write_rows
+from .segment import Batch, SegmentHandle, SegmentStatus
+from .segments import OpenSegments
 from .workers import Maintenance, resolve
 
 if TYPE_CHECKING:
@@ -89,7 +84,7 @@ class LogWriter:
 
     Also the writer core a layer above composes (the idempotent writer): it passes its
     `WriterHooks` (hooks.py) and calls only the package API below ("layer API"). The writer's
-    own parts (flusher, node workers, roll, segment completion) call the "core interface"
+    own parts (flusher, node workers, open segments, segment completion) call the "core interface"
     methods: public names, typed by the protocol each part declares (`FlusherCore`,
     `SenderCore`, `RollCore`, `CompletionCore`), so no part touches another's private state.
     """
@@ -119,9 +114,6 @@ class LogWriter:
         self._closed = False
         self._stopping = threading.Event()  # set on close: background retries end
         self._fenced: WriterFencedError | None = None
-        self._segments: dict[int, SegmentHandle] = {}
-        self._last_opened = -1  # the newest segment this writer has had a handle for
-        self._current: SegmentHandle | None = None
         self._maint = Maintenance(self.log_id, self.fence)
         self._dispatch = Dispatch(
             self,
@@ -135,7 +127,8 @@ class LogWriter:
         # layer API: the entries in flight (the one enqueue path, commits, backpressure)
         self.inflight = InFlight(self.lock, ap, self._send_locked, hooks.committed_locked)
         self._space = self.inflight.space  # flush and close wait on it too
-        self._roller = SegmentRoller(
+        # layer API too: where writes go (the current segment, rolled), joins, what is open
+        self.segments = OpenSegments(
             self,
             self._cfg,
             meta=self._meta,
@@ -143,7 +136,6 @@ class LogWriter:
             dispatch=self._dispatch,
             maint=self._maint,
         )
-        self._needs_roll = self._roller.needs_roll  # the write path asks it of every write
         self._queue = WriteQueue(self)  # write_async's writes not given ids yet (queued.py)
         self.metrics: dict[str, float] = {
             "segments_rolled": 0,
@@ -164,20 +156,9 @@ class LogWriter:
         self._completion.take_over()  # the previous writers' segments (DESIGN.md 3 and 4)
         self._hooks.taken_over()
         with self.lock:
-            self.open_segment_locked()
+            self.segments.open_locked()
         self._flusher = Flusher(self, self._dispatch, self._wake, self._maint)
         atexit_close.track(self)  # closed at interpreter exit if still open
-
-    def open_segment_locked(self) -> SegmentHandle:
-        """Open the next segment of the log and make it the current one (core interface: a roll
-        and a repair call it too)."""
-        meta = self._roller.next_segment_locked(self._segments)
-        handle = SegmentHandle(meta, time.monotonic())
-        self._segments[meta.segment_id] = handle
-        self._last_opened = max(self._last_opened, meta.segment_id)
-        self._current = handle
-        self._dispatch.add_nodes(meta.nodes)
-        return handle
 
     # --- writing -----------------------------------------------------------------------------
 
@@ -247,41 +228,9 @@ class LogWriter:
         returns the outcomes of those that failed, to set after the lock."""
         return self._queue.admit_locked() if self._queue else []
 
-    def run_end_locked(self, seg: SegmentHandle, payloads: list[bytes], start: int, n: int) -> int:
-        """Where the run of rows from `start` (of `n`) ends: one AddEntries batch
-        (append.max_batch_entries / max_batch_bytes, a payload counting ROW_OVERHEAD more) within
-        `seg`'s roll limits. A segment past them (it could not be rolled) takes one batch more."""
-        room, room_bytes = self._roller.room(seg)
-        if room <= 0 or room_bytes <= 0:
-            room, room_bytes = n, self.max_batch_bytes
-        end = min(n, start + room, start + self.max_batch_entries)
-        return chunk_end(payloads, start, end, min(room_bytes, self.max_batch_bytes))[1]
-
-    def idle_locked(self) -> bool:
-        """Nothing is in flight in the current segment (or there is none: being repaired)."""
-        current = self._current
-        return current is None or not current.batches
-
     def wake_locked(self) -> None:
         """Wake the flusher (it asks `WriterHooks.admit_locked` when queued writes are due)."""
         self._wake.notify()
-
-    def join_locked(self, segment_id: int, entry_id: int, future: Waiter) -> None:
-        """`future` also ends with pending entry `segment_id:entry_id` (a retry joins it)."""
-        seg = self._segments.get(segment_id)
-        entry = seg.find(entry_id) if seg is not None else None
-        if entry is None:  # cannot happen while pending keys and segments move together
-            raise RuntimeError(f"pending key without its entry {segment_id}:{entry_id}")
-        if entry.joiners is None:
-            entry.joiners = []
-        entry.joiners.append(future if entry.count == 1 else EntryJoiner(future, entry_id))
-        if entry.timed_out:  # a retry after a timeout gets a fresh deadline
-            entry.timed_out = False
-            entry.deadline = time.monotonic() + self.timeout_s
-
-    def open_lacs_locked(self) -> dict[int, int]:
-        """The LAC of every segment not completed yet (what a snapshot may cover of them)."""
-        return {seg.segment_id: seg.lac for seg in self._segments.values()}
 
     def still_owner(self) -> bool:
         """Ask the metadata store whether this writer still owns the log; fences it if not."""
@@ -300,7 +249,7 @@ class LogWriter:
         return self._completion.repairing is not None
 
     def unavailable_error(self) -> WoodpeckerError:
-        """Why a write is refused while a segment is repaired (`writable_segment_locked` None)."""
+        """Why a write is refused while a segment is repaired (`segments.writable_locked` None)."""
         return self._completion.unavailable_error()
 
     def wait_for_room_locked(self, size: int, entries: int = 1) -> None:
@@ -308,15 +257,6 @@ class LogWriter:
         entries of `size` bytes (or nothing is in flight); raises once closed or fenced."""
         self.inflight.wait_for_room_locked(size, entries, lambda: self.stopped)
         self.check_open_locked()
-
-    def writable_segment_locked(self) -> SegmentHandle | None:
-        """The current segment, rolled first if it is full or old (roll.py); None while a
-        repair replaces it. A roll refused because another writer took the log over fences this
-        writer (every pending write fails with `WriterFencedError`)."""
-        seg = self._current
-        if seg is None:
-            return None
-        return self._roller.roll_locked(seg) if self._needs_roll(seg, time.monotonic()) else seg
 
     def check_process(self) -> None:
         """Raise `WriterForkedError` in a process forked after this writer was opened."""
@@ -351,11 +291,8 @@ class LogWriter:
         resolve(failed)
         with self.lock:
             while self._fenced is None:
-                oldest = min(
-                    (s.pending[0].seq for s in self._segments.values() if s.pending),
-                    default=target + 1,
-                )
-                if oldest > target:
+                oldest = self.segments.oldest_pending_seq_locked()
+                if oldest is None or oldest > target:
                     return
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -397,7 +334,7 @@ class LogWriter:
         self._dispatch.stop(left)
         self._maint.stop(left(10))
         with self.lock:
-            segments = list(self._segments.values())
+            segments = self.segments.all_locked()
         unresolved: Outcomes = []
         for seg in segments:
             for entry in seg.pending:
@@ -409,7 +346,7 @@ class LogWriter:
                 unresolved.extend((f, error) for f, _ in entry.waiters())
         resolve(unresolved)
         if self._fenced is None:
-            self._completion.finish(segments, self._last_opened, timeout, deadline)
+            self._completion.finish(segments, self.segments.last_opened, timeout, deadline)
         self._hooks.closed()
 
     def __enter__(self) -> LogWriter:
@@ -430,21 +367,17 @@ class LogWriter:
 
     # --- core interface: what the writer's own parts call (flusher, workers, roll, completion) --
 
-    def segments_locked(self) -> list[SegmentHandle]:
-        """This writer's segments not completed yet, oldest first."""
-        return list(self._segments.values())
-
     def admit_queued_locked(self) -> tuple[Outcomes, float | None]:
         """Turn queued writes (this writer's and the layer's above, `WriterHooks.admit_locked`)
         into entries if nothing is in flight or the oldest has waited linger_ms; returns their
         outcomes and the seconds until the rest are due (None: nothing queued)."""
         failed: Outcomes = []
         due = self._queue.due_locked(time.monotonic())
-        if due is not None and (due <= 0 or self.idle_locked()):
+        if due is not None and (due <= 0 or self.segments.idle_locked()):
             failed, due = self._queue.admit_locked(), None
         if not self._hooks.queued():
             return failed, due
-        admitted, layer_due = self._hooks.admit_locked(self.idle_locked())
+        admitted, layer_due = self._hooks.admit_locked(self.segments.idle_locked())
         if layer_due is not None:
             due = layer_due if due is None else min(due, layer_due)
         return failed + admitted, due
@@ -454,20 +387,6 @@ class LogWriter:
         if seg.status is SegmentStatus.ROLLED and seg.drained():
             seg.status = SegmentStatus.DONE
             self._maint.submit(self._completion.complete_drained, seg)
-
-    def forget_locked(self, seg: SegmentHandle) -> None:
-        """`seg` is completed: it has nothing pending and is no longer this writer's to send."""
-        self._segments.pop(seg.segment_id, None)
-
-    def drop_current_locked(self, seg: SegmentHandle) -> None:
-        """`seg` lost its ack quorum: if it is the current segment, writes stop going to it."""
-        if self._current is seg:
-            self._current = None
-
-    def replace_current_locked(self) -> None:
-        """After a repair: open the next segment if there is no current one (and still open)."""
-        if self._current is None and not self._closed and self._fenced is None:
-            self.open_segment_locked()
 
     # --- acks (node worker threads) ------------------------------------------------------------
 
@@ -483,7 +402,7 @@ class LogWriter:
             if self._queue:  # writes queued while this batch was in flight
                 resolved.extend(self._queue.admit_locked())
             if self._hooks.queued():  # writes queued while this batch was in flight
-                admitted, _ = self._hooks.admit_locked(self.idle_locked())
+                admitted, _ = self._hooks.admit_locked(self.segments.idle_locked())
                 resolved.extend(admitted)
             self._send_locked(seg)  # what was held while this batch was in flight
             if seg.status is SegmentStatus.ROLLED:
@@ -520,7 +439,7 @@ class LogWriter:
         self._stopping.set()
         log.warning("log %s: writer fenced: %s", self.log_id, exc)
         resolved: Outcomes = []
-        for seg in self._segments.values():
+        for seg in self.segments.all_locked():
             for entry in seg.pending:
                 resolved.extend((f, WriterFencedError(str(exc))) for f, _ in entry.waiters())
         resolved.extend((f, WriterFencedError(str(exc))) for f in self._queue.drop())

@@ -111,7 +111,7 @@ class Admission:
             raise
         n = len(futures)
         if n == 1:  # (more queued: the first one's call judged whether anything was in flight)
-            if alone and core.idle_locked():  # nothing in flight: no company worth waiting for
+            if alone and core.segments.idle_locked():  # nothing in flight: no company to wait for
                 resolved = self._admit_locked()
                 return early + resolved if early else resolved
             core.wake_locked()  # the flusher admits it after linger_ms unless an ack comes first
@@ -161,7 +161,7 @@ class Admission:
         core = self._core
         while start < n:
             try:
-                seg = core.writable_segment_locked()
+                seg = core.segments.writable_locked()
             except WoodpeckerError as exc:  # a roll failed (fenced, metadata unreachable): these
                 resolved.extend((f, exc) for f in batch.futures[start:])  # writes end with it
                 return
@@ -170,7 +170,7 @@ class Admission:
                     key = keys[16 * i : 16 * i + 16]
                     self._admit_one_unavailable_locked(batch.futures[i], key, stamps[i], resolved)
                 return
-            end = core.run_end_locked(seg, batch.payloads, start, n)  # one batch, in the segment
+            end = core.segments.run_end_locked(seg, batch.payloads, start, n)  # a batch, in seg
             status, seg_col, ent_col = window.reserve_many(
                 keys[16 * start : 16 * end], stamps[start:end], seg.segment_id, seg.next_entry_id
             )
@@ -240,5 +240,5 @@ class Admission:
             self._join_locked(hit.segment_id, hit.entry_id, future)
 
     def _join_locked(self, segment_id: int, entry_id: int, future: Future) -> None:
-        self._core.join_locked(segment_id, entry_id, future)
+        self._core.segments.join_locked(segment_id, entry_id, future)
         self.duplicates += 1

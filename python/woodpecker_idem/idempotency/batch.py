@@ -156,11 +156,11 @@ class BatchLane:
                 core.check_open_locked()
                 if core.inflight.full_locked(nbytes, end - start):
                     core.wait_for_room_locked(nbytes, end - start)
-                seg = core.writable_segment_locked()
+                seg = core.segments.writable_locked()
                 if seg is None:  # repairing: duplicates are answered, new rows refused
                     self._unavailable_locked(call, keys, start, end, result)
                 else:
-                    end = core.run_end_locked(seg, payloads, start, end)  # within the segment
+                    end = core.segments.run_end_locked(seg, payloads, start, end)  # within seg
                     self._admit_locked(call, seg, payloads, keys, start, end, result)
         finally:
             if outcomes:
@@ -210,7 +210,7 @@ class BatchLane:
             if code == 1:
                 joiner = RowJoiner(call, start + i)
                 call.add(joiner)
-                self._core.join_locked(i64_at(segs, i), i64_at(ents, i), joiner)
+                self._core.segments.join_locked(i64_at(segs, i), i64_at(ents, i), joiner)
 
     def _unavailable_locked(
         self, call: BatchCompletion, keys: bytes, start: int, end: int, result: WriteManyResult

@@ -385,7 +385,7 @@ class IdempotentLogWriter:
             if self._core.fenced:
                 return None
             marks = dict(self._watermarks)
-            marks.update(self._core.open_lacs_locked())
+            marks.update(self._core.segments.lacs_locked())
             source = SnapshotSource(self._window.clone_committed(), marks, self._new_keys)
             self._new_keys = 0
         return source
