@@ -246,12 +246,13 @@ def test_the_writer_implements_the_core_interface_of_each_part(tmp_path: Path) -
     writer); the LogWriter has every member (mypy checks the types where the parts are built)."""
     from woodpecker_idem.client.completion import CompletionCore
     from woodpecker_idem.client.flusher import FlusherCore
+    from woodpecker_idem.client.queued import QueueCore
     from woodpecker_idem.client.segments import RollCore
     from woodpecker_idem.client.workers import SenderCore
 
     client = wp.connect(tmp_path, {"quorum.es": 1})
     writer = client.open_log("core", create=True).open_writer()
-    for protocol in (CompletionCore, FlusherCore, RollCore, SenderCore):
+    for protocol in (CompletionCore, FlusherCore, QueueCore, RollCore, SenderCore):
         members = {
             name
             for klass in protocol.__mro__

@@ -6,7 +6,8 @@ pending run and one waiter (`FutureRun`) per AddEntries batch: at once when noth
 segment is in flight (a lone write is sent at once), else when the batch in flight is acknowledged
 (group commit), when a full batch is queued, or after `append.linger_ms` (the flusher), and on
 flush. That leaves four list appends per write on the caller's thread, and no object per entry.
-Every method is called with the writer's lock held.
+The layer above queues writes of its own; the queue asks it to admit them at the same moments
+(`WriterHooks.admit_locked`). Every method is called with the writer's lock held.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .rows import ROW_OVERHEAD
 
 if TYPE_CHECKING:
     from ..clock import Clock
-    from .hooks import Outcomes
+    from .hooks import Outcomes, WriterHooks
     from .inflight import InFlight
     from .segment import Waiter
     from .segments import OpenSegments
@@ -52,10 +53,20 @@ class QueueCore(Protocol):
 class WriteQueue:
     """A FIFO of queued writes, one column per field, and their admission."""
 
-    __slots__ = ("_core", "_payloads", "_properties", "_futures", "_timestamps", "nbytes", "since")
+    __slots__ = (
+        "_core",
+        "_hooks",
+        "_payloads",
+        "_properties",
+        "_futures",
+        "_timestamps",
+        "nbytes",
+        "since",
+    )
 
-    def __init__(self, core: QueueCore) -> None:
+    def __init__(self, core: QueueCore, hooks: WriterHooks) -> None:
         self._core = core
+        self._hooks = hooks  # the layer above queues writes of its own (`WriterHooks.queued`)
         self._payloads: list[bytes] = []
         self._properties: list[dict | None] = []
         self._futures: list[Future] = []
@@ -98,6 +109,29 @@ class WriteQueue:
     def due_locked(self, now: float) -> float | None:
         """Seconds until the queued writes are due (<= 0: now), None if nothing is queued."""
         return self.since + self._core.linger_s - now if self._futures else None
+
+    def admit_due_locked(self) -> tuple[Outcomes, float | None]:
+        """Turn queued writes (these and the layer's above, `WriterHooks.admit_locked`) into
+        entries if nothing is in flight or the oldest has waited linger_ms; returns their
+        outcomes and the seconds until the rest are due (None: nothing queued)."""
+        failed: Outcomes = []
+        due = self.due_locked(time.monotonic())
+        if due is not None and (due <= 0 or self._core.segments.idle_locked()):
+            failed, due = self.admit_locked(), None
+        if not self._hooks.queued():
+            return failed, due
+        admitted, layer_due = self._hooks.admit_locked(self._core.segments.idle_locked())
+        if layer_due is not None:
+            due = layer_due if due is None else min(due, layer_due)
+        return failed + admitted, due
+
+    def admit_acked_locked(self) -> Outcomes:
+        """A batch was acknowledged: the writes queued while it was in flight (these and the
+        layer's) become entries now (group commit); returns the outcomes of those that failed."""
+        failed = self.admit_locked() if self._futures else []
+        if self._hooks.queued():
+            failed.extend(self._hooks.admit_locked(self._core.segments.idle_locked())[0])
+        return failed
 
     def admit_locked(self) -> Outcomes:
         """Turn every queued write into entries, in runs of one AddEntries batch each (one

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import WriterFencedError
@@ -138,6 +139,13 @@ class OpenSegments:
     def oldest_pending_seq_locked(self) -> int | None:
         """The sequence number of the oldest entry still pending (None: nothing is)."""
         return min((s.pending[0].seq for s in self._open.values() if s.pending), default=None)
+
+    def waiters_locked(self) -> Iterator[tuple[Waiter, int, int]]:
+        """(waiter, segment id, entry id) of every pending entry (a close or a fence fails them)."""
+        for seg in self._open.values():
+            for entry in seg.pending:
+                for f, _ in entry.waiters():
+                    yield f, seg.segment_id, entry.entry_id
 
     def open_locked(self) -> SegmentHandle:
         """Open the next segment of the log and make it the current one (at open, at a roll and

@@ -11,22 +11,20 @@ node that keeps failing is dropped from the segment; when fewer than aq nodes re
 completed by the recovery rule and its pending entries are resolved against it (present ->
 committed, absent -> dropped with `SegmentClosedError`), then writing goes on in a new segment.
 
-This module owns the writer's segments, acks and lifecycle (open, flush, close, fence) and
-composes the parts, one job each: `message` (input checks), `queued` (write_async's queue),
-`inflight` (entries from enqueue to commit: the one enqueue path, outcomes, backpressure),
-`dispatch` + `workers` (group commit, node senders), `segments` (the open segments, the
-current one, the roll rule),
-`completion` (completing them), `flusher` (timeouts, LAC updates, the lease).
+This module owns the writer's acks and lifecycle (open, flush, close, fence, the lease) and
+composes the parts, one job each: `message` (input checks), `queued` (the queued writes and when
+they are admitted), `inflight` (entries from enqueue to commit: the one enqueue path, outcomes,
+backpressure), `dispatch` + `workers` (group commit, node senders), `segments` (the open segments,
+the current one, the roll rule), `completion` (completing segments), `flusher` (timeouts, LAC
+updates, lease renewals) and `forks` (a writer used in a forked child).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
@@ -38,7 +36,6 @@ from ..errors import (
     WoodpeckerError,
     WriterClosedError,
     WriterFencedError,
-    WriterForkedError,
     WriteTimeoutError,
 )
 from ..types import WriteManyResult, WriteMessage, WriteResult
@@ -46,9 +43,11 @@ from . import atexit_close
 from .completion import SegmentCompletion
 from .dispatch import Dispatch
 from .flusher import Flusher
+from .forks import FORKS, check_same_process
 from .futures import WriteFuture
 from .hooks import NO_HOOKS, Outcomes, WriterHooks
 from .inflight import InFlight
+from .lease import Lease
 from .message import checked_payloads, coerce_message
 from .queued import WriteQueue
 from .rows import write_rows
@@ -61,21 +60,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LEASE_MS = 30_000
-
-# Bumped in every forked child: a writer made before the fork sees it changed (one list read per
-# call, cheaper than os.getpid()). Its threads do not exist in the child, so a write there would
-# wait forever; it raises WriterForkedError instead (the idempotent writer reads this too).
-FORKS = [0]
-
-
-def _after_fork_in_child() -> None:
-    FORKS[0] += 1
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 __all__ = ["LogWriter"]
 
 
@@ -84,10 +68,10 @@ class LogWriter:
 
     Also the writer core a layer above composes (the idempotent writer): it passes its
     `WriterHooks` (hooks.py) and calls only the package API below ("layer API"). The writer's
-    own parts (flusher, node workers, open segments, segment completion) call the "core interface"
-    methods: public names, typed by the protocol each part declares (`FlusherCore`,
-    `SenderCore`, `RollCore`, `CompletionCore`), so no part touches another's private state.
-    """
+    own parts (flusher, node workers, open segments, segment completion) call the "core
+    interface" methods: public names, typed by the protocol each part declares (`FlusherCore`,
+    `SenderCore`, `RollCore`, `CompletionCore`, `QueueCore`), so no part touches another's
+    private state."""
 
     def __init__(self, handle: LogHandle, hooks: WriterHooks = NO_HOOKS):
         self._handle = handle
@@ -98,7 +82,6 @@ class LogWriter:
         self._meta = client.meta
         self._transport = client.transport
         self.log_id = handle.log_id
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.generation = FORKS[0]  # see FORKS: its threads and locks exist in this process only
         self._pid = os.getpid()
         ap = self._cfg.append
@@ -136,14 +119,16 @@ class LogWriter:
             dispatch=self._dispatch,
             maint=self._maint,
         )
-        self._queue = WriteQueue(self)  # write_async's writes not given ids yet (queued.py)
+        self._queue = WriteQueue(self, hooks)  # write_async's writes not given ids yet
         self.metrics: dict[str, float] = {
             "segments_rolled": 0,
             "segments_repaired": 0,
             "background_retries": 0,
         }
 
-        self.epoch = self._meta.take_over(self.log_id, self.owner, self.clock.now_ms(), LEASE_MS)
+        self._lease = Lease(self._meta, self.log_id, self.clock, self.fence)  # takes the log over
+        self.owner = self._lease.owner
+        self.epoch = self._lease.epoch
         self._completion = SegmentCompletion(
             self,
             meta=self._meta,
@@ -234,14 +219,7 @@ class LogWriter:
 
     def still_owner(self) -> bool:
         """Ask the metadata store whether this writer still owns the log; fences it if not."""
-        if self._fenced is not None:
-            return False
-        try:
-            self._meta.check_epoch(self.log_id, self.epoch)
-        except WriterFencedError as exc:
-            self.fence(exc)
-            return False
-        return True
+        return self._fenced is None and self._lease.held()
 
     @property
     def repairing(self) -> bool:
@@ -260,12 +238,7 @@ class LogWriter:
 
     def check_process(self) -> None:
         """Raise `WriterForkedError` in a process forked after this writer was opened."""
-        if FORKS[0] != self.generation:
-            raise WriterForkedError(
-                f"writer of log {self.log_id} was opened in process {self._pid} and used in "
-                f"process {os.getpid()} (a fork): its threads do not exist here; open a client "
-                "and writer in this process"
-            )
+        check_same_process(self.generation, self._pid, f"writer of log {self.log_id}")
 
     def check_open_locked(self) -> None:
         """Raise why no write is accepted any more (fenced, closed, or the client closed)."""
@@ -335,15 +308,17 @@ class LogWriter:
         self._maint.stop(left(10))
         with self.lock:
             segments = self.segments.all_locked()
-        unresolved: Outcomes = []
-        for seg in segments:
-            for entry in seg.pending:
-                error = WriterClosedError(
-                    f"writer of log {self.log_id} closed before entry {seg.segment_id}:"
-                    f"{entry.entry_id} was acknowledged; the next writer's recovery keeps it if "
-                    f"it reached the nodes (an idempotent retry then returns its id)"
+            unresolved = [
+                (
+                    f,
+                    WriterClosedError(
+                        f"writer of log {self.log_id} closed before entry {segment_id}:{entry_id} "
+                        "was acknowledged; the next writer's recovery keeps it if it reached the "
+                        "nodes (an idempotent retry then returns its id)"
+                    ),
                 )
-                unresolved.extend((f, error) for f, _ in entry.waiters())
+                for f, segment_id, entry_id in self.segments.waiters_locked()
+            ]
         resolve(unresolved)
         if self._fenced is None:
             self._completion.finish(segments, self.segments.last_opened, timeout, deadline)
@@ -371,16 +346,7 @@ class LogWriter:
         """Turn queued writes (this writer's and the layer's above, `WriterHooks.admit_locked`)
         into entries if nothing is in flight or the oldest has waited linger_ms; returns their
         outcomes and the seconds until the rest are due (None: nothing queued)."""
-        failed: Outcomes = []
-        due = self._queue.due_locked(time.monotonic())
-        if due is not None and (due <= 0 or self.segments.idle_locked()):
-            failed, due = self._queue.admit_locked(), None
-        if not self._hooks.queued():
-            return failed, due
-        admitted, layer_due = self._hooks.admit_locked(self.segments.idle_locked())
-        if layer_due is not None:
-            due = layer_due if due is None else min(due, layer_due)
-        return failed + admitted, due
+        return self._queue.admit_due_locked()
 
     def complete_if_drained_locked(self, seg: SegmentHandle) -> None:
         """A rolled segment with nothing pending any more is completed (in the background)."""
@@ -399,11 +365,7 @@ class LogWriter:
             if not committed:
                 return
             resolved = self.inflight.commit_locked(seg, committed)
-            if self._queue:  # writes queued while this batch was in flight
-                resolved.extend(self._queue.admit_locked())
-            if self._hooks.queued():  # writes queued while this batch was in flight
-                admitted, _ = self._hooks.admit_locked(self.segments.idle_locked())
-                resolved.extend(admitted)
+            resolved.extend(self._queue.admit_acked_locked())  # queued while it was in flight
             self._send_locked(seg)  # what was held while this batch was in flight
             if seg.status is SegmentStatus.ROLLED:
                 self.complete_if_drained_locked(seg)
@@ -418,12 +380,7 @@ class LogWriter:
 
     def renew_lease(self) -> None:
         """Renew this writer's lease on the log (the flusher asks every few seconds)."""
-        try:
-            self._meta.renew_lease(
-                self.log_id, self.epoch, self.owner, self.clock.now_ms(), LEASE_MS
-            )
-        except WriterFencedError as exc:
-            self.fence(exc)
+        self._lease.renew()
 
     def fence(self, exc: WriterFencedError) -> None:
         """`fence_locked`, then its outcomes set (call without the lock)."""
@@ -438,10 +395,9 @@ class LogWriter:
         self._fenced = exc
         self._stopping.set()
         log.warning("log %s: writer fenced: %s", self.log_id, exc)
-        resolved: Outcomes = []
-        for seg in self.segments.all_locked():
-            for entry in seg.pending:
-                resolved.extend((f, WriterFencedError(str(exc))) for f, _ in entry.waiters())
+        resolved: Outcomes = [
+            (f, WriterFencedError(str(exc))) for f, _, _ in self.segments.waiters_locked()
+        ]
         resolved.extend((f, WriterFencedError(str(exc))) for f in self._queue.drop())
         resolved.extend(self._hooks.fenced_locked(exc))
         self._wake.notify_all()

@@ -29,12 +29,13 @@ from .._core import (
     explicit_keys,
 )
 from ..args import timeout_arg, wait_for
+from ..client.forks import FORKS
 from ..client.futures import WriteFuture
 from ..client.hooks import Outcomes
 from ..client.message import checked_payloads, coerce_message
 from ..client.segment import PendingEntry
 from ..client.workers import resolve
-from ..client.writer import FORKS, LogWriter
+from ..client.writer import LogWriter
 from ..config import KEYS, check_value
 from ..errors import (
     ConfigError,

@@ -1,0 +1,31 @@
+"""Forks: a writer's threads exist only in the process that opened it.
+
+`FORKS` is bumped in every forked child, so a writer made before the fork sees it changed with one
+list read per call (cheaper than `os.getpid()`). A write there would wait forever for threads that
+do not exist; it raises `WriterForkedError` instead (both writers check).
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import WriterForkedError
+
+FORKS = [0]
+
+
+def _after_fork_in_child() -> None:
+    FORKS[0] += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def check_same_process(generation: int, pid: int, what: str) -> None:
+    """Raise `WriterForkedError` if `what`, opened at fork `generation` in process `pid`, is used
+    in a process forked since."""
+    if FORKS[0] != generation:
+        raise WriterForkedError(
+            f"{what} was opened in process {pid} and used in process {os.getpid()} (a fork): its "
+            "threads do not exist here; open a client and writer in this process"
+        )
