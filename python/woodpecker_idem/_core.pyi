@@ -707,8 +707,8 @@ class KeyPipe:
         """Queue `payload`: a `bytes` object is held until its key is taken, any other buffer is
         copied (it could change meanwhile). Raises InvalidTypeError for a non-bytes-like."""
     def push_id(self, idempotency_id: str | bytes) -> None:
-        """Queue the key of an explicit id, computed at once; a bad id raises (as
-        `explicit_key`)."""
+        """Queue the key of an explicit id: the id is checked and copied at once (a bad id raises,
+        as `explicit_key`) and hashed with its chunk."""
     def push_key(self, key: Buffer) -> None:
         """Queue a key computed already (16 bytes); it comes back as it is, in its turn."""
     def ready_count(self) -> int:

@@ -66,25 +66,24 @@ class Admission:
         ident: str | bytes | None,
         future: Future,
         key: bytes | None = None,
-        alone: bool = True,
     ) -> list | None:
         """Queue one write; its key is `key` if given (computed already), else that of `ident`
-        (an explicit id), else the payload's. `alone`: admitted at once if nothing is in flight
-        (False: the caller queues more rows and admits them together). Returns the outcomes to
-        set after the lock."""
+        (an explicit id), else the payload's. Returns the outcomes to set after the lock."""
         core = self._core
-        core.check_open_locked()
-        size = len(payload) + OVERHEAD
         intake = self.intake
+        futures = intake.futures
+        if not futures:  # queued writes were checked: a close or fence empties the intake
+            core.check_open_locked()
+        size = len(payload) + OVERHEAD
         early = None
-        rows, held = len(intake.futures), False
+        rows, held = len(futures), False
         try:  # the queued writes count against the in-flight limits with this one
             if core.inflight.full_locked(size + intake.nbytes, rows + 1):
-                if intake.futures:  # room comes from commits: queued writes must be entries
+                if futures:  # room comes from commits: queued writes must be entries first
                     early = self._admit_locked()
                     rows = 0
+                    futures = intake.futures
                 core.wait_for_room_locked(size)  # raises once closed or fenced
-            futures = intake.futures
             if not futures:
                 intake.since = time.monotonic()
             intake.timestamps.append(self._clock.now_ms())
@@ -94,12 +93,13 @@ class Admission:
             intake.nbytes += size
             held = True
             # Last: a row is queued once its key is in the pipe.
+            pipe = intake.pipe
             if key is not None:
-                intake.pipe.push_key(key)
+                pipe.push_key(key)
             elif ident is None:
-                intake.pipe.push(payload)
+                pipe.push(payload)
             else:
-                intake.pipe.push_id(ident)  # a bad id raises here
+                pipe.push_id(ident)  # a bad id raises here
         except BaseException:  # closed or fenced, a bad id, or Ctrl-C between two steps
             if len(intake.pipe) == rows:  # the key never went in: nothing of it stays queued
                 intake.trim()
@@ -111,11 +111,11 @@ class Admission:
             raise
         n = len(futures)
         if n == 1:  # (more queued: the first one's call judged whether anything was in flight)
-            if alone and core.segments.idle_locked():  # nothing in flight: no company to wait for
+            if core.segments.idle_locked():  # nothing in flight: no company to wait for
                 resolved = self._admit_locked()
                 return early + resolved if early else resolved
             core.wake_locked()  # the flusher admits it after linger_ms unless an ack comes first
-        elif n >= ADMIT_AT and n % 16 == 0:
+        elif n >= ADMIT_AT and not n & 15:
             ready = intake.pipe.ready_count()
             if ready >= ADMIT_MIN:
                 resolved = self._admit_locked(ready)

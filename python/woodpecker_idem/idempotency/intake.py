@@ -1,8 +1,8 @@
 """The idempotent writer's intake: writes accepted but not yet given ids.
 
 A producer thread queues a write (payload, properties, future) with its queueing time, and pushes
-it into a `KeyPipe`: payloads' content keys are computed 64 at a time (by the pipe's Rust thread,
-without the GIL, when a chunk is large); an explicit id's (short) key at once. Queued writes are
+it into a `KeyPipe`: keys are computed 64 at a time, payloads' and explicit ids' alike (by the
+pipe's Rust thread, without the GIL, when a chunk's payloads are large). Queued writes are
 admitted (given ids, in one window pass and one encoding call per batch) at once when nothing is
 in flight, else by the ack of the batch in flight (group commit), by the producer itself once a
 batch's keys are ready, or by the flusher once the oldest has waited `append.linger_ms`.

@@ -217,15 +217,18 @@ class IdempotentLogWriter:
             self._check_process()
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
         future: Future[WriteResult] = WriteFuture()
-        key = None
-        if not self._intake.futures:  # a hint (re-checked under the lock): nothing queued ahead
+        admission = self._admission
+        if self._intake.futures:  # writes queued ahead: judged after them, in the intake
+            with self._lock:
+                resolved = admission.queue_locked(payload, props, idempotency_id, future)
+        else:  # a hint, re-checked under the lock (committed_locked)
             key = content_key(payload) if idempotency_id is None else explicit_key(idempotency_id)
-        with self._lock:
-            hit = None if key is None else self._admission.committed_locked(key)
-            if hit is None:
-                resolved = self._admission.queue_locked(payload, props, idempotency_id, future, key)
-            else:
-                resolved = [(future, hit)]
+            with self._lock:
+                hit = admission.committed_locked(key)
+                if hit is None:
+                    resolved = admission.queue_locked(payload, props, idempotency_id, future, key)
+                else:
+                    resolved = [(future, hit)]
         if resolved:
             resolve(resolved)
         return future
