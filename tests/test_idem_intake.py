@@ -154,6 +154,11 @@ def test_a_fenced_writer_fails_its_queued_writes(tmp_path: Path):
         queued.result(5)
     with pytest.raises(WriterFencedError):
         blocker.result(5)
+    # The fence emptied the intake, so the next write is checked (a write queued behind others
+    # is checked once per intake) and refused at once, not queued where nobody admits it.
+    assert len(a._intake) == 0
+    with pytest.raises(WriterFencedError):
+        a.write_async(b"late", idempotency_id="late")
     gated.release()  # A's held add reaches a fenced segment: refused
     r = b.write_async(b"q", idempotency_id="Q")
     b.flush()
@@ -174,6 +179,9 @@ def test_close_admits_and_commits_queued_writes(tmp_path: Path):
     futures = [w.write_async(b"c%d" % i) for i in range(5)]
     w.close()
     assert [f.result(0).message_id.entry_id for f in futures] == [0, 1, 2, 3, 4]
+    assert len(w._intake) == 0  # so a later write is checked, and refused at once
+    with pytest.raises(wp.WriterClosedError):
+        w.write_async(b"late")
     assert [m.payload for m in _entries(log)] == [b"c%d" % i for i in range(5)]
     client.close()
 
@@ -319,4 +327,27 @@ def test_a_bad_id_after_an_early_admission_still_answers_the_admitted_writes(tmp
     gated.release()
     assert not ahead.result(5).duplicate and not blocker.result(5).duplicate
     w.close()
+    client.close()
+
+
+def test_writes_queued_during_a_close_end_with_writer_closed(tmp_path: Path):
+    """A write queued behind another is not checked again (once per intake); a close must still
+    end it: the writes queued while the close waits for its flush fail with WriterClosedError,
+    and a write after the close is refused at once."""
+    client, _, log = _client(tmp_path, **SLOW_LINGER)
+    gated = gate(client)
+    w = log.open_writer(idempotent=True)
+    blocker = _in_flight(w, gated)
+    with ThreadPoolExecutor(1) as pool:
+        closing = pool.submit(w.close, 1.0)  # its flush waits for the held batch, then gives up
+        time.sleep(0.2)  # the close is in its flush (1 s) now
+        late = [w.write_async(b"late-%d" % i, idempotency_id=f"late-{i}") for i in range(3)]
+        assert len(w._intake) == 3  # the second and third were queued without a check
+        closing.result(10)
+    for f in [blocker, *late]:
+        with pytest.raises(wp.WriterClosedError):
+            f.result(0)
+    with pytest.raises(wp.WriterClosedError):
+        w.write_async(b"after")
+    gated.release()
     client.close()
