@@ -1,4 +1,5 @@
-"""Rebuild the dedup window before an idempotent writer accepts writes (DESIGN.md section 8).
+"""Build the dedup window (`open_window`: open_writer's window options, checked like their config
+keys) and rebuild it before an idempotent writer accepts writes (DESIGN.md section 8).
 
 Newest valid snapshot (older one if corrupt), then the gap: entries after each watermark and whole
 segments the snapshot does not know, then time eviction. Entries carry their key, so nothing is
@@ -20,6 +21,8 @@ from .._core import DedupWindow, Snapshot, StoredEntry
 from .._proto.logstore_pb2 import LogEntry
 from ..client.keyarchive import load_archive
 from ..client.replicas import ReplicaFault, read_entries
+from ..config import KEYS, Section, check_value
+from ..errors import ConfigError, InvalidArgumentError, InvalidTypeError
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
 from ..objectstore.base import ObjectStore
@@ -44,6 +47,32 @@ class RecoveryReport:
     window_size: int
     entries_backfilled: int = 0  # read before the snapshot's coverage: its window was smaller
     corrupt_replicas: tuple[ReplicaFault, ...] = ()  # skipped for another replica
+
+
+def open_window(
+    cfg: Section, window_duration_s: float | None, window_max_keys: int | None
+) -> DedupWindow:
+    """An empty window of `open_writer`'s options, `cfg` (`idempotency.*`) where they are None.
+    Each is checked like its config key (type and range: NaN, infinity, bool, a float for an
+    int, or a value out of range is refused here, naming the option), before any takeover."""
+    duration = _window_option("window_duration_s", window_duration_s, cfg.window_duration_s)
+    max_keys = int(_window_option("window_max_keys", window_max_keys, cfg.window_max_keys))
+    return DedupWindow(max_keys, max(1, int(duration * 1000)))
+
+
+def _window_option(name: str, value: object, default: object) -> int | float:
+    if value is None:
+        value = default
+    key = next(k for k in KEYS if k.name == f"idempotency.{name}")
+    number = (int, float) if key.kind == "number" else int
+    if isinstance(value, bool) or not isinstance(value, number):
+        raise InvalidTypeError(
+            f"{name} must be {key.allowed()}, not {type(value).__name__} {value!r}"
+        )
+    try:
+        return check_value(key.name, value)
+    except ConfigError:
+        raise InvalidArgumentError(f"{name} must be {key.allowed()}, not {value!r}") from None
 
 
 def rebuild_window(
@@ -94,6 +123,20 @@ def rebuild_window(
         corrupt_replicas=tuple(faults.values()),
     )
     covered = {s.segment_id: s.last_entry_id for s in segments if s.segment_id in young}
+    log.info(
+        "log %s: window rebuilt in %.3f s: %d keys from snapshot (age %s ms), %d entries "
+        "replayed from %d segments (%d read back for a window larger than the snapshot's), "
+        "%d corrupt snapshots, %d corrupt replicas skipped",
+        log_id,
+        report.seconds,
+        report.snapshot_key_count,
+        report.snapshot_age_ms,
+        report.entries_replayed,
+        report.segments_replayed,
+        report.entries_backfilled,
+        report.corrupt_snapshots,
+        len(report.corrupt_replicas),
+    )
     return report, covered
 
 

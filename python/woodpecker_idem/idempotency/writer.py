@@ -36,19 +36,12 @@ from ..client.message import checked_payloads, coerce_message
 from ..client.segment import PendingEntry
 from ..client.workers import resolve
 from ..client.writer import LogWriter
-from ..config import KEYS, check_value
-from ..errors import (
-    ConfigError,
-    InvalidArgumentError,
-    InvalidTypeError,
-    WriterClosedError,
-    WriterFencedError,
-)
+from ..errors import InvalidArgumentError, InvalidTypeError, WriterClosedError, WriterFencedError
 from ..types import WriteManyResult, WriteMessage, WriteResult
 from .admission import Admission
 from .batch import BatchLane, keyed_rows
 from .intake import Intake
-from .recovery import RecoveryReport, rebuild_window
+from .recovery import RecoveryReport, open_window, rebuild_window
 from .snapshot import SnapshotSource, Snapshotter
 
 if TYPE_CHECKING:
@@ -57,25 +50,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EARLY_WARNING_EVERY_S = 60.0  # early evictions are logged at most this often (all are counted)
-
-
-def _window_option(name: str, value: object, default: object) -> int | float:
-    """An `open_writer` window option, checked against its config key's type and range (the
-    same rule as `idempotency.<name>` in a config file): NaN, infinity, bool, a float for an
-    int, or a value out of range is refused here, naming the option."""
-    if value is None:
-        value = default
-    key = next(k for k in KEYS if k.name == f"idempotency.{name}")
-    number = (int, float) if key.kind == "number" else int
-    if isinstance(value, bool) or not isinstance(value, number):
-        raise InvalidTypeError(
-            f"{name} must be {key.allowed()}, not {type(value).__name__} {value!r}"
-        )
-    try:
-        key_value = check_value(key.name, value)
-    except ConfigError:
-        raise InvalidArgumentError(f"{name} must be {key.allowed()}, not {value!r}") from None
-    return key_value
 
 
 class IdempotentLogWriter:
@@ -88,9 +62,7 @@ class IdempotentLogWriter:
         window_max_keys: int | None = None,
     ):
         cfg = handle.client.config.idempotency
-        duration = _window_option("window_duration_s", window_duration_s, cfg.window_duration_s)
-        max_keys = int(_window_option("window_max_keys", window_max_keys, cfg.window_max_keys))
-        self._window = DedupWindow(max_keys, max(1, int(duration * 1000)))
+        self._window = open_window(cfg, window_duration_s, window_max_keys)
         self._watermarks: dict[int, int] = {}
         self._intake = Intake()  # before the core: its threads ask `queued()` from the start
         self._new_keys = 0
@@ -158,20 +130,6 @@ class IdempotentLogWriter:
         )
         self._watermarks.update(covered)
         self.recovery = report
-        log.info(
-            "log %s: window rebuilt in %.3f s: %d keys from snapshot (age %s ms), %d entries "
-            "replayed from %d segments (%d read back for a window larger than the snapshot's), "
-            "%d corrupt snapshots, %d corrupt replicas skipped",
-            self.log_id,
-            report.seconds,
-            report.snapshot_key_count,
-            report.snapshot_age_ms,
-            report.entries_replayed,
-            report.segments_replayed,
-            report.entries_backfilled,
-            report.corrupt_snapshots,
-            len(report.corrupt_replicas),
-        )
 
     # --- writing -----------------------------------------------------------------------------
     #
@@ -238,14 +196,6 @@ class IdempotentLogWriter:
             f"the entry to log {self.log_id} is still pending and the writer keeps sending it; "
             "a retry with the same key joins it and returns its id"
         )
-
-    # --- hooks: admission (the core calls these with its lock held) ----------------------------
-
-    def queued(self) -> int:
-        return len(self._intake.futures)
-
-    def admit_locked(self, idle: bool) -> tuple[Outcomes, float | None]:
-        return self._admission.admit_locked(idle)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every write queued before this call is committed or failed."""
@@ -322,7 +272,13 @@ class IdempotentLogWriter:
     def _check_process(self) -> None:
         self._core.check_process()
 
-    # --- hooks: entries and segments ------------------------------------------------------------
+    # --- hooks (the core calls the `_locked` ones with its lock held) ---------------------------
+
+    def queued(self) -> int:
+        return len(self._intake.futures)
+
+    def admit_locked(self, idle: bool) -> tuple[Outcomes, float | None]:
+        return self._admission.admit_locked(idle)
 
     def committed_locked(self, segment_id: int, entries: list[PendingEntry]) -> None:
         window = self._window
