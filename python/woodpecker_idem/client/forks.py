@@ -21,11 +21,10 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def check_same_process(generation: int, pid: int, what: str) -> None:
-    """Raise `WriterForkedError` if `what`, opened at fork `generation` in process `pid`, is used
-    in a process forked since."""
-    if FORKS[0] != generation:
-        raise WriterForkedError(
-            f"{what} was opened in process {pid} and used in process {os.getpid()} (a fork): its "
-            "threads do not exist here; open a client and writer in this process"
-        )
+def forked_error(what: str, pid: int) -> WriterForkedError:
+    """The error for `what`, opened in process `pid`, used in a process forked since (callers
+    compare `FORKS[0]` with the generation they saw at open, which is cheaper than a call)."""
+    return WriterForkedError(
+        f"{what} was opened in process {pid} and used in process {os.getpid()} (a fork): its "
+        "threads do not exist here; open a client and writer in this process"
+    )

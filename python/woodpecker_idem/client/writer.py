@@ -43,7 +43,7 @@ from . import atexit_close
 from .completion import SegmentCompletion
 from .dispatch import Dispatch
 from .flusher import Flusher
-from .forks import FORKS, check_same_process
+from .forks import FORKS, forked_error
 from .futures import WriteFuture
 from .hooks import NO_HOOKS, Outcomes, WriterHooks
 from .inflight import InFlight
@@ -238,7 +238,8 @@ class LogWriter:
 
     def check_process(self) -> None:
         """Raise `WriterForkedError` in a process forked after this writer was opened."""
-        check_same_process(self.generation, self._pid, f"writer of log {self.log_id}")
+        if FORKS[0] != self.generation:
+            raise forked_error(f"writer of log {self.log_id}", self._pid)
 
     def check_open_locked(self) -> None:
         """Raise why no write is accepted any more (fenced, closed, or the client closed)."""

@@ -149,7 +149,8 @@ class IdempotentLogWriter:
         id at once (duplicate=True) unless an earlier write is still queued (it is judged first).
         `timeout`: None or seconds > 0; a wait that ends first raises `WriteTimeoutError`."""
         wait = None if timeout is None else timeout_arg(timeout, allow_zero=False)
-        self._check_process()
+        if FORKS[0] != self._generation:
+            self._check_process()
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
         key = content_key(payload) if idempotency_id is None else explicit_key(idempotency_id)
         with self._lock:
