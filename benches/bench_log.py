@@ -32,7 +32,7 @@ import pytest
 
 from woodpecker_idem.connect import connect
 
-TARGET_ES1_1K = 100_000  # issue 12 (not met on the shared 2-core machine: see benches/README.md)
+TARGET_ES1_1K = 100_000  # issue 12 (medians 106-116k on the shared 2-core machine)
 N_LOAD = {100: 20_000, 1024: 20_000}
 N_IDLE = 300
 
