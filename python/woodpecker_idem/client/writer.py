@@ -341,7 +341,7 @@ class LogWriter:
         """Closed (or closing) or fenced: the writer's background work ends."""
         return self._closed or self._fenced is not None
 
-    # --- core interface: what the writer's own parts call (flusher, workers, roll, completion) --
+    # --- core interface: what the writer's own parts call (flusher, workers, segments, completion)
 
     def admit_queued_locked(self) -> tuple[Outcomes, float | None]:
         """Turn queued writes (this writer's and the layer's above, `WriterHooks.admit_locked`)
