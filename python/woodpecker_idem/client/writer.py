@@ -124,6 +124,7 @@ class LogWriter:
             "segments_rolled": 0,
             "segments_repaired": 0,
             "background_retries": 0,
+            "backpressure_waits": 0,  # calls that waited for room (append.max_inflight_*)
         }
 
         self._lease = Lease(self._meta, self.log_id, self.clock, self.fence)  # takes the log over
@@ -233,6 +234,7 @@ class LogWriter:
     def wait_for_room_locked(self, size: int, entries: int = 1) -> None:
         """Backpressure: block until in-flight entries/bytes leave room for `entries` more
         entries of `size` bytes (or nothing is in flight); raises once closed or fenced."""
+        self.metrics["backpressure_waits"] += 1
         self.inflight.wait_for_room_locked(size, entries, lambda: self.stopped)
         self.check_open_locked()
 

@@ -81,9 +81,12 @@ class Admission:
             if core.inflight.full_locked(size + intake.nbytes, rows + 1):
                 if futures:  # room comes from commits: queued writes must be entries first
                     early = self._admit_locked()
-                    rows = 0
-                    futures = intake.futures
                 core.wait_for_room_locked(size)  # raises once closed or fenced
+                # The wait released the lock: other producers queued writes and admitted them
+                # (an admission replaces the intake's columns). Read the intake anew, or this
+                # write's future goes into a list that already left as a batch.
+                futures = intake.futures
+                rows = len(futures)
             if not futures:
                 intake.since = time.monotonic()
             intake.timestamps.append(self._clock.now_ms())
