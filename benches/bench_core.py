@@ -36,7 +36,7 @@ from woodpecker_idem import _core
 
 HERE = Path(__file__).resolve().parent
 
-# targets (docs/core-api.md, DESIGN.md §6-7)
+# targets (docs/core-api.md, docs/architecture.md "The window")
 BATCH_LOOKUPS_PER_S = 10_000_000
 BYTES_PER_KEY = 44.0
 HASH_SPEEDUP_100B = 2.0

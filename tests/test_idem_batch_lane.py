@@ -24,8 +24,8 @@ from woodpecker_idem import (
     explicit_key,
 )
 from woodpecker_idem._core import encode_frame
-from woodpecker_idem.client.rows import BatchCompletion, RowJoiner, RunRows
-from woodpecker_idem.client.segment import EntryJoiner, PendingEntry, SegmentHandle
+from woodpecker_idem.writer.results import BatchCompletion, RowJoiner, RunRows
+from woodpecker_idem.writer.segments import EntryJoiner, OpenSegment, PendingEntry
 from woodpecker_idem.history import History
 from woodpecker_idem.idempotency import snapshot as snapshot_module
 from woodpecker_idem.logstore.transport import FaultInjectingTransport
@@ -251,7 +251,7 @@ def test_a_segment_completed_inside_a_run_splits_it():
     """Recovery may end a segment inside a run (a node holding part of it): the entries up to the
     end are committed, the rest dropped, each with exactly its rows and joiners."""
     meta = SegmentMeta(1, 0, SegmentState.ACTIVE, ("node-0",), 1, 1, 1, 0)
-    seg = SegmentHandle(meta, time.monotonic())
+    seg = OpenSegment(meta, time.monotonic())
     call = BatchCompletion()
     payloads = [b"a", b"b", b"c", b"d", b"e"]
     frame, count = encode_frame(0, 0, 1, payloads, 0, 5)

@@ -260,7 +260,7 @@ def run_campaign(
 
 
 class HangError(AssertionError):
-    """Writes still pending after close(): a liveness defect (DESIGN.md 1.1: every write ends)."""
+    """Writes still pending after close(): a liveness defect (docs/semantics.md: every write ends)."""
 
 
 def _judge(report: Report) -> None:

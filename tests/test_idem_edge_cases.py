@@ -1,4 +1,4 @@
-"""Idempotent writes: the seed design's edge cases 1-8 and the rest of DESIGN.md sections 1-8.
+"""Idempotent writes: the seed design's edge cases 1-8 and the rest of docs/semantics.md.
 
 Every test runs in-process on a fresh data directory. A "crash" is a writer abandoned without
 close(): the next open_writer() takes the log over (epoch bump) and fences it. Time is a ManualClock
@@ -849,7 +849,7 @@ def test_early_evictions_are_logged_once_a_minute_and_all_counted(tmp_path, capl
     w = client.open_log("e", create=True).open_writer(
         idempotent=True, window_duration_s=3600, window_max_keys=10
     )
-    with caplog.at_level(logging.WARNING, logger="woodpecker_idem.idempotency.writer"):
+    with caplog.at_level(logging.WARNING, logger="woodpecker_idem.idempotency.stage"):
         for i in range(60):  # each write its own commit: 50 of them evict early
             w.write(b"e%d" % i, idempotency_id=f"e{i}")
     warnings = [r for r in caplog.records if "evicted by capacity" in r.getMessage()]

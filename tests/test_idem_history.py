@@ -148,7 +148,7 @@ def test_accepts_rewrite_after_capacity_eviction():
 
 
 def test_flags_duplicate_while_among_newest_max_keys():
-    # DESIGN.md 1.1: K is in the window iff it is among the newest window_max_keys committed keys.
+    # docs/semantics.md, "The window": K is in the window iff it is among the newest window_max_keys committed keys.
     # With max_keys=3 and K followed by 2 others, the committed keys are [a, b, c]: a is among the
     # newest 3, so writing a again must not create an entry (the writer's DedupWindow agrees).
     window = wp.DedupWindow(3, WINDOW_MS)
@@ -281,7 +281,7 @@ def test_kind_f_wrong_payload_at_an_acknowledged_id():
     ok(h, K("a"), 0, 0, payload=b"mine")
     fails_with(h, [msg(0, 0, K("a"), payload=b"other")], WRONG_PAYLOAD)
     # corrected: the entry holds the creator's payload; a duplicate with another payload is
-    # answered with the original (DESIGN.md 1.1: the payload of a duplicate is not compared)
+    # answered with the original (docs/semantics.md: the payload of a duplicate is not compared)
     ok(h, K("a"), 0, 0, dup=True, t=(2, 3), payload=b"changed")
     passes(h, [msg(0, 0, K("a"), payload=b"mine")])
 

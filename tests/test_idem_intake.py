@@ -224,7 +224,7 @@ def test_a_committed_duplicate_is_answered_without_the_intake(tmp_path: Path, id
 
 
 def test_a_duplicate_queued_behind_a_write_is_judged_after_it(tmp_path: Path):
-    """Ordering (DESIGN.md 1.1): with a write queued ahead, a committed key is not answered
+    """Ordering (docs/semantics.md): with a write queued ahead, a committed key is not answered
     early but judged in queueing order; a repeat of a queued key joins the queued write."""
     client, _, log = _client(tmp_path, **SLOW_LINGER)
     gated = gate(client)

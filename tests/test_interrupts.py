@@ -1,5 +1,5 @@
 """Ctrl-C during the writer's multi-step bookkeeping is held back until the writer is whole
-(client/interrupts.py), then delivered: the caller still gets its KeyboardInterrupt."""
+(writer/lifecycle.py), then delivered: the caller still gets its KeyboardInterrupt."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from woodpecker_idem.client.interrupts import HOLD_INTERRUPTS
+from woodpecker_idem.writer.lifecycle import HOLD_INTERRUPTS
 
 
 def _interrupt_self() -> None:
@@ -66,10 +66,8 @@ def test_ctrl_c_while_queued_writes_become_entries_loses_none(
     """SIGINT lands while the caller's thread turns queued writes into entries (here: inside
     the frame encoding of its 3rd admission): the call raises KeyboardInterrupt once the writes
     are entries, and every write accepted lands, in order, without a gap."""
-    from woodpecker_idem.client import queued
-    from woodpecker_idem.idempotency import admission
+    from woodpecker_idem.writer import accumulator as module
 
-    module = admission if idempotent else queued
     client = wp_connect(tmp_path, {"append.max_batch_entries": 5})
     log = client.create_log("a")
     writer = log.open_writer(idempotent=True) if idempotent else log.open_writer()
@@ -101,7 +99,7 @@ def test_ctrl_c_while_queued_writes_become_entries_loses_none(
 def test_an_error_while_queued_writes_become_entries_ends_them(tmp_path, wp_connect, monkeypatch):
     """Any error before a run is queued (here: the encoding fails once) ends the writes it held
     with that error instead of leaving their futures pending; later writes go on."""
-    from woodpecker_idem.client import queued
+    from woodpecker_idem.writer import accumulator as queued
 
     client = wp_connect(tmp_path, {"append.max_batch_entries": 5})
     writer = client.create_log("e").open_writer()

@@ -1,8 +1,9 @@
-"""The package's layering (issue 12 item 1): the idempotent layer composes the writer core
-through its hooks and layer API; dependencies point down the rooms of DESIGN.md section 12
-(`client/` imports neither the composition root `connect.py` nor the idempotent layer, the stores
-import no `client/`); no module touches another object's private names (the writer's parts use
-its core interface); the LogWriter implements each part's view of it."""
+"""The package's layering (docs/architecture.md): dependencies point down the rooms (`client/`
+imports neither the composition root `connect.py` nor the writer pipeline above it, the stores
+import no `client/`); the write pipeline (`writer/`) calls its dedup stage one way: `writer/`
+imports nothing of `idempotency/`, and `idempotency/` imports of `writer/` only the protocol
+(`writer/dedup.py`); no module touches another object's private names (the pipeline's parts use
+its public names); the Pipeline implements each part's view of it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import woodpecker_idem as wp
-from woodpecker_idem.client.hooks import NoHooks, WriterHooks
+from woodpecker_idem.writer.dedup import Dedup, NoDedup
 
 PACKAGE = Path(wp.__file__).parent
 
@@ -68,12 +69,13 @@ def test_the_client_package_does_not_import_the_idempotent_layer(name: str) -> N
     assert bad == []
 
 
-# DESIGN.md section 12: dependencies point one way. Each room imports only rooms of a lower layer
+# docs/architecture.md, "The layers": dependencies point one way. Each room imports only rooms of a lower layer
 # (the modules at the bottom, `errors`, `types`, `_core`, ..., are below all of these).
 LAYERS: list[set[str]] = [
     {"objectstore", "meta"},  # beside each other: neither imports the other
     {"logstore"},
     {"client"},
+    {"writer"},
     {"idempotency"},
     {"connect"},  # the composition root: config -> stores -> transport -> client
     {"spark"},
@@ -206,7 +208,7 @@ def test_the_private_name_rule_sees_reaches() -> None:
 @pytest.mark.parametrize("name", MODULES)
 def test_dependencies_point_down_the_layers(name: str) -> None:
     """`client/` does not import the composition root or the idempotent layer, the stores do not
-    import `client/`, and so on: no import cycle between the rooms of DESIGN.md section 12."""
+    import `client/`, and so on: no import cycle between the rooms of docs/architecture.md."""
     room = Path(name).parts[0].removesuffix(".py")
     if room not in LAYER_OF:
         return  # the bottom modules and the package root
@@ -225,34 +227,82 @@ def test_the_layer_rule_sees_imports() -> None:
     assert "connect" in _room_imports(PACKAGE / "cli.py")  # `from . import (..., connect, ...)`
 
 
-def test_both_writers_implement_the_hook_protocol(tmp_path: Path) -> None:
+def _imports_of(path: Path) -> list[str]:
+    """Every module `path` imports (TYPE_CHECKING ones too), as dotted names under the package."""
+    rel = path.relative_to(PACKAGE).with_suffix("").parts
+    here = list(rel[:-1])
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - node.level + 1]
+                parts = base + [p for p in (node.module or "").split(".") if p]
+            elif (node.module or "").startswith("woodpecker_idem"):
+                parts = (node.module or "").split(".")[1:]
+            else:
+                continue
+            if not node.module:  # `from . import x`
+                out.extend(".".join([*parts, a.name]) for a in node.names)
+            else:
+                out.append(".".join(parts))
+        elif isinstance(node, ast.Import):
+            out.extend(
+                a.name.split(".", 1)[1] for a in node.names if a.name.startswith("woodpecker_idem.")
+            )
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (PACKAGE / "writer").glob("*.py")))
+def test_the_pipeline_imports_nothing_of_the_dedup_state(name: str) -> None:
+    """Not even for typing: the pipeline knows its stage only as the `Dedup` protocol."""
+    bad = [m for m in _imports_of(PACKAGE / "writer" / name) if m.startswith("idempotency")]
+    assert bad == []
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (PACKAGE / "idempotency").glob("*.py")))
+def test_the_dedup_state_imports_only_the_protocol_of_the_pipeline(name: str) -> None:
+    bad = [
+        m
+        for m in _imports_of(PACKAGE / "idempotency" / name)
+        if m.startswith("writer") and m != "writer.dedup"
+    ]
+    assert bad == []
+
+
+def test_the_import_scan_sees_imports() -> None:
+    assert "writer.dedup" in _imports_of(PACKAGE / "idempotency" / "stage.py")
+    assert "writer.dedup" in _imports_of(PACKAGE / "writer" / "pipeline.py")
+    assert "idempotency.stage" in _imports_of(PACKAGE / "connect.py")
+
+
+def test_both_stages_implement_the_dedup_protocol(tmp_path: Path) -> None:
     client = wp.connect(tmp_path, {"quorum.es": 1})
-    log = client.open_log("hooks", create=True)
+    log = client.open_log("stages", create=True)
     idem = log.open_writer(idempotent=True)
-    hooks: list[WriterHooks] = [NoHooks(), idem]
-    for h in hooks:
-        for method in WriterHooks.__dict__:
+    stages = [NoDedup(), idem._stage]
+    for stage in stages:
+        for method in Dedup.__dict__:
             if not method.startswith("_"):
-                assert callable(getattr(h, method)), (h, method)
-    assert idem.core.lock is not None and not isinstance(idem, wp.LogWriter)
+                assert hasattr(stage, method), (stage, method)
+    assert not hasattr(idem, "core") and not isinstance(idem, wp.LogWriter)
     r = idem.write(b"x", idempotency_id="k", timeout=5)
     assert idem.write(b"x", idempotency_id="k", timeout=5) == wp.WriteResult(r.message_id, True)
     idem.close()
     client.close()
 
 
-def test_the_writer_implements_the_core_interface_of_each_part(tmp_path: Path) -> None:
-    """Each part of the writer names what it uses of it in a protocol (its whole view of the
-    writer); the LogWriter has every member (mypy checks the types where the parts are built)."""
-    from woodpecker_idem.client.completion import CompletionCore
-    from woodpecker_idem.client.flusher import FlusherCore
-    from woodpecker_idem.client.queued import QueueCore
-    from woodpecker_idem.client.segments import RollCore
-    from woodpecker_idem.client.workers import SenderCore
+def test_the_pipeline_implements_the_view_of_each_part(tmp_path: Path) -> None:
+    """Each part of the pipeline names what it uses of it in a protocol (its whole view of the
+    pipeline); the Pipeline has every member (mypy checks the types where the parts are built)."""
+    from woodpecker_idem.writer.completion import CompletionCore
+    from woodpecker_idem.writer.lifecycle import TickerCore
+    from woodpecker_idem.writer.segments import RollCore
+    from woodpecker_idem.writer.sender import SenderCore
 
     client = wp.connect(tmp_path, {"quorum.es": 1})
     writer = client.open_log("core", create=True).open_writer()
-    for protocol in (CompletionCore, FlusherCore, QueueCore, RollCore, SenderCore):
+    pipeline = writer._pipeline
+    for protocol in (CompletionCore, TickerCore, RollCore, SenderCore):
         members = {
             name
             for klass in protocol.__mro__
@@ -261,7 +311,7 @@ def test_the_writer_implements_the_core_interface_of_each_part(tmp_path: Path) -
             if not name.startswith("_")
         }
         assert members, protocol
-        missing = [name for name in sorted(members) if not hasattr(writer, name)]
+        missing = [name for name in sorted(members) if not hasattr(pipeline, name)]
         assert missing == [], (protocol.__name__, missing)
     writer.close()
     client.close()

@@ -1,4 +1,4 @@
-"""Liveness (DESIGN.md 1.1, 3, 4): every accepted write ends, background repair survives every
+"""Liveness (docs/semantics.md): every accepted write ends, background repair survives every
 error until the writer is closed, a log stays reopenable after any interrupted recovery, and
 readers see every acknowledged entry. Faults are injected into the LogStore transport and the
 metadata store; logs are judged with the history checker."""

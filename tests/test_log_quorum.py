@@ -1,5 +1,5 @@
 """es=3 / aq=2 in-process: node failures, lost acks, slow nodes, and the recovery LAC rule
-(DESIGN.md sections 1.1, 4, 5)."""
+(docs/semantics.md, docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from woodpecker_idem._core import encode_entry
-from woodpecker_idem.client.recovery import recover_segment
+from woodpecker_idem.writer.recovery import recover_segment
 from woodpecker_idem.errors import (
     QuorumUnavailableError,
     SegmentClosedError,
@@ -247,7 +247,7 @@ def test_es3_tail_reader_sees_last_acknowledged_entry(tmp_path, wp_connect):
     assert got == ids, f"reader saw {got} of acknowledged {ids} while the writer was idle"
 
 
-# --- the LAC rule (DESIGN.md section 4) -----------------------------------------------------------
+# --- the LAC rule (docs/architecture.md) -----------------------------------------------------------
 
 
 def _diverged_segment(client, name, tails=None):

@@ -1,7 +1,7 @@
 """LogWriter: order, durability across reopen, futures, flush, close, rolling, truncation,
 bad input.
 
-DESIGN.md sections 1.1, 5, 9, 11 and 13. Every test runs embedded (es=1, local directory, SQLite)
+docs/semantics.md and docs/architecture.md. Every test runs embedded (es=1, local directory, SQLite)
 under tmp_path unless it says otherwise.
 """
 
@@ -83,7 +83,7 @@ def test_acknowledged_entries_readable_after_reopen(tmp_path, wp_connect):
         assert m.payload == payload
         assert m.properties == props
         assert before - 5 <= m.timestamp_ms <= after + 5  # stamped once, at encode time
-        assert m.idempotency_key is None  # plain writers store no key (DESIGN.md 1.5)
+        assert m.idempotency_key is None  # plain writers store no key (docs/semantics.md: plain writers pay nothing)
         stamps.append(m.timestamp_ms)
     assert stamps == sorted(stamps)
 
@@ -110,7 +110,7 @@ def test_ctrl_c_while_a_batch_is_cut_loses_no_entry(tmp_path, wp_connect, monkey
     frame concat) leaves every queued entry to be sent: the writer flushes, closes and the log
     has no gap. Before, the entries were out of both the unsent list and the batches: never
     sent, while later batches committed past them."""
-    from woodpecker_idem.client import segment
+    from woodpecker_idem.writer import segments as segment
 
     client = wp_connect(tmp_path, {"append.max_batch_entries": 5})
     writer = client.create_log("a").open_writer()

@@ -112,7 +112,7 @@ def test_fence_refuses_data_and_recovery_copies_go_to_their_own_file(root):
 
 
 def test_append_landing_before_the_fence_is_kept_and_after_it_never_read(root):
-    """The race of DESIGN.md section 3 on files, one step at a time: the stale writer's batch
+    """The fencing race (docs/architecture.md) on files, one step at a time: the stale writer's batch
     written before the fencer reads L is part of the segment but never acknowledged (the check
     after its sync sees the fence); a batch written after L is never read by anyone."""
     e = engine(root)

@@ -15,7 +15,7 @@ from concurrent.futures import (
 import pytest
 
 import woodpecker_idem as wp
-from woodpecker_idem.client.futures import FutureRun, WriteFuture
+from woodpecker_idem.writer.results import FutureRun, WriteFuture
 from woodpecker_idem.types import LogMessageId, WriteResult
 
 

@@ -21,7 +21,7 @@ from ._core import (
     explicit_keys,
 )
 from ._core import __version__ as __version__  # Cargo.toml's version: written in one place
-from .client import LogHandle, LogReader, LogWriter, WoodpeckerClient
+from .client import LogHandle, LogReader, WoodpeckerClient
 from .clock import Clock, ManualClock, SystemClock
 from .config import Config, load_config
 from .connect import connect  # the composition root (module of the same name)
@@ -55,8 +55,15 @@ from .errors import (
     WriterForkedError,
     WriteTimeoutError,
 )
-from .idempotency import IdempotentLogWriter, WriteManyResult
-from .types import LogMessage, LogMessageId, SegmentState, WriteMessage, WriteResult
+from .types import (
+    LogMessage,
+    LogMessageId,
+    SegmentState,
+    WriteManyResult,
+    WriteMessage,
+    WriteResult,
+)
+from .writer import IdempotentLogWriter, LogWriter
 
 __all__ = [
     "ClientClosedError",

@@ -1,5 +1,6 @@
-"""The composition root: config -> stores -> transport -> client, with the idempotent writer wired
-in. `connect()` is the entry point; embedded by default (in-process LogStore, local directory,
+"""The composition root: config -> stores -> transport -> client, and which dedup stage a writer
+gets (the window for idempotent writers, none for plain ones).
+`connect()` is the entry point; embedded by default (in-process LogStore, local directory,
 SQLite). Only this module knows every layer: the packages below it do not import it."""
 
 from __future__ import annotations
@@ -10,16 +11,18 @@ from pathlib import Path
 from typing import Any
 
 from .client.client import WoodpeckerClient
+from .client.log import LogHandle
 from .clock import SYSTEM_CLOCK, Clock
 from .config import Config, load_config, parse_fsync
 from .errors import ConfigError, InvalidArgumentError, InvalidTypeError
-from .idempotency.writer import IdempotentLogWriter
+from .idempotency.stage import WindowStage
 from .logstore.engine import LogStoreEngine
 from .logstore.segment_files import segment_storage
 from .logstore.transport import InProcessTransport, LogStoreTransport
 from .meta import MetadataStore, NodeInfo, open_metadata_store
 from .objectstore import ObjectStore, open_object_store
 from .objectstore.owner import claim_root
+from .writer.api import IdempotentLogWriter, LogWriter
 
 DEFAULT_DATA_DIR = "./woodpecker-data"
 
@@ -156,6 +159,28 @@ def connect(
         transport = InProcessTransport(engines)
         for node_id in engines:
             meta.register_node(NodeInfo(node_id, f"inproc://{node_id}"))
-    return WoodpeckerClient(
-        cfg, root, clock or SYSTEM_CLOCK, meta, objects, transport, IdempotentLogWriter
+    return WoodpeckerClient(cfg, root, clock or SYSTEM_CLOCK, meta, objects, transport, open_writer)
+
+
+def open_writer(
+    handle: LogHandle,
+    idempotent: bool,
+    window_duration_s: float | None = None,
+    window_max_keys: int | None = None,
+) -> LogWriter | IdempotentLogWriter:
+    """A log's writer: one write pipeline, with the dedup window as its stage when `idempotent`
+    (the window options are checked before the log is taken over), else with none."""
+    if not idempotent:
+        return LogWriter(handle)
+    client = handle.client
+    stage = WindowStage(
+        log_id=handle.log_id,
+        cfg=client.config.idempotency,
+        clock=client.clock,
+        meta=client.meta,
+        objects=client.objects,
+        transport=client.transport,
+        window_duration_s=window_duration_s,
+        window_max_keys=window_max_keys,
     )
+    return IdempotentLogWriter(handle, stage)

@@ -1,4 +1,4 @@
-"""The history checker: judges a log against every write attempt made on it (DESIGN.md 1 and 1.1).
+"""The history checker: judges a log against every write attempt made on it (docs/semantics.md).
 
 Record every attempt while a drill runs (its key, payload, start and end time, and its outcome),
 read the whole log back, then `History.check` lists every violation it can prove:
@@ -49,7 +49,7 @@ UNKNOWN_START = Stamp(UNKNOWN, UNKNOWN)
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """One write call. `message_id` is set iff it was acknowledged. `timed_out`: it failed by
-    waiting too long, so its entry, if any, was still pending when it ended (DESIGN.md 1.1 (a))."""
+    waiting too long, so its entry, if any, was still pending when it ended (docs/semantics.md)."""
 
     key: bytes | None  # None: a plain write (no idempotency key)
     payload: bytes

@@ -1,6 +1,6 @@
 """The rules of the history checker (`woodpecker_idem.history`); each finding is a proof.
 
-Facts the rules use (DESIGN.md 1.1 and 5):
+Facts the rules use (docs/semantics.md):
 - An entry is created by one call of its key and stores that call's payload and a timestamp read
   during the call. The calls that may have created entry E (its *creators*) are the attempts of
   E's key with E's payload that failed, or were acknowledged at E with `duplicate=False`, and whose

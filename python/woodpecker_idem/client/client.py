@@ -22,7 +22,7 @@ from ..errors import (
 from ..logstore.transport import LogStoreTransport
 from ..meta import MetadataStore
 from ..objectstore import ObjectStore
-from .log import ClosableWriter, IdempotentWriterFactory, LogHandle
+from .log import ClosableWriter, LogHandle, WriterFactory
 
 W = TypeVar("W", bound=ClosableWriter)
 
@@ -38,7 +38,7 @@ class WoodpeckerClient:
         meta: MetadataStore,
         objects: ObjectStore,
         transport: LogStoreTransport,
-        idempotent_writer: IdempotentWriterFactory | None = None,
+        writers: WriterFactory,
     ):
         self.config = config
         self.data_dir = data_dir
@@ -46,9 +46,9 @@ class WoodpeckerClient:
         self.meta = meta
         self.objects = objects
         self.transport = transport
-        # open_writer(idempotent=True) builds its writer with this (given by the composition
-        # root: client/ does not import the layer above it)
-        self.idempotent_writer = idempotent_writer
+        # LogHandle.open_writer builds its writer with this (given by the composition root: the
+        # client does not import the writer pipeline above it)
+        self.writers = writers
         self._writers: weakref.WeakSet[ClosableWriter] = weakref.WeakSet()
         self._writers_lock = threading.Lock()
         self._closed = False

@@ -11,10 +11,9 @@ from ..errors import InvalidArgumentError, NodeUnavailableError
 from ..types import LogMessageId, SegmentState
 from .keyarchive import archive_keys, archive_prefix
 from .reader import LogReader
-from .writer import LogWriter
 
 if TYPE_CHECKING:
-    from ..idempotency.writer import IdempotentLogWriter
+    from ..writer.api import IdempotentLogWriter, LogWriter
     from .client import WoodpeckerClient
 
 log = logging.getLogger(__name__)
@@ -26,15 +25,17 @@ class ClosableWriter(Protocol):
     def close(self, timeout: float | None = 30.0) -> None: ...
 
 
-class IdempotentWriterFactory(Protocol):
-    """Builds the idempotent writer of a log (the composition root passes the class)."""
+class WriterFactory(Protocol):
+    """Builds a log's writer (the composition root, `connect.open_writer`, passes it): the
+    client does not import the writer pipeline, which sits above it."""
 
     def __call__(
         self,
         handle: LogHandle,
+        idempotent: bool,
         window_duration_s: float | None = None,
         window_max_keys: int | None = None,
-    ) -> IdempotentLogWriter: ...
+    ) -> LogWriter | IdempotentLogWriter: ...
 
 
 class LogHandle:
@@ -80,30 +81,24 @@ class LogHandle:
         """
         self.client.check_open()
         bool_arg(idempotent, "idempotent")
-        if idempotent:
-            factory = self.client.idempotent_writer
-            if factory is None:
-                raise InvalidArgumentError(
-                    "this client was built without an idempotent writer; open it with connect()"
+        if not idempotent:
+            given = [
+                name
+                for name, value in (
+                    ("window_duration_s", window_duration_s),
+                    ("window_max_keys", window_max_keys),
                 )
-            writer = factory(
-                self, window_duration_s=window_duration_s, window_max_keys=window_max_keys
-            )
-            return self.client.track(writer)
-        given = [
-            name
-            for name, value in (
-                ("window_duration_s", window_duration_s),
-                ("window_max_keys", window_max_keys),
-            )
-            if value is not None
-        ]
-        if given:
-            raise InvalidArgumentError(
-                f"{', '.join(given)}: window options apply to idempotent writers only "
-                "(open_writer(idempotent=True, ...)); a plain writer has no dedup window"
-            )
-        return self.client.track(LogWriter(self))
+                if value is not None
+            ]
+            if given:
+                raise InvalidArgumentError(
+                    f"{', '.join(given)}: window options apply to idempotent writers only "
+                    "(open_writer(idempotent=True, ...)); a plain writer has no dedup window"
+                )
+        writer = self.client.writers(
+            self, idempotent, window_duration_s=window_duration_s, window_max_keys=window_max_keys
+        )
+        return self.client.track(writer)
 
     def open_reader(self, start: str | LogMessageId = "earliest") -> LogReader:
         self.client.check_open()

@@ -1,4 +1,4 @@
-"""Reading a segment's entries from whichever replica holds them intact (DESIGN.md section 8.6).
+"""Reading a segment's entries from whichever replica holds them intact (docs/architecture.md).
 
 The LogReader and window recovery both read through `read_entries`, so they skip the same
 replicas: one that is down, one that lags (holds fewer entries: it answers a short list or none)

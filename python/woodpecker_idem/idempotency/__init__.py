@@ -1,5 +1,6 @@
-"""Idempotent writes: the writer, its snapshots and window recovery."""
+"""Dedup state of idempotent writers: the window stage the write pipeline consults, its
+snapshots and the window rebuild."""
 
-from .writer import IdempotentLogWriter, WriteManyResult
+from .stage import WindowStage
 
-__all__ = ["IdempotentLogWriter", "WriteManyResult"]
+__all__ = ["WindowStage"]

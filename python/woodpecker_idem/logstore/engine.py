@@ -186,7 +186,7 @@ class LogStoreEngine:
         """The end this node's footer records (refreshed from the store), or None if it has none.
 
         A footer is written only once a recovery decided the end, so recovery takes it as
-        lastEntryId even when the metadata was not sealed afterwards (DESIGN.md section 4).
+        lastEntryId even when the metadata was not sealed afterwards (docs/architecture.md).
         """
         seg = self._segment(log_id, segment_id)
         with seg.lock:

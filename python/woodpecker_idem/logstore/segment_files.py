@@ -7,7 +7,7 @@ segment), `fence` (empty marker), `fence-at` (the data file's length L when fenc
 CRC32C of the header) and the frame exactly as the writer built it (records of
 `length | crc32c | LogEntry bytes`).
 
-Why fencing is as strong as create-if-absent block keys (DESIGN.md section 3):
+Why fencing is as strong as create-if-absent block keys (docs/architecture.md, "Fencing"):
 
 - The writer appends a batch (one `write` with O_APPEND), `fdatasync`s, THEN checks that `fence`
   does not exist, and only then acks. If it exists, the add fails (`SegmentFencedError`); the
@@ -23,7 +23,7 @@ Why fencing is as strong as create-if-absent block keys (DESIGN.md section 3):
   on its check and refuses; its bytes land at or past the end that the fencer's read of L will
   see, unless they land before that read, which only bytes unacked at the fence can do. Those
   are part of the segment exactly like a block landing before the fence marker (kept by
-  recovery, DESIGN.md 1.1(b)). A fencer that died between `fence` and `fence-at` leaves the next
+  recovery, docs/semantics.md). A fencer that died between `fence` and `fence-at` leaves the next
   fencer to read L later; that L may then include such unacknowledged appends, never less than
   every acked one.
 - A reader (any process) reads the file's size S first, then looks for `fence-at`/`fence`: with

@@ -110,7 +110,7 @@ class ObjectSegmentStorage(SegmentStorage):
 
     Every block put is create-if-absent, and fencing creates the first free block key as a marker,
     so a writer in another process that still holds the segment collides with the marker on its
-    next put and stops (DESIGN.md section 3). A block that landed before the marker is part of the
+    next put and stops (docs/architecture.md). A block that landed before the marker is part of the
     segment; nothing after it is, except recovery copies written while completing the segment.
     """
 

@@ -213,7 +213,7 @@ class EtcdGateway:
 class LeaseKeeper:
     """Keeps the etcd leases of this store's writers alive from one background thread.
 
-    A lease only shows that a writer is alive (DESIGN.md section 3): losing one fences nothing. So
+    A lease only shows that a writer is alive (docs/architecture.md): losing one fences nothing. So
     the thread never gives up: errors are counted and logged, and it retries with backoff until
     `close()`. A lease that expired while etcd was away is handed to `on_expired` to replace.
     Leases no longer needed are revoked by the thread too, off the writer's take-over path.

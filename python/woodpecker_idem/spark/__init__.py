@@ -1,4 +1,4 @@
-"""Spark integration (needs the `spark` extra: pyspark >= 4 and pyarrow; DESIGN.md section 10).
+"""Spark integration (needs the `spark` extra: pyspark >= 4 and pyarrow; docs/spark.md).
 
 from woodpecker_idem.spark import prepare, register
 register(spark)                                     # format("woodpecker")

@@ -45,8 +45,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
-    from ..client.writer import LogWriter
-    from ..idempotency.writer import IdempotentLogWriter
+    from ..writer.api import IdempotentLogWriter, LogWriter
 
 log = logging.getLogger(__name__)
 

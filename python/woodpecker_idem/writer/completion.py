@@ -4,8 +4,10 @@ one that drained (sealed at its LAC), and an empty one whose create answer was l
 
 Every step meets the faults writes meet (nodes, the metadata store, a race with another
 completion) and is retried with backoff (`retry.Backoff`) until it succeeds, the writer is fenced
-or it is closed: readers stop at an ACTIVE segment, so giving up would stall them (DESIGN.md 1.1).
-`SegmentCompletion` works on its `LogWriter` only through `CompletionCore` (public names).
+or it is closed: readers stop at an ACTIVE segment, so giving up would stall
+them (docs/semantics.md).
+`SegmentCompletion` works on its pipeline only through `CompletionCore` (public names) and
+tells the dedup stage which segments completed and which entries they dropped.
 """
 
 from __future__ import annotations
@@ -29,27 +31,24 @@ from ..errors import (
 from ..meta.base import SegmentMeta
 from ..retry import Backoff, retry_call
 from ..types import SegmentState
-from .hooks import Outcomes, WriterHooks
+from .dedup import Dedup
+from .lifecycle import Maintenance
 from .recovery import recover_segment, seal
-from .segment import Batch, SegmentHandle, SegmentStatus, span
-from .workers import Maintenance, resolve
+from .results import Outcomes, resolve
+from .segments import RETRY_INITIAL_S, RETRY_MAX_S, Batch, OpenSegment, SegmentStatus, span
 
 if TYPE_CHECKING:
     from ..clock import Clock
     from ..logstore.transport import LogStoreTransport
     from ..meta import MetadataStore
-    from .inflight import InFlight
+    from .accumulator import InFlight
     from .segments import OpenSegments
 
 log = logging.getLogger(__name__)
 
-# Background retries (repair, completing a rolled segment, a roll the metadata store refused)
-RETRY_INITIAL_S = 0.05
-RETRY_MAX_S = 2.0
-
 
 class CompletionCore(Protocol):
-    """What `SegmentCompletion` uses of its writer (`LogWriter` implements it; see there)."""
+    """What `SegmentCompletion` uses of its pipeline (`Pipeline` implements it)."""
 
     log_id: int
     epoch: int
@@ -88,7 +87,7 @@ class SegmentCompletion:
         *,
         meta: MetadataStore,
         transport: LogStoreTransport,
-        hooks: WriterHooks,
+        dedup: Dedup,
         maint: Maintenance,
         stopping: threading.Event,
         timeout_s: float,
@@ -96,18 +95,18 @@ class SegmentCompletion:
         self._core = core
         self._meta = meta
         self._transport = transport
-        self._hooks = hooks
+        self._dedup = dedup
         self._maint = maint
         self._stopping = stopping  # set on close or fence: background retries end
         self._timeout_s = timeout_s
         self._log_id = core.log_id
         # the segment that lost its ack quorum, until it is completed (new writes are refused)
-        self.repairing: SegmentHandle | None = None
+        self.repairing: OpenSegment | None = None
 
     # --- opening: the previous writers' segments -------------------------------------------------
 
     def take_over(self) -> None:
-        """Complete every ACTIVE segment a previous writer left (DESIGN.md sections 3 and 4)."""
+        """Complete every ACTIVE segment a previous writer left (docs/architecture.md)."""
         for seg in self._meta.list_segments(self._log_id):
             if seg.state in (SegmentState.ACTIVE, SegmentState.COMPLETED):
                 done = self._recover_with_retries(seg)
@@ -142,11 +141,11 @@ class SegmentCompletion:
 
     def _completed(self, segment_id: int, last_entry_id: int) -> None:
         with self._core.lock:
-            self._hooks.segment_completed_locked(segment_id, last_entry_id)
+            self._dedup.segment_completed_locked(segment_id, last_entry_id)
 
     # --- a segment that lost its ack quorum ------------------------------------------------------
 
-    def node_failed(self, node: str, seg: SegmentHandle, batch: Batch, exc: Exception) -> None:
+    def node_failed(self, node: str, seg: OpenSegment, batch: Batch, exc: Exception) -> None:
         """`node` gave up on `batch` of `seg` (after its retries): drop the node from the segment;
         if fewer than aq nodes remain, the segment is repaired in the background."""
         core = self._core
@@ -177,10 +176,10 @@ class SegmentCompletion:
             core.segments.drop_current_locked(seg)
         self._maint.submit(self.repair, seg)
 
-    def repair(self, seg: SegmentHandle) -> None:
+    def repair(self, seg: OpenSegment) -> None:
         """Complete a segment that lost its quorum and resolve its pending entries; if it was the
         current segment, open the next. Every failure (nodes, storage, metadata) is retried with
-        backoff until it succeeds, the writer is fenced or it is closed (DESIGN.md 1.1)."""
+        backoff until it succeeds, the writer is fenced or it is closed (docs/semantics.md)."""
         core = self._core
         backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S, stop=self._stopping)
         done: SegmentMeta | None = None
@@ -221,12 +220,12 @@ class SegmentCompletion:
                 if not backoff.wait():
                     return
 
-    def _resolve_segment_locked(self, seg: SegmentHandle, last_entry_id: int) -> Outcomes:
+    def _resolve_segment_locked(self, seg: OpenSegment, last_entry_id: int) -> Outcomes:
         core = self._core
         committed, dropped = seg.resolve_completed(last_entry_id)
         resolved = core.inflight.commit_locked(seg, committed) if committed else []
         if dropped:
-            self._hooks.dropped_locked(seg.segment_id, dropped)
+            self._dedup.dropped_locked(seg.segment_id)
             exc = SegmentClosedError(
                 f"segment {self._log_id}/{seg.segment_id} was completed at entry {last_entry_id} "
                 f"without these entries; a retry writes them anew"
@@ -247,7 +246,7 @@ class SegmentCompletion:
 
     # --- a rolled or closing segment that drained ------------------------------------------------
 
-    def complete_drained(self, seg: SegmentHandle, backoff: Backoff | None = None) -> None:
+    def complete_drained(self, seg: OpenSegment, backoff: Backoff | None = None) -> None:
         """A rolled (or closing) segment with nothing pending: complete it at its LAC.
 
         Readers stop at an ACTIVE segment, so a failure here (metadata store, nodes) is retried
@@ -272,7 +271,7 @@ class SegmentCompletion:
             on_retry,
         )
 
-    def _seal_drained(self, seg: SegmentHandle) -> None:
+    def _seal_drained(self, seg: OpenSegment) -> None:
         core = self._core
         last = seg.lac
         for node in seg.live_nodes():
@@ -304,7 +303,7 @@ class SegmentCompletion:
 
     def finish(
         self,
-        segments: list[SegmentHandle],
+        segments: list[OpenSegment],
         last_opened: int,
         timeout: float | None,
         deadline: float | None,
@@ -323,6 +322,9 @@ class SegmentCompletion:
                     if deadline is not None and left(0) <= 0:
                         raise WriteTimeoutError(f"close timeout of {timeout:g} s reached")
                     self.complete_drained(seg, Backoff(RETRY_INITIAL_S, 0.5, budget_s=left(5)))
+                except WriterFencedError as exc:  # taken over meanwhile: the new writer completes
+                    self._core.fence(exc)
+                    return
                 except Exception as exc:
                     log.warning(
                         "log %s: segment %s left for recovery: %s",

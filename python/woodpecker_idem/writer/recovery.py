@@ -186,12 +186,3 @@ def seal(
             epoch, dataclasses.replace(current, state=SegmentState.SEALED)
         )
     return current
-
-
-def choose_nodes(node_ids: list[str], es: int, segment_id: int) -> tuple[str, ...]:
-    """The ensemble for a new segment: es nodes, rotated by segment id to spread load."""
-    if len(node_ids) < es:
-        raise QuorumUnavailableError(f"{len(node_ids)} LogStore nodes known, es={es} needed")
-    start = segment_id % len(node_ids)
-    ring = node_ids[start:] + node_ids[:start]
-    return tuple(ring[:es])

@@ -1,5 +1,5 @@
 """Build the dedup window (`open_window`: open_writer's window options, checked like their config
-keys) and rebuild it before an idempotent writer accepts writes (DESIGN.md section 8).
+keys) and rebuild it before an idempotent writer accepts writes (docs/architecture.md).
 
 Newest valid snapshot (older one if corrupt), then the gap: entries after each watermark and whole
 segments the snapshot does not know, then time eviction. Entries carry their key, so nothing is

@@ -1,0 +1,245 @@
+"""The idempotent writer's dedup stage: the window of one log, its snapshots and its rebuild,
+behind the `Dedup` protocol the write pipeline calls (as Kafka's broker keeps producer state in
+`ProducerStateManager` and Woodpecker keeps it in `log/idempotent/`). Dedup state only: it holds
+no reference to the pipeline and never calls it; the pipeline tells it what was reserved,
+committed, dropped and completed, and asks it to judge keys.
+
+A key's life in the window: reserved pending when its run is admitted (`reserve_locked`), then
+committed when the run reaches its ack quorum (`committed_locked`: a prefix of the segment), or
+forgotten when its segment is completed without it (`dropped_locked`). Committed keys are evicted
+by age (`window_duration_s`) and capacity (`window_max_keys`); a capacity eviction of a key
+younger than the duration is an early eviction: counted, and warned about at most once a minute.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from array import array
+from typing import TYPE_CHECKING
+
+from ..errors import WoodpeckerError, WriterFencedError
+from ..writer.dedup import Answer
+from .rebuild import RecoveryReport, open_window, rebuild_window
+from .snapshot import SnapshotSource, Snapshotter
+
+if TYPE_CHECKING:
+    from ..clock import Clock
+    from ..config import Section
+    from ..logstore.transport import LogStoreTransport
+    from ..meta import MetadataStore
+    from ..objectstore.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+EARLY_WARNING_EVERY_S = 60.0  # early evictions are logged at most this often (all are counted)
+
+
+class WindowStage:
+    """The dedup window of one log as the pipeline's stage (see the module doc)."""
+
+    keyed = True
+
+    def __init__(
+        self,
+        *,
+        log_id: int,
+        cfg: Section,
+        clock: Clock,
+        meta: MetadataStore,
+        objects: ObjectStore,
+        transport: LogStoreTransport,
+        window_duration_s: float | None = None,
+        window_max_keys: int | None = None,
+    ):
+        self.window = open_window(cfg, window_duration_s, window_max_keys)  # checks the options
+        self.log_id = log_id
+        self._cfg = cfg
+        self._clock = clock
+        self._meta = meta
+        self._objects = objects
+        self._transport = transport
+        self._watermarks: dict[int, int] = {}  # segment -> last entry whose key is committed
+        self._new_keys = 0  # keys committed since the last snapshot
+        self._early_unreported = 0  # early evictions not logged yet (see _warn_early)
+        self._early_warned_at = -EARLY_WARNING_EVERY_S
+        self._next_evict_ms = 0
+        self._evict_every_ms = max(1, min(1000, self.window.window_ms // 100))
+        self._stopped = False  # fenced or closing: no background snapshot any more
+        self._final = False  # closing as the owner: the final snapshot may be written
+        self._epoch = -1
+        self.report: RecoveryReport | None = None
+        self.snapshotter: Snapshotter | None = None
+
+    # --- opening ---------------------------------------------------------------------------
+
+    def rebuild(self, epoch: int) -> None:
+        """Fill the window from the newest valid snapshot and the log after it, then start the
+        snapshot thread (its snapshots carry `epoch`)."""
+        self._epoch = epoch
+        report, covered = rebuild_window(
+            self.window,
+            self.log_id,
+            self._meta,
+            self._objects,
+            self._transport,
+            self._clock.now_ms(),
+        )
+        self._watermarks.update(covered)
+        self.report = report
+        cfg = self._cfg
+        self.snapshotter = Snapshotter(
+            self._objects,
+            self.log_id,
+            epoch,
+            self._clock.now_ms,
+            self._capture,
+            self._pending_new_keys,
+            self._still_owner,
+            cfg.snapshot_interval_s,
+            cfg.snapshot_threshold,
+            cfg.snapshots_kept,
+        )
+
+    # --- judging keys (the pipeline's lock is held) -----------------------------------------------
+
+    def lookup_locked(self, key: bytes, now_ms: int) -> tuple[int, int] | None:
+        hit = self.window.get(key, now_ms)
+        if hit is None or not hit.committed:
+            return None
+        return hit.segment_id, hit.entry_id
+
+    def answer_locked(self, keys: bytes, now_ms: int) -> Answer:
+        return self.window.get_many(keys, now_ms)
+
+    def reserve_locked(
+        self, keys: bytes, stamps: array, segment_id: int, first_entry_id: int
+    ) -> Answer:
+        if stamps[0] >= self._next_evict_ms:  # lookups ignore expired keys in between
+            self.window.evict(stamps[0])
+            self._next_evict_ms = stamps[0] + self._evict_every_ms
+        return self.window.reserve_many(keys, stamps, segment_id, first_entry_id)
+
+    # --- what happened to entries (the pipeline's lock is held) ---------------------------------
+
+    def committed_locked(self, segment_id: int, last_entry_id: int) -> None:
+        window = self.window
+        before = window.early_evictions
+        self._new_keys += window.commit_through(segment_id, last_entry_id)
+        # after the keys: a snapshot copies the watermarks first, then the window (_capture)
+        self._watermarks[segment_id] = last_entry_id
+        early = window.early_evictions - before
+        if early:
+            self._warn_early(early)
+        snapshotter = self.snapshotter
+        if snapshotter is not None and self._new_keys >= snapshotter.due_keys:
+            snapshotter.kick()
+
+    def dropped_locked(self, segment_id: int) -> None:
+        self.window.drop_segment(segment_id)  # completed without them: all that is left
+
+    def segment_completed_locked(self, segment_id: int, last_entry_id: int) -> None:
+        self._watermarks[segment_id] = last_entry_id
+
+    def stopped_locked(self) -> None:
+        self._stopped = True
+        if self.snapshotter is not None:
+            self.snapshotter.cancel()
+
+    def close(self, owner: bool, seconds: float | None) -> None:
+        """Stop the snapshot thread; a clean close leaves a fresh snapshot within `seconds` (an
+        object store that hangs must not hold the close: the next writer rebuilds the window
+        from the log instead)."""
+        snapshotter = self.snapshotter
+        if snapshotter is None:
+            return
+        snapshotter.stop()
+        if not owner:
+            return
+        self._final = True  # the pipeline is closed, and was not fenced: capture may run
+        final = threading.Thread(
+            target=snapshotter.write_now, name=f"wp-final-snapshot-{self.log_id}", daemon=True
+        )
+        final.start()
+        final.join(seconds)
+        if final.is_alive():
+            log.warning(
+                "log %s: the final snapshot did not finish within the close timeout; the next "
+                "writer rebuilds the window from the log",
+                self.log_id,
+            )
+
+    # --- snapshots (the snapshot thread) ---------------------------------------------------
+
+    def _capture(self) -> SnapshotSource | None:
+        """A committed-only copy of the window and the watermarks. The watermarks are copied
+        first: every key at or below them was committed before, so the copy holds it (a key
+        committed in between is in the copy too, above its watermark: the rebuild reads it
+        again, harmlessly)."""
+        if self._stopped and not self._final:
+            return None
+        marks = dict(self._watermarks)
+        source = SnapshotSource(self.window.clone_committed(), marks, self._new_keys)
+        self._new_keys = 0
+        return source
+
+    def _pending_new_keys(self) -> int:
+        return self._new_keys
+
+    def _still_owner(self) -> bool:
+        """Whether the log is still this writer's epoch (a fenced writer must not touch the
+        log's snapshots); asked of the metadata store, not of the pipeline."""
+        if self._stopped and not self._final:
+            return False
+        try:
+            self._meta.check_epoch(self.log_id, self._epoch)
+        except WriterFencedError:
+            return False
+        except WoodpeckerError as exc:  # metadata unreachable: write nothing, retried later
+            log.debug("log %s: owner check failed: %s", self.log_id, exc)
+            return False
+        return True
+
+    def _warn_early(self, early: int) -> None:
+        """Log early evictions at most once per EARLY_WARNING_EVERY_S: a window too small for
+        its rate evicts early at every commit, and one line per commit would flood the log."""
+        self._early_unreported += early
+        now = time.monotonic()
+        if now - self._early_warned_at < EARLY_WARNING_EVERY_S:
+            return
+        log.warning(
+            "log %s: %d keys evicted by capacity before window_duration_s since the last warning "
+            "(window_max_keys=%d is too small for this rate); retries of them would be new "
+            "writes. Counted in metrics_snapshot()['early_evictions']; warned at most once a "
+            "minute",
+            self.log_id,
+            self._early_unreported,
+            self.window.max_keys,
+        )
+        self._early_warned_at = now
+        self._early_unreported = 0
+
+    # --- figures ------------------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, float | int | None]:
+        w = self.window
+        s = self.snapshotter
+        r = self.report
+        return {
+            "pending": w.pending_count,
+            "window_keys": w.committed_count,
+            "window_memory_bytes": w.memory_bytes(),
+            "evictions": w.evictions,
+            "early_evictions": w.early_evictions,
+            "snapshot_writes": s.writes if s else 0,
+            "snapshot_failures": s.failures if s else 0,
+            "snapshot_bytes": s.bytes_written if s else 0,
+            "recovery_seconds": r.seconds if r else None,
+            "recovery_snapshot_age_ms": r.snapshot_age_ms if r else None,
+            "recovery_entries_replayed": r.entries_replayed if r else 0,
+            "recovery_corrupt_replicas": len(r.corrupt_replicas) if r else 0,
+        }
+
+
+__all__ = ["WindowStage"]
