@@ -161,10 +161,13 @@ class StorageAccessError(WoodpeckerError):
 
 
 class ObjectStoreOwnedError(WoodpeckerError):
-    """`objectstore.root` belongs to another metadata store (its owner marker names another id).
+    """`objectstore.root` belongs to another metadata store (its owner marker names another id),
+    or this metadata store keeps its objects at another bucket and root.
 
     Two metadata stores on one bucket and root would each number their logs from 1; the owner
     marker refuses the second one, which must use another root or the owning metadata store.
+    One metadata store on two roots would complete a log's segments as empty in the root that
+    lacks them; the store records its root once, and a client naming another is refused.
     """
 
     code = "OBJECT_STORE_OWNED"

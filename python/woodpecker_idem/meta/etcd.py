@@ -4,6 +4,7 @@ Keys under `{prefix}` (records are `proto/meta.proto` messages; ids zero-padded 
 numeric order):
 
     store_id                    the store's identity, a UUID created once (create-if-absent)
+    objects                     where the store's objects live (bucket and root), recorded once
     next_log_id                 the last log id allocated (a counter moved by transactions)
     names/{name}                log id
     logs/{log_id}               LogRecord; its mod revision is LogMeta.revision
@@ -98,6 +99,17 @@ class EtcdMetadataStore(MetadataStore):
 
     def store_id(self) -> str:
         return self._store_id
+
+    def bound_objects(self) -> str | None:
+        kvs = self._range("bound objects", self._k("objects"))
+        return unb64(kvs[0]["value"]).decode() if kvs else None
+
+    def bind_objects(self, location: str) -> str:
+        key = self._k("objects")
+        out = self._txn("bind objects", [absent(key)], [put(key, location)], [get(key)])
+        if out.get("succeeded"):
+            return location
+        return unb64(range_kvs(out["responses"][0])[0]["value"]).decode()
 
     # --- plumbing -------------------------------------------------------------------------------
 
