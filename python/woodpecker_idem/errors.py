@@ -92,6 +92,16 @@ class WriterFencedError(WoodpeckerError):
     code = "WRITER_FENCED"
 
 
+class MetadataLostError(WriterFencedError):
+    """The metadata store no longer holds what this client wrote to it: its identity is gone (etcd
+    restarted with an empty data directory) or a new log's id already has objects (the store was
+    restored from an older copy). A writer that finds this is fenced; nothing is created over the
+    old objects. Not retriable: restore the metadata store, or start a new deployment (another
+    objectstore.root and metadata store)."""
+
+    code = "METADATA_LOST"
+
+
 class WriterClosedError(WoodpeckerError):
     """The writer was closed."""
 

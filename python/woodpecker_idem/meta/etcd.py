@@ -32,6 +32,7 @@ from ..errors import (
     LogGroupSizeMismatchError,
     LogNotFoundError,
     MetadataConflictError,
+    MetadataLostError,
     StorageUnavailableError,
 )
 from ..retry import Backoff
@@ -145,9 +146,28 @@ class EtcdMetadataStore(MetadataStore):
             return new
         return unb64(range_kvs(out["responses"][0])[0]["value"]).decode()
 
+    def _check_identity(self, op: str, found: list[KV] | None = None) -> None:
+        """`MetadataLostError` if this store's identity key is gone or replaced (`found`: its
+        range, when a transaction read it already). A running client caches the identity, so
+        without this, etcd restarted with an empty data directory would look like an empty store
+        to it, and it would create log id 1 again over the old log's objects."""
+        kvs = self._range(op, self._k("store_id")) if found is None else found
+        now = unb64(kvs[0]["value"]).decode() if kvs else None
+        if now == self._store_id:
+            return
+        what = "is gone" if now is None else f"was replaced by {now}"
+        raise MetadataLostError(
+            f"etcd at {', '.join(self._endpoints)} (prefix {self._prefix!r}): the identity of this "
+            f"metadata store, {self._store_id}, {what}: etcd lost its data (restarted with an "
+            f"empty data directory?). {op} refused: nothing is written over the old logs' "
+            "objects. Restore etcd from a backup (or start a new deployment: another "
+            "meta.prefix and objectstore.root)"
+        )
+
     def _log_kv(self, op: str, log_id: int) -> tuple[LogMeta, int]:
         kvs = self._range(op, self._k("logs", log_id))
         if not kvs:
+            self._check_identity(op)
             raise LogNotFoundError(f"log id {log_id} does not exist")
         rev = int(kvs[0]["mod_revision"])
         return rec.decode_log(unb64(kvs[0].get("value")), rev), rev
@@ -159,6 +179,7 @@ class EtcdMetadataStore(MetadataStore):
         LogNotFoundError or WriterFencedError if that is why; return if it was something else."""
         epoch_kvs, log_kvs = range_kvs(responses[0]), range_kvs(responses[1])
         if not epoch_kvs or not log_kvs:
+            self._check_identity(op)
             raise LogNotFoundError(f"log id {log_id} does not exist")
         current = int(unb64(epoch_kvs[0].get("value")) or b"0")
         if epoch is not None and current != epoch:
@@ -173,6 +194,7 @@ class EtcdMetadataStore(MetadataStore):
         rec.check_name("log name", name)
         rec.check_group(group)
         counter, name_key = self._k("next_log_id"), self._k("names", name)
+        ident = self._k("store_id")
 
         def attempt() -> LogMeta:
             kvs = self._range("create_log", counter)
@@ -181,17 +203,18 @@ class EtcdMetadataStore(MetadataStore):
             meta = LogMeta(log_id=last + 1, name=name, created_ms=now_ms, group=group)
             out = self._txn(
                 "create_log",
-                [held, absent(name_key)],
+                [held, absent(name_key), same_value(ident, self._store_id)],
                 [
                     put(counter, str(meta.log_id)),
                     put(name_key, str(meta.log_id)),
                     put(self._k("logs", meta.log_id), rec.encode_log(meta)),
                     put(self._k("epochs", meta.log_id), "0"),
                 ],
-                [get(name_key)],
+                [get(name_key), get(ident)],
             )
             if out.get("succeeded"):
                 return replace(meta, revision=int(out["header"]["revision"]))
+            self._check_identity("create_log", range_kvs(out["responses"][1]))
             if range_kvs(out["responses"][0]):
                 raise LogExistsError(f"log {name!r} already exists")
             raise _Retry
