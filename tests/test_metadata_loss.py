@@ -16,7 +16,9 @@ import pytest
 from etcdserver import EtcdServer
 from test_store_namespaces import raw_keys, s3_config
 
+import woodpecker_idem as wp
 from woodpecker_idem.errors import MetadataLostError, ObjectStoreOwnedError, WriterFencedError
+from woodpecker_idem.history import History
 
 WINDOW_S = 600
 MAX_KEYS = 10_000
@@ -120,3 +122,31 @@ def test_store_restored_from_an_older_copy_does_not_reuse_a_log_id(
     assert client.list_logs() == []  # the record was undone
     # the old log's objects are untouched
     assert client.objects.list("1/") and client.objects.list("dedup_snapshot/1/")
+
+
+def test_a_footer_the_writer_did_not_write_is_not_adopted_by_position(
+    tmp_path: Path, wp_connect: Any
+) -> None:
+    """A new log whose segment 0 already holds another log's completed entries (what a forgotten
+    log leaves): the writer's add is refused there, the repair finds the old footer, and the
+    pending write must not be acknowledged at the old entry its position names."""
+    client = wp_connect(tmp_path)
+    old = client.open_log("old", create=True)
+    with _writer(old) as w:
+        for i in range(50):
+            w.write(f"old-{i}".encode(), idempotency_id=f"k{i}", timeout=30)
+    new = client.open_log("new", create=True)
+    root = Path(client.objects.root)
+    shutil.copytree(root / str(old.log_id) / "0", root / str(new.log_id) / "0")
+
+    history = History()
+    writer = _writer(new)
+    payload = b"new-60"
+    with pytest.raises(WriterFencedError, match="other bytes"):
+        history.call(
+            wp.explicit_key("k60"),
+            payload,
+            lambda: writer.write(payload, idempotency_id="k60", timeout=30),
+        )
+    writer.close()
+    assert not any(a.ok for a in history.attempts)
