@@ -68,6 +68,20 @@ pub struct SnapshotData {
     pub entries: Vec<Record>,
 }
 
+impl SnapshotData {
+    /// The highest entry id the entries name in each segment, sorted by segment id: recovery
+    /// checks these against the metadata (a position past its segment's end, or in a segment
+    /// the log does not have, was never written there).
+    pub fn segment_ends(&self) -> Vec<(u32, u32)> {
+        let mut ends: std::collections::BTreeMap<u32, u32> = std::collections::BTreeMap::new();
+        for r in &self.entries {
+            let end = ends.entry(r.segment_id).or_insert(r.entry_id);
+            *end = (*end).max(r.entry_id);
+        }
+        ends.into_iter().collect()
+    }
+}
+
 /// Why a snapshot could not be decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotError(pub String);
@@ -429,6 +443,9 @@ mod tests {
         let decoded = decode(&hex_bytes(GOLDEN_HEX)).unwrap();
         assert_eq!(decoded.entries, entries);
         assert_eq!(decoded.watermarks, vec![(0, 1 << 40), (7, -1), (8, 17)]);
+        // rows d and e share a segment: its end is the higher entry id, whatever the order
+        let ends = vec![(0, 5), (7, 300), (u32::MAX, u32::MAX)];
+        assert_eq!(decoded.segment_ends(), ends);
     }
 
     fn hex_bytes(hex: &str) -> Vec<u8> {

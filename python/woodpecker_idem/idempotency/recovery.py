@@ -1,7 +1,8 @@
 """Build the dedup window (`open_window`: open_writer's window options, checked like their config
 keys) and rebuild it before an idempotent writer accepts writes (DESIGN.md section 8).
 
-Newest valid snapshot (older one if corrupt), then the gap: entries after each watermark and whole
+Newest valid snapshot (older one if corrupt, or if it does not match the log's metadata: see
+`snapshot.snapshot_problem`), then the gap: entries after each watermark and whole
 segments the snapshot does not know, then time eviction. Entries carry their key, so nothing is
 re-hashed. The window is the writer's own (8.5): a snapshot taken under a smaller duration or
 capacity lacks keys the writer's window holds, so those are read back from the log first. Entries
@@ -27,7 +28,7 @@ from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
 from ..objectstore.base import ObjectStore
 from ..types import LogMessageId, SegmentState
-from .snapshot import load_newest
+from .snapshot import load_newest, snapshot_problem
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +90,12 @@ def rebuild_window(
     the occurrence at the later log position, so loading in log order leaves the newest.
     """
     started = time.perf_counter()
-    snap, corrupt = load_newest(objects, log_id)
-    horizon = now_ms - window.window_ms
+    epoch = meta.get_log_by_id(log_id).writer_epoch
     # the keys of a TRUNCATED segment come from what truncation kept (docs/semantics.md)
     segments = [s for s in meta.list_segments(log_id) if s.state is not SegmentState.ACTIVE]
+    ends = {s.segment_id: s.last_entry_id for s in segments}
+    snap, corrupt = load_newest(objects, log_id, lambda s: snapshot_problem(s, epoch, ends))
+    horizon = now_ms - window.window_ms
     # a segment completed at or before the horizon holds only entries older than the window
     young = {s.segment_id for s in segments if not 0 < s.completed_ms <= horizon}
     if snap is None:
