@@ -196,6 +196,15 @@ class CorruptEntryError(WoodpeckerError):
     code = "CORRUPT_ENTRY"
 
 
+class SegmentDamagedError(CorruptEntryError):
+    """A local segment file is damaged where it cannot be walked past (a bad batch header, or a
+    final batch that fails its checksum but is no torn write): entries from that offset on,
+    possibly acknowledged, cannot be read. Not retriable: the message names the file and offset
+    and how to repair it (restore the file, or truncate it there and accept the loss)."""
+
+    code = "SEGMENT_DAMAGED"
+
+
 class SnapshotCorruptError(WoodpeckerError):
     """A dedup snapshot could not be decoded (truncated, flipped, unknown version, bad layout)."""
 
