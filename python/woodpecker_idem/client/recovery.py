@@ -15,6 +15,7 @@ from ..errors import (
     EntryConflictError,
     NodeUnavailableError,
     QuorumUnavailableError,
+    SegmentDamagedError,
     SegmentFencedError,
 )
 from ..logstore.transport import LogStoreTransport
@@ -50,6 +51,7 @@ def recover_segment(
     replies: dict[str, int] = {}
     ends: dict[str, int] = {}  # nodes completed already, and where
     errors: dict[str, str] = {}
+    damaged: SegmentDamagedError | None = None  # waiting would not mend it: not retriable
     for node in seg.nodes:
         try:
             replies[node] = transport.fence(node, seg.log_id, seg.segment_id)[0]
@@ -57,11 +59,12 @@ def recover_segment(
         except (NodeUnavailableError, SegmentFencedError, CorruptEntryError) as exc:
             _skipped(seg, node, exc, errors)
             replies.pop(node, None)
+            damaged = exc if isinstance(exc, SegmentDamagedError) else damaged
             continue
         if end is not None:
             ends[node] = end
     if len(replies) < needed:
-        raise QuorumUnavailableError(
+        raise damaged or QuorumUnavailableError(
             f"segment {seg.log_id}/{seg.segment_id}: {len(replies)} of {seg.es} nodes answered the "
             f"fence, {needed} needed ({errors})"
         )
