@@ -1,7 +1,11 @@
 """etcd `MetadataStore`: one shared view of every log for clients on many hosts (`meta.type: etcd`).
 
-Keys under `{prefix}` (records are `proto/meta.proto` messages; ids zero-padded so that key order is
-numeric order):
+Keys under `{prefix}/#/` (records are `proto/meta.proto` messages; ids zero-padded so that key
+order is numeric order). `#` is a reserved path component: no prefix may contain it, so one
+deployment's keys never fall under another's, even when one prefix is nested in the other (`/x`
+and `/x/logs`): every key of prefix P starts with `P/#/`, and the first `/#/` in a key ends its
+prefix. Without it, `/x`'s range over `/x/logs/` would read (and its delete_log delete) the keys
+of `/x/logs`.
 
     store_id                    the store's identity, a UUID created once (create-if-absent)
     objects                     where the store's objects live (bucket and root), recorded once
@@ -27,6 +31,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 from ..errors import (
+    ConfigError,
     InvalidArgumentError,
     LogExistsError,
     LogGroupSizeMismatchError,
@@ -57,6 +62,7 @@ from .etcd_client import (
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_MS = 5_000
+RESERVED = "#"  # the path component between a prefix and its keys (see the module docstring)
 T = TypeVar("T")
 
 
@@ -76,6 +82,11 @@ class EtcdMetadataStore(MetadataStore):
     ):
         if not isinstance(prefix, str) or not prefix.startswith("/"):
             raise InvalidArgumentError(f"etcd key prefix must start with '/', got {prefix!r}")
+        if RESERVED in prefix.split("/"):
+            raise InvalidArgumentError(
+                f"etcd key prefix {prefix!r} must not contain the path component {RESERVED!r}: "
+                "it separates a prefix from its keys"
+            )
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 1:
             raise InvalidArgumentError(f"timeout_ms must be an int >= 1, got {timeout_ms!r}")
         self._endpoints = tuple(endpoints)
@@ -116,7 +127,7 @@ class EtcdMetadataStore(MetadataStore):
 
     def _k(self, *parts: object) -> str:
         names = [f"{p:020d}" if isinstance(p, int) else str(p) for p in parts]
-        return "/".join([self._prefix, *names])
+        return "/".join([self._prefix, RESERVED, *names])
 
     def _txn(self, op: str, compare: list[KV], success: list[KV], failure: list[KV]) -> KV:
         body = {"compare": compare, "success": success, "failure": failure}
@@ -141,10 +152,21 @@ class EtcdMetadataStore(MetadataStore):
 
     def _identity(self) -> str:
         key, new = self._k("store_id"), str(uuid.uuid4())
-        out = self._txn("store identity", [absent(key)], [put(key, new)], [get(key)])
+        old = f"{self._prefix}/store_id"  # where a store of the layout without `#` kept it
+        out = self._txn(
+            "store identity", [absent(key), absent(old)], [put(key, new)], [get(key), get(old)]
+        )
         if out.get("succeeded"):
             return new
-        return unb64(range_kvs(out["responses"][0])[0]["value"]).decode()
+        found = range_kvs(out["responses"][0])
+        if found:
+            return unb64(found[0]["value"]).decode()
+        raise ConfigError(
+            f"etcd at {', '.join(self._endpoints)}: the keys under prefix {self._prefix!r} were "
+            "written by an earlier version of woodpecker_idem (without the reserved '#' "
+            "component that keeps nested prefixes apart), which this version does not read. "
+            "There is no migration; use a new meta.prefix (and objectstore.root)"
+        )
 
     def _check_identity(self, op: str, found: list[KV] | None = None) -> None:
         """`MetadataLostError` if this store's identity key is gone or replaced (`found`: its
@@ -181,7 +203,7 @@ class EtcdMetadataStore(MetadataStore):
         if not epoch_kvs or not log_kvs:
             self._check_identity(op)
             raise LogNotFoundError(f"log id {log_id} does not exist")
-        current = int(unb64(epoch_kvs[0].get("value")) or b"0")
+        current = rec.parse_int("epoch", unb64(epoch_kvs[0].get("value")) or b"0")
         if epoch is not None and current != epoch:
             name = rec.decode_log(unb64(log_kvs[0].get("value")), 0).name
             if current > epoch:
@@ -198,7 +220,7 @@ class EtcdMetadataStore(MetadataStore):
 
         def attempt() -> LogMeta:
             kvs = self._range("create_log", counter)
-            last = int(unb64(kvs[0]["value"])) if kvs else 0
+            last = rec.parse_int("next_log_id", unb64(kvs[0]["value"])) if kvs else 0
             held = same_mod(counter, int(kvs[0]["mod_revision"])) if kvs else absent(counter)
             meta = LogMeta(log_id=last + 1, name=name, created_ms=now_ms, group=group)
             out = self._txn(
@@ -227,7 +249,8 @@ class EtcdMetadataStore(MetadataStore):
         kvs = self._range("get_log", self._k("names", name))
         try:
             if kvs:
-                return self._log_kv("get_log", int(unb64(kvs[0]["value"])))[0]
+                log_id = rec.parse_int(f"names/{name}", unb64(kvs[0]["value"]))
+                return self._log_kv("get_log", log_id)[0]
         except LogNotFoundError:
             pass  # deleted between the two reads
         raise LogNotFoundError(f"log {name!r} does not exist")
