@@ -28,7 +28,8 @@ Why fencing is as strong as create-if-absent block keys (DESIGN.md section 3):
   every acked one.
 - A reader (any process) reads the file's size S first, then looks for `fence-at`/`fence`: with
   no fence then, all of [0, S) was appended before the fence existed, so it lies below any L;
-  with `fence` but no `fence-at` yet, it reads nothing new until L is known.
+  with `fence` but no `fence-at` yet, it reads nothing new until L is known, unless the directory
+  is read-only: then no fencer can record L and nothing can append, so S is final.
 
 A torn tail (a killed writer's half batch, or zeros after a power loss) is where the valid
 batches end: a header cut short, a frame running past the end, a zero-filled rest, or a final
@@ -266,6 +267,11 @@ class _FileHandle(SegmentHandle):
         self._fence_state()
         if self._limit is not None:
             data_end = min(sizes[DATA], self._limit)
+        elif self._fenced and not os.access(self._dir, os.W_OK):
+            # A read-only store (a takeover killed between `fence` and `fence-at`, the directory
+            # then copied or mounted read-only): nothing can append any more, and no fencer can
+            # record L, so the file's length is final; every acked batch lies below it.
+            data_end = sizes[DATA]
         elif self._fenced:
             data_end = self._scanned[DATA]  # fenced, L not recorded yet: nothing new is trusted
         else:
