@@ -4,6 +4,7 @@ refused before it writes anything, so it can never complete the log's segments t
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -80,3 +81,36 @@ def test_a_sqlite_store_moved_to_another_local_root_is_refused(
         wp_connect(tmp_path, {"objectstore.root": "two"})
     assert not (tmp_path / "objects" / "two" / "OWNER").exists()
     assert wp_connect(tmp_path, {"objectstore.root": "one"}).list_logs() == ["orders"]
+
+
+def test_a_segment_is_not_sealed_empty_on_storage_that_lacks_the_log(
+    tmp_path: Path, wp_connect: Any
+) -> None:
+    """Recovery finds none of the ACTIVE segment's files, and none of the sealed segment before
+    it either: this is not where the log lives, so the segment is left ACTIVE, not sealed as
+    empty over its writer's acknowledged entries."""
+    client = wp_connect(tmp_path, {"append.timeout_ms": 3000})
+    log = client.open_log("orders", create=True)
+    with log.open_writer() as w:
+        for i in range(10):
+            w.write(f"a{i}".encode())
+    writer = log.open_writer()
+    for i in range(10):
+        writer.write(f"b{i}".encode())  # acknowledged into the ACTIVE segment 1
+    log_dir = Path(client.objects.root) / str(log.log_id)
+    moved = tmp_path / "elsewhere"
+    log_dir.rename(moved)  # the next writer's storage lacks the log's objects
+
+    other = wp_connect(tmp_path, {"append.timeout_ms": 3000})
+    with pytest.raises(wp.CorruptEntryError, match="does not hold the log"):
+        other.open_log("orders").open_writer()
+    assert [s.state for s in log.segments()] == [wp.SegmentState.SEALED, wp.SegmentState.ACTIVE]
+
+    shutil.rmtree(log_dir)  # what the refused takeover left there (its fence)
+    moved.rename(log_dir)  # back where it lives: every acknowledged entry is there
+    other.close()  # its engine cached the fence it made there
+    third = wp_connect(tmp_path)
+    with third.open_log("orders").open_writer():
+        pass
+    got = [m.payload for m in third.open_log("orders").open_reader()]
+    assert got == [f"a{i}".encode() for i in range(10)] + [f"b{i}".encode() for i in range(10)]
