@@ -21,6 +21,7 @@ from ..errors import (
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
 from ..types import SegmentState
+from .adopted import check_log_present
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,8 @@ def recover_segment(
         )
     else:
         last = _read_forward(transport, seg, replies, errors, needed)
+        if last < 0:
+            check_log_present(transport, meta, seg)
     for node in replies:
         if node in ends:
             continue  # a footer is never rewritten; the metadata decides which end readers use
