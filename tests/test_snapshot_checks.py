@@ -106,3 +106,15 @@ def test_a_position_outside_the_log_is_ignored(
         assert new["ghost"] != wp.LogMessageId(*ghost)
         assert _write(writer, history, [f"k{i}" for i in range(N)]) == ids
     _judge(log, history)
+
+
+def test_two_keys_at_one_entry_are_ignored(written: Any) -> None:
+    """An aliased position: the snapshot puts a never-written key at k3's entry as well."""
+    client, log, history, ids = written
+    entries = {k: (m.segment_id, m.entry_id) for k, m in ids.items()}
+    _plant(client, log, 1, {0: 24, 1: 14}, {**entries, "ghost": entries["k3"]})
+    with _writer(log) as writer:
+        assert writer.recovery.corrupt_snapshots == 1
+        assert _write(writer, history, ["ghost"])["ghost"] != ids["k3"]
+        assert _write(writer, history, [f"k{i}" for i in range(N)]) == ids
+    _judge(log, history)

@@ -80,6 +80,19 @@ impl SnapshotData {
         }
         ends.into_iter().collect()
     }
+
+    /// A position two entries claim, if any (the lowest): one entry of the log holds one key, so
+    /// a snapshot that puts two keys at one place was crafted or mixed up, and one of them would
+    /// be answered as a duplicate at an entry that holds the other.
+    pub fn shared_position(&self) -> Option<(u32, u32)> {
+        let mut positions: Vec<(u32, u32)> = self
+            .entries
+            .iter()
+            .map(|r| (r.segment_id, r.entry_id))
+            .collect();
+        positions.sort_unstable();
+        positions.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
+    }
 }
 
 /// Why a snapshot could not be decoded.
@@ -446,6 +459,10 @@ mod tests {
         // rows d and e share a segment: its end is the higher entry id, whatever the order
         let ends = vec![(0, 5), (7, 300), (u32::MAX, u32::MAX)];
         assert_eq!(decoded.segment_ends(), ends);
+        assert_eq!(decoded.shared_position(), None);
+        let mut twice = decoded.clone();
+        twice.entries.push(row(b"g", 7, 1, 0));
+        assert_eq!(twice.shared_position(), Some((7, 1)));
     }
 
     fn hex_bytes(hex: &str) -> Vec<u8> {

@@ -28,7 +28,8 @@ def snapshot_problem(snap: Snapshot, epoch: int, segments: dict[int, int]) -> st
     each completed segment. A snapshot passing the CRC can still be foreign or crafted: one from
     a future epoch, or with a watermark past its segment's end, would make recovery skip entries
     it must read (a committed key written again); a position in a segment the log does not have,
-    or past its end, would answer a key never written as a duplicate."""
+    or past its end, or one two keys claim, would answer a key never written as a duplicate.
+    (A single key put at another key's entry cannot be told without reading the entry.)"""
     if snap.epoch > epoch:
         return f"written at epoch {snap.epoch}, after the log's current epoch {epoch}"
     for what, marks in (("watermark", snap.watermarks), ("entry", snap.segment_ends())):
@@ -38,6 +39,9 @@ def snapshot_problem(snap: Snapshot, epoch: int, segments: dict[int, int]) -> st
                 return f"{what} in segment {segment_id}, which the log has not completed"
             if last > end:
                 return f"{what} at entry {last} of segment {segment_id}, which ends at {end}"
+    shared = snap.shared_position()
+    if shared is not None:
+        return f"two keys at one entry, {shared[0]}:{shared[1]}"
     return None
 
 
