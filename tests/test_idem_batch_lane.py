@@ -24,13 +24,13 @@ from woodpecker_idem import (
     explicit_key,
 )
 from woodpecker_idem._core import encode_frame
-from woodpecker_idem.writer.results import BatchCompletion, RowJoiner, RunRows
-from woodpecker_idem.writer.segments import EntryJoiner, OpenSegment, PendingEntry
 from woodpecker_idem.history import History
 from woodpecker_idem.idempotency import snapshot as snapshot_module
 from woodpecker_idem.logstore.transport import FaultInjectingTransport
 from woodpecker_idem.meta.base import SegmentMeta
 from woodpecker_idem.types import SegmentState
+from woodpecker_idem.writer.results import BatchCompletion, RowJoiner, RunRows
+from woodpecker_idem.writer.segments import EntryJoiner, OpenSegment, PendingEntry
 
 QUIET = {"idempotency.snapshot_interval_s": 3600, "idempotency.snapshot_threshold": 10**8}
 WINDOW_S = 60.0

@@ -260,7 +260,7 @@ def run_campaign(
 
 
 class HangError(AssertionError):
-    """Writes still pending after close(): a liveness defect (docs/semantics.md: every write ends)."""
+    """Writes still pending after close(): a liveness defect (docs/semantics.md)."""
 
 
 def _judge(report: Report) -> None:

@@ -148,7 +148,8 @@ def test_accepts_rewrite_after_capacity_eviction():
 
 
 def test_flags_duplicate_while_among_newest_max_keys():
-    # docs/semantics.md, "The window": K is in the window iff it is among the newest window_max_keys committed keys.
+    # docs/semantics.md: K is in the window iff it is among the newest window_max_keys committed
+    # keys.
     # With max_keys=3 and K followed by 2 others, the committed keys are [a, b, c]: a is among the
     # newest 3, so writing a again must not create an entry (the writer's DedupWindow agrees).
     window = wp.DedupWindow(3, WINDOW_MS)

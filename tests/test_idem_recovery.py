@@ -49,7 +49,7 @@ def recovered(env: Env, **window) -> list[tuple[bytes, int, int, int]]:
     return env.writer(**window).window.committed_entries()
 
 
-# --- a writer reopening with another window configuration (docs/architecture.md, the window rebuild) -------------------
+# --- a writer reopening with another window configuration (docs/architecture.md) -----------
 
 SMALL = {"window_duration_s": 10, "window_max_keys": 1000}
 
@@ -125,7 +125,7 @@ def test_reopen_with_smaller_window_evicts_to_the_writers_bounds(env_factory, sm
     env.check(smaller["window_duration_s"] * 1000, smaller["window_max_keys"])
 
 
-# --- corrupt and lagging replicas (docs/architecture.md, the read path) --------------------------------------------
+# --- corrupt and lagging replicas (docs/architecture.md) ------------------------------------
 
 
 def corrupt_entry(

@@ -69,7 +69,7 @@ def test_the_client_package_does_not_import_the_idempotent_layer(name: str) -> N
     assert bad == []
 
 
-# docs/architecture.md, "The layers": dependencies point one way. Each room imports only rooms of a lower layer
+# docs/architecture.md: dependencies point one way. Each room imports only rooms of a lower layer
 # (the modules at the bottom, `errors`, `types`, `_core`, ..., are below all of these).
 LAYERS: list[set[str]] = [
     {"objectstore", "meta"},  # beside each other: neither imports the other

@@ -1,4 +1,4 @@
-"""Writer takeover and fencing (docs/semantics.md, docs/architecture.md): in-process, other process, SIGKILL,
+"""Writer takeover and fencing (docs/architecture.md): in-process, other process, SIGKILL,
 and the block-put vs fence-marker race at the engine level."""
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from drain import Drain
 
 import woodpecker_idem
 from woodpecker_idem._core import encode_entry
-from woodpecker_idem.writer.recovery import recover_segment
 from woodpecker_idem.errors import SegmentFencedError, WoodpeckerError, WriterFencedError
 from woodpecker_idem.logstore.blocks import KIND_FENCE, decode_block_header
 from woodpecker_idem.logstore.engine import LogStoreEngine
@@ -25,6 +24,7 @@ from woodpecker_idem.logstore.transport import InProcessTransport
 from woodpecker_idem.meta.base import SegmentMeta
 from woodpecker_idem.objectstore.local import LocalObjectStore
 from woodpecker_idem.types import LogMessageId, SegmentState
+from woodpecker_idem.writer.recovery import recover_segment
 
 LOGPROC = Path(__file__).with_name("logproc.py")
 # the child imports the same woodpecker_idem as this process (the installed wheel in CI)
@@ -307,7 +307,7 @@ def test_sigkilled_writer_process_new_writer_completes_segment(tmp_path, wp_conn
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
 
 
-# --- the fencing race (docs/architecture.md), at the engine level -----------------------------------------
+# --- the fencing race, at the engine level -----------------------------------------
 
 
 class _RacingStore:

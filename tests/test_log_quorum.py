@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from woodpecker_idem._core import encode_entry
-from woodpecker_idem.writer.recovery import recover_segment
 from woodpecker_idem.errors import (
     QuorumUnavailableError,
     SegmentClosedError,
@@ -19,6 +18,7 @@ from woodpecker_idem.errors import (
 from woodpecker_idem.logstore.transport import FaultInjectingTransport
 from woodpecker_idem.meta.base import SegmentMeta
 from woodpecker_idem.types import LogMessageId, SegmentState
+from woodpecker_idem.writer.recovery import recover_segment
 
 ES3 = {"quorum.es": 3, "append.timeout_ms": 1000, "append.max_retries": 1, "append.linger_ms": 1}
 
@@ -247,7 +247,7 @@ def test_es3_tail_reader_sees_last_acknowledged_entry(tmp_path, wp_connect):
     assert got == ids, f"reader saw {got} of acknowledged {ids} while the writer was idle"
 
 
-# --- the LAC rule (docs/architecture.md) -----------------------------------------------------------
+# --- the LAC rule -----------------------------------------------------------
 
 
 def _diverged_segment(client, name, tails=None):

@@ -1,4 +1,4 @@
-"""The log on S3 (the moto server): write, reopen, takeover, read back (docs/architecture.md, "Where the bytes live")."""
+"""The log on S3 (the moto server): write, reopen, takeover, read back (docs/architecture.md)."""
 
 from __future__ import annotations
 

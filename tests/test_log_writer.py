@@ -83,7 +83,9 @@ def test_acknowledged_entries_readable_after_reopen(tmp_path, wp_connect):
         assert m.payload == payload
         assert m.properties == props
         assert before - 5 <= m.timestamp_ms <= after + 5  # stamped once, at encode time
-        assert m.idempotency_key is None  # plain writers store no key (docs/semantics.md: plain writers pay nothing)
+        assert (
+            m.idempotency_key is None
+        )  # plain writers store no key (docs/semantics.md: plain writers pay nothing)
         stamps.append(m.timestamp_ms)
     assert stamps == sorted(stamps)
 

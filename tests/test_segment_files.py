@@ -17,6 +17,7 @@ from woodpecker_idem._core import SegmentAppender, encode_entry
 from woodpecker_idem.errors import (
     CorruptEntryError,
     EntryConflictError,
+    SegmentDamagedError,
     SegmentFencedError,
 )
 from woodpecker_idem.logstore.blocks import decode_entry
@@ -112,7 +113,7 @@ def test_fence_refuses_data_and_recovery_copies_go_to_their_own_file(root):
 
 
 def test_append_landing_before_the_fence_is_kept_and_after_it_never_read(root):
-    """The fencing race (docs/architecture.md) on files, one step at a time: the stale writer's batch
+    """The fencing race on files, one step at a time: the stale writer's batch
     written before the fencer reads L is part of the segment but never acknowledged (the check
     after its sync sees the fence); a batch written after L is never read by anyone."""
     e = engine(root)
@@ -219,13 +220,16 @@ def test_torn_tail_ends_the_segment(root):
     assert payloads(engine(root).read(LOG, SEG, 0, 100)) == [b"payload-%d" % i for i in range(5)]
 
 
-def test_final_batch_with_a_bad_record_is_torn_until_the_footer_covers_it(root):
+def test_final_batch_with_a_bad_record_is_damage_not_a_tail(root):
+    """A bit flip in the final batch: an acknowledged batch was synced, so this is no torn write
+    (issue 20 item 5); reported naming the file and offset, not cut off as the tail."""
     e = engine(root)
     e.add_entries(LOG, SEG, 0, frame(0, 4))
     e.add_entries(LOG, SEG, 5, frame(5, 9))
-    flip_entry_byte(seg_dir(root), 7)
-    assert engine(root).last_add_confirmed(LOG, SEG)[0] == 4  # unfinished write: the tail
-    e.complete(LOG, SEG, 9)  # the writer knew better: 5..9 are in the segment
+    path, offset = flip_entry_byte(seg_dir(root), 7)
+    with pytest.raises(SegmentDamagedError, match=rf"data@{offset}: .*truncate -s {offset}"):
+        engine(root).last_add_confirmed(LOG, SEG)
+    e.complete(LOG, SEG, 9)  # the footer vouches for 5..9: reads report the damaged entry
     fresh = engine(root)
     with pytest.raises(CorruptEntryError, match=r"node-0:7/3/data@\d+ entry 7: checksum"):
         fresh.read(LOG, SEG, 0, 100)

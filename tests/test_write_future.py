@@ -15,8 +15,8 @@ from concurrent.futures import (
 import pytest
 
 import woodpecker_idem as wp
-from woodpecker_idem.writer.results import FutureRun, WriteFuture
 from woodpecker_idem.types import LogMessageId, WriteResult
+from woodpecker_idem.writer.results import FutureRun, WriteFuture
 
 
 def test_is_a_concurrent_future_and_resolves_like_one() -> None:

@@ -752,6 +752,11 @@ class Snapshot:
         """Segment id -> last confirmed entry id: recovery scans only entries above these."""
     def __len__(self) -> int:
         """Number of entries."""
+    def shared_position(self) -> tuple[int, int] | None:
+        """A (segment id, entry id) two entries claim, if any: a log entry holds one key."""
+    def segment_ends(self) -> dict[int, int]:
+        """Segment id -> the highest entry id the entries name in it (for checking a snapshot
+        against the log's metadata without building every entry as a tuple)."""
     def entries(self) -> list[tuple[bytes, int, int, int]]:
         """`(key, segment_id, entry_id, timestamp_ms)` in commit order, oldest first."""
     def keys(self) -> bytes:

@@ -134,8 +134,8 @@ def _check_root(value: str) -> None:
 
 
 def _check_prefix(value: str) -> None:
-    if not value.startswith("/"):
-        raise _Invalid("a key prefix starting with '/'")
+    if not value.startswith("/") or "#" in value.split("/"):
+        raise _Invalid("a key prefix starting with '/', without a path component '#' (reserved)")
 
 
 def _check_url(value: str | None) -> None:

@@ -14,14 +14,14 @@ from .client.client import WoodpeckerClient
 from .client.log import LogHandle
 from .clock import SYSTEM_CLOCK, Clock
 from .config import Config, load_config, parse_fsync
-from .errors import ConfigError, InvalidArgumentError, InvalidTypeError
+from .errors import ConfigError, InvalidArgumentError, InvalidTypeError, StorageReadOnlyError
 from .idempotency.stage import WindowStage
 from .logstore.engine import LogStoreEngine
 from .logstore.segment_files import segment_storage
 from .logstore.transport import InProcessTransport, LogStoreTransport
 from .meta import MetadataStore, NodeInfo, open_metadata_store
 from .objectstore import ObjectStore, open_object_store
-from .objectstore.owner import claim_root
+from .objectstore.owner import check_binding, claim_root, objects_location
 from .writer.api import IdempotentLogWriter, LogWriter
 
 DEFAULT_DATA_DIR = "./woodpecker-data"
@@ -99,8 +99,10 @@ def _object_store(cfg: Config, data_dir: Path) -> ObjectStore:
 
 def _open_stores(cfg: Config, data_dir: Path) -> tuple[MetadataStore, ObjectStore]:
     """Object storage first (probed before any metadata is written), then the metadata store, then
-    the owner marker: the objects returned live under the metadata store's identity, because its
-    log ids mean nothing to another store (`ObjectStoreOwnedError` if another owns the root)."""
+    the identity of both, each way: the objects returned live under the metadata store's identity,
+    because its log ids mean nothing to another store (`ObjectStoreOwnedError` if another owns the
+    root), and the metadata store's objects live at one bucket and root only (the same error if
+    this client names another: it would complete the log's segments there as empty)."""
     base = _object_store(cfg, data_dir)
     meta: MetadataStore | None = None
     try:
@@ -111,7 +113,20 @@ def _open_stores(cfg: Config, data_dir: Path) -> tuple[MetadataStore, ObjectStor
             prefix=cfg.meta.prefix,
             timeout_ms=cfg.meta.timeout_ms,
         )
-        return meta, claim_root(base, meta.store_id(), repr(base), repr(meta))
+        oc = cfg.objectstore
+        location = objects_location(oc.type, oc.bucket, oc.root)
+        bound = meta.bound_objects()  # read first: a client refused here writes nothing
+        check_binding(location, bound, meta.store_id(), repr(meta))
+        objects = claim_root(base, meta.store_id(), repr(base), repr(meta))
+        if bound is None:
+            # recorded once the root is claimed: a store refused by the root's owner stays free
+            # to be pointed at another root
+            try:
+                bound = meta.bind_objects(location)
+            except StorageReadOnlyError:  # a read-only data directory records nothing
+                bound = location
+            check_binding(location, bound, meta.store_id(), repr(meta))
+        return meta, objects
     except BaseException:
         if meta is not None:
             meta.close()

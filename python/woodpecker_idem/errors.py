@@ -92,6 +92,16 @@ class WriterFencedError(WoodpeckerError):
     code = "WRITER_FENCED"
 
 
+class MetadataLostError(WriterFencedError):
+    """The metadata store no longer holds what this client wrote to it: its identity is gone (etcd
+    restarted with an empty data directory) or a new log's id already has objects (the store was
+    restored from an older copy). A writer that finds this is fenced; nothing is created over the
+    old objects. Not retriable: restore the metadata store, or start a new deployment (another
+    objectstore.root and metadata store)."""
+
+    code = "METADATA_LOST"
+
+
 class WriterClosedError(WoodpeckerError):
     """The writer was closed."""
 
@@ -161,10 +171,13 @@ class StorageAccessError(WoodpeckerError):
 
 
 class ObjectStoreOwnedError(WoodpeckerError):
-    """`objectstore.root` belongs to another metadata store (its owner marker names another id).
+    """`objectstore.root` belongs to another metadata store (its owner marker names another id),
+    or this metadata store keeps its objects at another bucket and root.
 
     Two metadata stores on one bucket and root would each number their logs from 1; the owner
     marker refuses the second one, which must use another root or the owning metadata store.
+    One metadata store on two roots would complete a log's segments as empty in the root that
+    lacks them; the store records its root once, and a client naming another is refused.
     """
 
     code = "OBJECT_STORE_OWNED"
@@ -181,6 +194,15 @@ class CorruptEntryError(WoodpeckerError):
     """Stored bytes failed their checksum or could not be parsed; the message names the position."""
 
     code = "CORRUPT_ENTRY"
+
+
+class SegmentDamagedError(CorruptEntryError):
+    """A local segment file is damaged where it cannot be walked past (a bad batch header, or a
+    final batch that fails its checksum but is no torn write): entries from that offset on,
+    possibly acknowledged, cannot be read. Not retriable: the message names the file and offset
+    and how to repair it (restore the file, or truncate it there and accept the loss)."""
+
+    code = "SEGMENT_DAMAGED"
 
 
 class SnapshotCorruptError(WoodpeckerError):

@@ -51,21 +51,35 @@ pub fn decode_header(b: &[u8; BATCH_HEADER_LEN]) -> Option<BatchHeader> {
 }
 
 /// Whether `frame` is exactly `count` records with valid CRCs.
-fn frame_ok(frame: &[u8], count: u32) -> bool {
+/// Where the first record of a frame that fails its length or CRC starts, and where it ends (the
+/// frame's end when its length cannot be trusted); None when every record is whole.
+fn first_bad_record(frame: &[u8], count: u32) -> Option<(usize, usize)> {
     let mut pos = 0usize;
     for _ in 0..count {
         if frame.len() - pos < RECORD_HEADER_LEN {
-            return false;
+            return Some((pos, frame.len()));
         }
         let len = le_u32(&frame[pos..]) as usize;
         let crc = le_u32(&frame[pos + 4..]);
-        pos += RECORD_HEADER_LEN;
-        if frame.len() - pos < len || crc32c::crc32c(&frame[pos..pos + len]) != crc {
-            return false;
+        let body = pos + RECORD_HEADER_LEN;
+        if frame.len() - body < len {
+            return Some((pos, frame.len()));
         }
-        pos += len;
+        if crc32c::crc32c(&frame[body..body + len]) != crc {
+            return Some((pos, body + len));
+        }
+        pos = body + len;
     }
-    pos == frame.len()
+    (pos != frame.len()).then_some((pos, frame.len()))
+}
+
+/// A final batch whose records fail is a torn write (the tail) only when what fails is zeros to
+/// the end: a crash (power loss) before the batch's fdatasync leaves pages never written as
+/// zeros. Other damage cannot be a tear, since an acknowledged batch was synced before its ack:
+/// it is corruption, to be reported, never silently cut off.
+fn torn_frame(frame: &[u8], bad: (usize, usize)) -> bool {
+    let zeros_from = frame.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    zeros_from < bad.1
 }
 
 /// What a scan found: runs of consecutive entries in consecutive batches, `(first, last, offset
@@ -97,8 +111,8 @@ fn open_at(path: &Path, offset: u64, buffer: usize) -> io::Result<Option<BufRead
 
 /// Walk the whole batches of `path` in `[start, limit)`. The tail ends the walk without error: a
 /// header cut short, a frame past `limit`, a zero-filled rest, or (unless `completed`: the footer
-/// vouches for every entry) a final batch whose records fail their CRC. A bad header anywhere
-/// else is corruption (`corrupt_at`).
+/// vouches for every entry) a final batch whose records fail their CRC where zeros run to the end
+/// (`torn_frame`). A bad header, or a final batch damaged otherwise, is corruption (`corrupt_at`).
 pub fn scan(path: &Path, start: u64, limit: u64, completed: bool) -> io::Result<Scan> {
     let mut out = Scan {
         lac: -1,
@@ -127,7 +141,10 @@ pub fn scan(path: &Path, start: u64, limit: u64, completed: bool) -> io::Result<
         if stop == limit && !completed {
             frame.resize(h.frame_len as usize, 0);
             r.read_exact(&mut frame)?;
-            if !frame_ok(&frame, h.count) {
+            if let Some(bad) = first_bad_record(&frame, h.count) {
+                if !torn_frame(&frame, bad) {
+                    out.corrupt_at = Some(pos);
+                }
                 break;
             }
         } else {
@@ -495,12 +512,21 @@ mod tests {
             scan(&path, 0, size - 2, false).unwrap().runs,
             vec![(0, 0, 0)]
         );
-        // a bad record in the final batch: torn, unless the segment is completed
+        // the final batch's record zeroed from inside it to the end (pages a crash before the
+        // fdatasync never wrote): torn
         let mut bytes = std::fs::read(&path).unwrap();
         let last = bytes.len() - 1;
+        let mut zeroed = bytes.clone();
+        zeroed[last - 2..].fill(0);
+        std::fs::write(&path, &zeroed).unwrap();
+        let s = scan(&path, 0, size, false).unwrap();
+        assert_eq!((s.end, s.corrupt_at), (one, None));
+        // a bit flipped in the final batch's record: corruption at that batch (an acknowledged
+        // batch was synced), unless the segment is completed (then reads report it)
         bytes[last] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        assert_eq!(scan(&path, 0, size, false).unwrap().end, one);
+        let s = scan(&path, 0, size, false).unwrap();
+        assert_eq!((s.end, s.corrupt_at), (one, Some(one)));
         assert_eq!(scan(&path, 0, size, true).unwrap().end, size);
         let bad = read(&path, &[(one, 1, 1, 1)]).unwrap().unwrap_err();
         assert_eq!(

@@ -68,6 +68,33 @@ pub struct SnapshotData {
     pub entries: Vec<Record>,
 }
 
+impl SnapshotData {
+    /// The highest entry id the entries name in each segment, sorted by segment id: recovery
+    /// checks these against the metadata (a position past its segment's end, or in a segment
+    /// the log does not have, was never written there).
+    pub fn segment_ends(&self) -> Vec<(u32, u32)> {
+        let mut ends: std::collections::BTreeMap<u32, u32> = std::collections::BTreeMap::new();
+        for r in &self.entries {
+            let end = ends.entry(r.segment_id).or_insert(r.entry_id);
+            *end = (*end).max(r.entry_id);
+        }
+        ends.into_iter().collect()
+    }
+
+    /// A position two entries claim, if any (the lowest): one entry of the log holds one key, so
+    /// a snapshot that puts two keys at one place was crafted or mixed up, and one of them would
+    /// be answered as a duplicate at an entry that holds the other.
+    pub fn shared_position(&self) -> Option<(u32, u32)> {
+        let mut positions: Vec<(u32, u32)> = self
+            .entries
+            .iter()
+            .map(|r| (r.segment_id, r.entry_id))
+            .collect();
+        positions.sort_unstable();
+        positions.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
+    }
+}
+
 /// Why a snapshot could not be decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotError(pub String);
@@ -429,6 +456,13 @@ mod tests {
         let decoded = decode(&hex_bytes(GOLDEN_HEX)).unwrap();
         assert_eq!(decoded.entries, entries);
         assert_eq!(decoded.watermarks, vec![(0, 1 << 40), (7, -1), (8, 17)]);
+        // rows d and e share a segment: its end is the higher entry id, whatever the order
+        let ends = vec![(0, 5), (7, 300), (u32::MAX, u32::MAX)];
+        assert_eq!(decoded.segment_ends(), ends);
+        assert_eq!(decoded.shared_position(), None);
+        let mut twice = decoded.clone();
+        twice.entries.push(row(b"g", 7, 1, 0));
+        assert_eq!(twice.shared_position(), Some((7, 1)));
     }
 
     fn hex_bytes(hex: &str) -> Vec<u8> {

@@ -18,6 +18,7 @@ from ..errors import (
     InvalidTypeError,
     LogExistsError,
     LogNotFoundError,
+    MetadataLostError,
 )
 from ..logstore.transport import LogStoreTransport
 from ..meta import MetadataStore
@@ -74,7 +75,31 @@ class WoodpeckerClient:
         self.check_open()
         _check_name(name)
         meta = self.meta.create_log(name, self.clock.now_ms())
+        found = self._objects_of(meta.log_id)
+        if found:
+            # Log ids are never reused, so objects under a new id were written by a log this
+            # metadata store no longer knows: a writer of the new log would adopt that log's
+            # snapshot and sealed segments as its own. Undo the record; write nothing there.
+            self.meta.delete_log(name)
+            raise MetadataLostError(
+                f"log {name!r}: its new id {meta.log_id} already has objects ({found[0]!r} in "
+                f"{self.objects!r}): the metadata store ({self.meta!r}) has lost the records of "
+                "an earlier log with that id (restored from an older copy, or its data lost). "
+                "The log was not created; restore the metadata store, or start a new "
+                "deployment (another objectstore.root and metadata store)"
+            )
         return LogHandle(self, meta.log_id, meta.name)
+
+    def _objects_of(self, log_id: int) -> list[str]:
+        """Objects below the log's prefixes: its segments (on each in-process node), snapshots
+        and kept keys. Empty for a log the store has just created."""
+        prefixes = [f"{log_id}/", f"dedup_snapshot/{log_id}/"]
+        prefixes += [f"nodes/{node}/{log_id}/" for node in self.transport.node_ids]
+        for prefix in prefixes:
+            found = self.objects.list(prefix)
+            if found:
+                return found
+        return []
 
     def open_log(self, name: str, create: bool = False) -> LogHandle:
         self.check_open()

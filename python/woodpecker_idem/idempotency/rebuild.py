@@ -1,7 +1,8 @@
 """Build the dedup window (`open_window`: open_writer's window options, checked like their config
 keys) and rebuild it before an idempotent writer accepts writes (docs/architecture.md).
 
-Newest valid snapshot (older one if corrupt), then the gap: entries after each watermark and whole
+Newest valid snapshot (older one if corrupt, or if it does not match the log's metadata: see
+`snapshot.snapshot_problem`), then the gap: entries after each watermark and whole
 segments the snapshot does not know, then time eviction. Entries carry their key, so nothing is
 re-hashed. The window is the writer's own (8.5): a snapshot taken under a smaller duration or
 capacity lacks keys the writer's window holds, so those are read back from the log first. Entries
@@ -27,11 +28,14 @@ from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
 from ..objectstore.base import ObjectStore
 from ..types import LogMessageId, SegmentState
-from .snapshot import load_newest
+from .snapshot import load_newest, snapshot_problem
 
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 2000
+# A taking-over writer whose clock is this far behind the log's newest timestamp is warned about:
+# the window is measured on writers' clocks, so skew shortens it (docs/semantics.md).
+CLOCK_SKEW_WARN_MS = 1000
 
 Span = tuple[SegmentMeta, int, int]  # a segment and the entry ids to read, first..last
 
@@ -47,6 +51,8 @@ class RecoveryReport:
     window_size: int
     entries_backfilled: int = 0  # read before the snapshot's coverage: its window was smaller
     corrupt_replicas: tuple[ReplicaFault, ...] = ()  # skipped for another replica
+    # how far this writer's clock was behind the newest time the log holds (0: not behind)
+    clock_behind_ms: int = 0
 
 
 def open_window(
@@ -89,10 +95,12 @@ def rebuild_window(
     the occurrence at the later log position, so loading in log order leaves the newest.
     """
     started = time.perf_counter()
-    snap, corrupt = load_newest(objects, log_id)
-    horizon = now_ms - window.window_ms
+    epoch = meta.get_log_by_id(log_id).writer_epoch
     # the keys of a TRUNCATED segment come from what truncation kept (docs/semantics.md)
     segments = [s for s in meta.list_segments(log_id) if s.state is not SegmentState.ACTIVE]
+    ends = {s.segment_id: s.last_entry_id for s in segments}
+    snap, corrupt = load_newest(objects, log_id, lambda s: snapshot_problem(s, epoch, ends))
+    horizon = now_ms - window.window_ms
     # a segment completed at or before the horizon holds only entries older than the window
     young = {s.segment_id for s in segments if not 0 < s.completed_ms <= horizon}
     if snap is None:
@@ -105,11 +113,28 @@ def rebuild_window(
     def on_corrupt(fault: ReplicaFault) -> None:
         faults.setdefault((fault.node, fault.segment_id, fault.error), fault)
 
-    backfilled = sum(_replay(window, transport, objects, span, on_corrupt) for span in before)
+    # the newest time a writer's clock put in the log: entries read, the snapshot, completions
+    newest = [max([s.completed_ms for s in segments], default=0)]
+    if snap is not None:
+        newest[0] = max(newest[0], snap.timestamp_ms)
+    backfilled = sum(
+        _replay(window, transport, objects, span, on_corrupt, newest) for span in before
+    )
     loaded = snap.load_into(window) if snap is not None else 0
     replayed = backfilled + sum(
-        _replay(window, transport, objects, span, on_corrupt) for span in after
+        _replay(window, transport, objects, span, on_corrupt, newest) for span in after
     )
+    behind = max(0, newest[0] - now_ms)
+    if behind > CLOCK_SKEW_WARN_MS:
+        log.warning(
+            "log %s: this writer's clock is %.3f s behind the newest timestamp in the log: the "
+            "writers' clocks are skewed. The dedup window is measured on them, so keys written "
+            "by the other host up to that long ago may be out of this writer's window sooner "
+            "(a retry would write them again); keep the writer hosts' clocks synchronized (NTP), "
+            "with skew far below idempotency.window_duration_s",
+            log_id,
+            behind / 1000,
+        )
     window.evict(now_ms)
     report = RecoveryReport(
         seconds=time.perf_counter() - started,
@@ -121,6 +146,7 @@ def rebuild_window(
         window_size=len(window),
         entries_backfilled=backfilled,
         corrupt_replicas=tuple(faults.values()),
+        clock_behind_ms=behind,
     )
     covered = {s.segment_id: s.last_entry_id for s in segments if s.segment_id in young}
     log.info(
@@ -199,21 +225,29 @@ def _replay(
     objects: ObjectStore,
     span: Span,
     on_corrupt: Callable[[ReplicaFault], None],
+    newest: list[int],
 ) -> int:
-    """Add the keyed entries of a span as committed, in log order; returns entries read."""
+    """Add the keyed entries of a span as committed, in log order; returns entries read.
+    `newest[0]` is raised to the newest timestamp read."""
     seg, entry, last = span
     if seg.state is SegmentState.TRUNCATED:  # its entries are gone: only keys were kept
         kept = [e for e in load_archive(objects, seg) if entry <= e.entry_id <= last]
-        _add(window, kept)
+        _add(window, kept, newest)
         return len(kept)
     while entry <= last:
         entries = read_entries(transport, seg, entry, min(READ_CHUNK, last - entry + 1), on_corrupt)
-        _add(window, entries)
+        _add(window, entries, newest)
         entry += len(entries)
     return last - span[1] + 1
 
 
-def _add(window: DedupWindow, entries: Sequence[LogEntry] | Sequence[StoredEntry]) -> None:
+def _add(
+    window: DedupWindow,
+    entries: Sequence[LogEntry] | Sequence[StoredEntry],
+    newest: list[int],
+) -> None:
+    if entries:  # log order: the last entry is the newest unless a clock went backwards
+        newest[0] = max(newest[0], entries[-1].timestamp_ms)
     keys = bytearray()
     segs, ids, stamps = array("q"), array("q"), array("q")
     for e in entries:

@@ -21,6 +21,30 @@ from ..retry import Backoff
 log = logging.getLogger(__name__)
 
 
+def snapshot_problem(snap: Snapshot, epoch: int, segments: dict[int, int]) -> str | None:
+    """Why `snap` cannot be a snapshot of this log as its metadata describes it, or None.
+
+    `epoch` is the log's writer epoch (the taking-over writer's), `segments` the last entry id of
+    each completed segment. A snapshot passing the CRC can still be foreign or crafted: one from
+    a future epoch, or with a watermark past its segment's end, would make recovery skip entries
+    it must read (a committed key written again); a position in a segment the log does not have,
+    or past its end, or one two keys claim, would answer a key never written as a duplicate.
+    (A single key put at another key's entry cannot be told without reading the entry.)"""
+    if snap.epoch > epoch:
+        return f"written at epoch {snap.epoch}, after the log's current epoch {epoch}"
+    for what, marks in (("watermark", snap.watermarks), ("entry", snap.segment_ends())):
+        for segment_id, last in sorted(marks.items()):
+            end = segments.get(segment_id)
+            if end is None:
+                return f"{what} in segment {segment_id}, which the log has not completed"
+            if last > end:
+                return f"{what} at entry {last} of segment {segment_id}, which ends at {end}"
+    shared = snap.shared_position()
+    if shared is not None:
+        return f"two keys at one entry, {shared[0]}:{shared[1]}"
+    return None
+
+
 def snapshot_prefix(log_id: int) -> str:
     return f"dedup_snapshot/{log_id}/"
 
@@ -35,8 +59,11 @@ def list_snapshots(store: ObjectStore, log_id: int) -> list[str]:
     return sorted(k for k in store.list(prefix) if k[len(prefix) :].startswith("snapshot_"))
 
 
-def load_newest(store: ObjectStore, log_id: int) -> tuple[Snapshot | None, int]:
-    """The newest snapshot that decodes, else an older one. Returns (snapshot, corrupt count)."""
+def load_newest(
+    store: ObjectStore, log_id: int, problem: Callable[[Snapshot], str | None] | None = None
+) -> tuple[Snapshot | None, int]:
+    """The newest snapshot that decodes (and in which `problem` finds nothing wrong), else an
+    older one. Returns (snapshot, corrupt count): one `problem` refuses counts as corrupt."""
     corrupt = 0
     for key in reversed(list_snapshots(store, log_id)):
         data = store.get(key)
@@ -51,6 +78,17 @@ def load_newest(store: ObjectStore, log_id: int) -> tuple[Snapshot | None, int]:
         if snap.log_id != log_id:
             corrupt += 1
             log.warning("log %s: snapshot %s belongs to log %s; ignored", log_id, key, snap.log_id)
+            continue
+        why = problem(snap) if problem is not None else None
+        if why is not None:
+            corrupt += 1
+            log.warning(
+                "log %s: snapshot %s does not match the log's metadata (%s); ignored, trying an "
+                "older one",
+                log_id,
+                key,
+                why,
+            )
             continue
         return snap, corrupt
     return None, corrupt

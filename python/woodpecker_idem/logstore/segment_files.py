@@ -28,13 +28,18 @@ Why fencing is as strong as create-if-absent block keys (docs/architecture.md, "
   every acked one.
 - A reader (any process) reads the file's size S first, then looks for `fence-at`/`fence`: with
   no fence then, all of [0, S) was appended before the fence existed, so it lies below any L;
-  with `fence` but no `fence-at` yet, it reads nothing new until L is known.
+  with `fence` but no `fence-at` yet, it reads nothing new until L is known, unless the directory
+  is read-only: then no fencer can record L and nothing can append, so S is final.
 
 A torn tail (a killed writer's half batch, or zeros after a power loss) is where the valid
 batches end: a header cut short, a frame running past the end, a zero-filled rest, or a final
-batch whose records fail their CRC, unless the segment is completed (its footer vouches for every
-entry up to lastEntryId, so a damaged final batch is corruption then). A bad header or record
-anywhere else is corruption (`CorruptEntryError` naming node, segment, file and offset). A writer
+batch whose failing records are zeros to the end (pages never written), unless the segment is
+completed (its footer vouches for every entry up to lastEntryId). Anything else is damage, since
+an acknowledged batch was fdatasynced before its ack: a bad header (after the last batch too) or
+a final batch failing its CRC otherwise stops the scan with `SegmentDamagedError` (not retriable,
+counted and logged, naming the file, the offset and how to repair it), unless it lies past the
+footer's lastEntryId; a bad record read elsewhere is `CorruptEntryError` naming node, segment,
+file and offset. A writer
 whose write or fdatasync failed refuses every later append to that file, so a partial batch is
 always the tail (and pages a failed fdatasync dropped are never assumed durable).
 
@@ -50,12 +55,18 @@ entries, once, then only the new tail.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import shutil
 import struct
 
 from .._core import SegmentAppender, crc32c, put_file, segfile_read, segfile_scan
-from ..errors import CorruptEntryError, SegmentFencedError, StorageUnavailableError
+from ..errors import (
+    CorruptEntryError,
+    SegmentDamagedError,
+    SegmentFencedError,
+    StorageUnavailableError,
+)
 from ..objectstore.base import ObjectStore
 from ..objectstore.local import LocalObjectStore
 from .blocks import decode_footer, encode_footer, encode_record
@@ -71,6 +82,8 @@ FENCE_MAGIC = b"WPFA"
 DATA, RECOVERY = 0, 1  # loc = offset << 1 | file
 FILE_NAMES = ("data", "recovery")
 TEMP_PREFIX = ".wp-tmp-"  # as the local object store's, so its temp sweep covers ours
+
+log = logging.getLogger(__name__)
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC
@@ -99,6 +112,18 @@ class FileSegmentStorage(SegmentStorage):
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True):
         self.root = os.path.abspath(os.fspath(root))
         self.fsync = fsync
+        # segment files found damaged (`SegmentDamagedError`), each counted once per process
+        self.damaged = 0
+        self._damaged_seen: set[tuple[str, int]] = set()
+
+    def report_damage(self, path: str, offset: int, what: str) -> bool:
+        """Count and log a damaged segment file once; True the first time."""
+        if (path, offset) in self._damaged_seen:
+            return False
+        self._damaged_seen.add((path, offset))
+        self.damaged += 1
+        log.warning("segment file %s is damaged at offset %d: %s", path, offset, what)
+        return True
 
     def __repr__(self) -> str:
         return f"FileSegmentStorage({self.root!r})"
@@ -199,6 +224,8 @@ class _FileHandle(SegmentHandle):
         self._limit: int | None = None  # L, once the fence's length is known
         self._fenced = False
         self._completed = False
+        self._completed_last: int | None = None  # the footer's lastEntryId, once read
+        self._max_seen = -1  # the highest entry id scanned in either file
         self._appenders: list[_Appender | None] = [None, None]
         self._cursor: dict[tuple[int, int], tuple[int, int]] = {}  # (file, entry) -> batch
 
@@ -235,10 +262,16 @@ class _FileHandle(SegmentHandle):
             else:
                 scan.completed_last = decode_footer(data, f"{self.where}/footer").last_entry_id
                 self._completed = True
+                self._completed_last = scan.completed_last
         sizes = [_size(p) for p in self._paths]  # sizes first, then the fence (see the docstring)
         self._fence_state()
         if self._limit is not None:
             data_end = min(sizes[DATA], self._limit)
+        elif self._fenced and not os.access(self._dir, os.W_OK):
+            # A read-only store (a takeover killed between `fence` and `fence-at`, the directory
+            # then copied or mounted read-only): nothing can append any more, and no fencer can
+            # record L, so the file's length is final; every acked batch lies below it.
+            data_end = sizes[DATA]
         elif self._fenced:
             data_end = self._scanned[DATA]  # fenced, L not recorded yet: nothing new is trusted
         else:
@@ -256,11 +289,34 @@ class _FileHandle(SegmentHandle):
         runs, lac, stop, corrupt_at = segfile_scan(
             self._paths[file], start, end, completed=self._completed
         )
+        if corrupt_at is not None and not self._past_the_end(runs):
+            path = self._paths[file]
+            what = "bad batch header, or a final batch failing its checksum (no torn write)"
+            self._storage.report_damage(path, corrupt_at, what)
+            raise SegmentDamagedError(
+                f"{self._at(file, corrupt_at)}: {what}. An acknowledged batch was synced before "
+                "its ack, so a crash cannot have left this: the file is damaged, and the "
+                f"entries from offset {corrupt_at} on (acknowledged ones among them, maybe) "
+                f"cannot be read. Repair: restore {path} from a backup; or, to give those entries "
+                f"up, truncate it there (truncate -s {corrupt_at} {path}) and open the writer "
+                "again: their keys are then new to the window"
+            )
         if corrupt_at is not None:
-            raise CorruptEntryError(f"{self._at(file, corrupt_at)}: bad batch header")
+            self._storage.report_damage(
+                self._paths[file], corrupt_at, "past the footer's last entry: nothing lost"
+            )
         scan.batches += [(first, last, offset << 1 | file) for first, last, offset in runs]
+        self._max_seen = max([self._max_seen, *(last for _, last, _ in runs)])
         scan.lac = max(scan.lac, lac)
         self._scanned[file] = stop
+
+    def _past_the_end(self, runs: list[tuple[int, int, int]]) -> bool:
+        """Damage after the batches holding every entry up to the footer's lastEntryId lies past
+        every acknowledged entry: nothing is lost, the scan just ends there."""
+        if self._completed_last is None:
+            return False
+        self._max_seen = max([self._max_seen, *(last for _, last, _ in runs)])
+        return self._max_seen >= self._completed_last
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -300,6 +356,7 @@ class _FileHandle(SegmentHandle):
         self._completed = True
         self._close_appender(DATA)
         if self._storage.put_new(self._footer, encode_footer(last_entry_id, [])):
+            self._completed_last = last_entry_id
             return None
         with open(self._footer, "rb") as f:
             return decode_footer(f.read(), f"{self.where}/footer").last_entry_id

@@ -68,6 +68,20 @@ class MetadataStore(ABC):
         Object keys live under it (`{objectstore.root}/{store_id}/...`), because log ids are only
         unique within one store."""
 
+    @abstractmethod
+    def bound_objects(self) -> str | None:
+        """Where this store's objects live (see `bind_objects`); None if not recorded yet."""
+
+    @abstractmethod
+    def bind_objects(self, location: str) -> str:
+        """Record, create-if-absent, where this store's objects live (`location` names the bucket
+        and root); returns the location recorded, which differs from `location` when the store
+        was bound to another one first.
+
+        The owner marker makes a root belong to one metadata store; this makes a metadata store
+        belong to one root: a client of the same store pointed at another root would complete
+        the log's segments there as empty while the real writer goes on acknowledging."""
+
     # --- logs ---
     @abstractmethod
     def create_log(self, name: str, now_ms: int, group: str = "") -> LogMeta:

@@ -1,9 +1,14 @@
 """etcd `MetadataStore`: one shared view of every log for clients on many hosts (`meta.type: etcd`).
 
-Keys under `{prefix}` (records are `proto/meta.proto` messages; ids zero-padded so that key order is
-numeric order):
+Keys under `{prefix}/#/` (records are `proto/meta.proto` messages; ids zero-padded so that key
+order is numeric order). `#` is a reserved path component: no prefix may contain it, so one
+deployment's keys never fall under another's, even when one prefix is nested in the other (`/x`
+and `/x/logs`): every key of prefix P starts with `P/#/`, and the first `/#/` in a key ends its
+prefix. Without it, `/x`'s range over `/x/logs/` would read (and its delete_log delete) the keys
+of `/x/logs`.
 
     store_id                    the store's identity, a UUID created once (create-if-absent)
+    objects                     where the store's objects live (bucket and root), recorded once
     next_log_id                 the last log id allocated (a counter moved by transactions)
     names/{name}                log id
     logs/{log_id}               LogRecord; its mod revision is LogMeta.revision
@@ -26,11 +31,13 @@ from dataclasses import replace
 from typing import TypeVar
 
 from ..errors import (
+    ConfigError,
     InvalidArgumentError,
     LogExistsError,
     LogGroupSizeMismatchError,
     LogNotFoundError,
     MetadataConflictError,
+    MetadataLostError,
     StorageUnavailableError,
 )
 from ..retry import Backoff
@@ -55,6 +62,7 @@ from .etcd_client import (
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_MS = 5_000
+RESERVED = "#"  # the path component between a prefix and its keys (see the module docstring)
 T = TypeVar("T")
 
 
@@ -74,6 +82,11 @@ class EtcdMetadataStore(MetadataStore):
     ):
         if not isinstance(prefix, str) or not prefix.startswith("/"):
             raise InvalidArgumentError(f"etcd key prefix must start with '/', got {prefix!r}")
+        if RESERVED in prefix.split("/"):
+            raise InvalidArgumentError(
+                f"etcd key prefix {prefix!r} must not contain the path component {RESERVED!r}: "
+                "it separates a prefix from its keys"
+            )
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 1:
             raise InvalidArgumentError(f"timeout_ms must be an int >= 1, got {timeout_ms!r}")
         self._endpoints = tuple(endpoints)
@@ -99,11 +112,22 @@ class EtcdMetadataStore(MetadataStore):
     def store_id(self) -> str:
         return self._store_id
 
+    def bound_objects(self) -> str | None:
+        kvs = self._range("bound objects", self._k("objects"))
+        return unb64(kvs[0]["value"]).decode() if kvs else None
+
+    def bind_objects(self, location: str) -> str:
+        key = self._k("objects")
+        out = self._txn("bind objects", [absent(key)], [put(key, location)], [get(key)])
+        if out.get("succeeded"):
+            return location
+        return unb64(range_kvs(out["responses"][0])[0]["value"]).decode()
+
     # --- plumbing -------------------------------------------------------------------------------
 
     def _k(self, *parts: object) -> str:
         names = [f"{p:020d}" if isinstance(p, int) else str(p) for p in parts]
-        return "/".join([self._prefix, *names])
+        return "/".join([self._prefix, RESERVED, *names])
 
     def _txn(self, op: str, compare: list[KV], success: list[KV], failure: list[KV]) -> KV:
         body = {"compare": compare, "success": success, "failure": failure}
@@ -128,14 +152,44 @@ class EtcdMetadataStore(MetadataStore):
 
     def _identity(self) -> str:
         key, new = self._k("store_id"), str(uuid.uuid4())
-        out = self._txn("store identity", [absent(key)], [put(key, new)], [get(key)])
+        old = f"{self._prefix}/store_id"  # where a store of the layout without `#` kept it
+        out = self._txn(
+            "store identity", [absent(key), absent(old)], [put(key, new)], [get(key), get(old)]
+        )
         if out.get("succeeded"):
             return new
-        return unb64(range_kvs(out["responses"][0])[0]["value"]).decode()
+        found = range_kvs(out["responses"][0])
+        if found:
+            return unb64(found[0]["value"]).decode()
+        raise ConfigError(
+            f"etcd at {', '.join(self._endpoints)}: the keys under prefix {self._prefix!r} were "
+            "written by an earlier version of woodpecker_idem (without the reserved '#' "
+            "component that keeps nested prefixes apart), which this version does not read. "
+            "There is no migration; use a new meta.prefix (and objectstore.root)"
+        )
+
+    def _check_identity(self, op: str, found: list[KV] | None = None) -> None:
+        """`MetadataLostError` if this store's identity key is gone or replaced (`found`: its
+        range, when a transaction read it already). A running client caches the identity, so
+        without this, etcd restarted with an empty data directory would look like an empty store
+        to it, and it would create log id 1 again over the old log's objects."""
+        kvs = self._range(op, self._k("store_id")) if found is None else found
+        now = unb64(kvs[0]["value"]).decode() if kvs else None
+        if now == self._store_id:
+            return
+        what = "is gone" if now is None else f"was replaced by {now}"
+        raise MetadataLostError(
+            f"etcd at {', '.join(self._endpoints)} (prefix {self._prefix!r}): the identity of this "
+            f"metadata store, {self._store_id}, {what}: etcd lost its data (restarted with an "
+            f"empty data directory?). {op} refused: nothing is written over the old logs' "
+            "objects. Restore etcd from a backup (or start a new deployment: another "
+            "meta.prefix and objectstore.root)"
+        )
 
     def _log_kv(self, op: str, log_id: int) -> tuple[LogMeta, int]:
         kvs = self._range(op, self._k("logs", log_id))
         if not kvs:
+            self._check_identity(op)
             raise LogNotFoundError(f"log id {log_id} does not exist")
         rev = int(kvs[0]["mod_revision"])
         return rec.decode_log(unb64(kvs[0].get("value")), rev), rev
@@ -147,8 +201,9 @@ class EtcdMetadataStore(MetadataStore):
         LogNotFoundError or WriterFencedError if that is why; return if it was something else."""
         epoch_kvs, log_kvs = range_kvs(responses[0]), range_kvs(responses[1])
         if not epoch_kvs or not log_kvs:
+            self._check_identity(op)
             raise LogNotFoundError(f"log id {log_id} does not exist")
-        current = int(unb64(epoch_kvs[0].get("value")) or b"0")
+        current = rec.parse_int("epoch", unb64(epoch_kvs[0].get("value")) or b"0")
         if epoch is not None and current != epoch:
             name = rec.decode_log(unb64(log_kvs[0].get("value")), 0).name
             if current > epoch:
@@ -161,25 +216,27 @@ class EtcdMetadataStore(MetadataStore):
         rec.check_name("log name", name)
         rec.check_group(group)
         counter, name_key = self._k("next_log_id"), self._k("names", name)
+        ident = self._k("store_id")
 
         def attempt() -> LogMeta:
             kvs = self._range("create_log", counter)
-            last = int(unb64(kvs[0]["value"])) if kvs else 0
+            last = rec.parse_int("next_log_id", unb64(kvs[0]["value"])) if kvs else 0
             held = same_mod(counter, int(kvs[0]["mod_revision"])) if kvs else absent(counter)
             meta = LogMeta(log_id=last + 1, name=name, created_ms=now_ms, group=group)
             out = self._txn(
                 "create_log",
-                [held, absent(name_key)],
+                [held, absent(name_key), same_value(ident, self._store_id)],
                 [
                     put(counter, str(meta.log_id)),
                     put(name_key, str(meta.log_id)),
                     put(self._k("logs", meta.log_id), rec.encode_log(meta)),
                     put(self._k("epochs", meta.log_id), "0"),
                 ],
-                [get(name_key)],
+                [get(name_key), get(ident)],
             )
             if out.get("succeeded"):
                 return replace(meta, revision=int(out["header"]["revision"]))
+            self._check_identity("create_log", range_kvs(out["responses"][1]))
             if range_kvs(out["responses"][0]):
                 raise LogExistsError(f"log {name!r} already exists")
             raise _Retry
@@ -192,7 +249,8 @@ class EtcdMetadataStore(MetadataStore):
         kvs = self._range("get_log", self._k("names", name))
         try:
             if kvs:
-                return self._log_kv("get_log", int(unb64(kvs[0]["value"])))[0]
+                log_id = rec.parse_int(f"names/{name}", unb64(kvs[0]["value"]))
+                return self._log_kv("get_log", log_id)[0]
         except LogNotFoundError:
             pass  # deleted between the two reads
         raise LogNotFoundError(f"log {name!r} does not exist")

@@ -7,10 +7,15 @@ version must read back the same, so neither lives in a backend module.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from .._proto import meta_pb2 as pb
-from ..errors import InvalidArgumentError, InvalidTypeError, WriterFencedError
+from ..errors import CorruptEntryError, InvalidArgumentError, InvalidTypeError, WriterFencedError
 from ..types import LogMessageId, SegmentState
 from .base import LogGroupMeta, LogMeta, NodeInfo, SegmentMeta
+
+M = TypeVar("M")
 
 
 def check_name(what: str, name: object) -> str:
@@ -56,6 +61,24 @@ def fenced(name: str, log_id: int, op: str, epoch: int, current: int) -> WriterF
 # --- protobuf records ---------------------------------------------------------------------------
 
 
+def parse(what: str, data: bytes, decode: Callable[[bytes], M]) -> M:
+    """`decode(data)`; bytes that are not such a record are `CorruptEntryError` naming `what`,
+    never a raw protobuf or value error."""
+    try:
+        return decode(data)
+    except CorruptEntryError:
+        raise
+    except Exception as exc:  # DecodeError, ValueError of an enum or int, ...
+        raise CorruptEntryError(
+            f"metadata record {what} cannot be parsed ({type(exc).__name__}: {exc}); "
+            f"{len(data)} bytes"
+        ) from exc
+
+
+def parse_int(what: str, data: bytes) -> int:
+    return parse(what, data, int)
+
+
 def encode_log(m: LogMeta) -> bytes:
     trunc = m.truncated_to
     return pb.LogRecord(
@@ -72,6 +95,10 @@ def encode_log(m: LogMeta) -> bytes:
 
 
 def decode_log(data: bytes, revision: int) -> LogMeta:
+    return parse("log", data, lambda d: _decode_log(d, revision))
+
+
+def _decode_log(data: bytes, revision: int) -> LogMeta:
     r = pb.LogRecord.FromString(data)
     trunc = None
     if r.truncated_segment_id >= 0:
@@ -106,6 +133,10 @@ def encode_segment(s: SegmentMeta) -> bytes:
 
 
 def decode_segment(data: bytes, revision: int) -> SegmentMeta:
+    return parse("segment", data, lambda d: _decode_segment(d, revision))
+
+
+def _decode_segment(data: bytes, revision: int) -> SegmentMeta:
     r = pb.SegmentRecord.FromString(data)
     return SegmentMeta(
         log_id=r.log_id,
@@ -130,6 +161,10 @@ def encode_node(n: NodeInfo) -> bytes:
 
 
 def decode_node(data: bytes) -> NodeInfo:
+    return parse("node", data, lambda d: _decode_node(d))
+
+
+def _decode_node(data: bytes) -> NodeInfo:
     r = pb.NodeRecord.FromString(data)
     return NodeInfo(r.node_id, r.address, r.registered_ms, dict(r.labels))
 
@@ -141,5 +176,9 @@ def encode_group(g: LogGroupMeta) -> bytes:
 
 
 def decode_group(data: bytes) -> LogGroupMeta:
+    return parse("group", data, lambda d: _decode_group(d))
+
+
+def _decode_group(data: bytes) -> LogGroupMeta:
     r = pb.LogGroupRecord.FromString(data)
     return LogGroupMeta(r.name, r.partitions, r.created_ms)

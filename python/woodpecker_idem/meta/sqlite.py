@@ -52,6 +52,9 @@ CREATE TABLE IF NOT EXISTS schema_info (
 CREATE TABLE IF NOT EXISTS store_identity (
     store_id TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS store_objects (
+    location TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS logs (
     log_id INTEGER PRIMARY KEY AUTOINCREMENT,
     name TEXT NOT NULL UNIQUE,
@@ -420,6 +423,23 @@ class SqliteMetadataStore(MetadataStore):
     def store_id(self) -> str:
         """Read once at open (it never changes)."""
         return self._store_id
+
+    def bound_objects(self) -> str | None:
+        try:
+            rows = self._read("bound_objects", "SELECT location FROM store_objects")
+        except StorageUnavailableError:  # read-only, from before locations were recorded
+            if not self._read_only:
+                raise
+            return None
+        return str(rows[0][0]) if rows else None
+
+    def bind_objects(self, location: str) -> str:
+        with self._write("bind_objects") as conn:
+            row = conn.execute("SELECT location FROM store_objects").fetchone()
+            if row is None:
+                conn.execute("INSERT INTO store_objects(location) VALUES (?)", (location,))
+                return location
+            return str(row[0])
 
     @staticmethod
     def _log_row(conn: sqlite3.Connection, log_id: int) -> tuple[Any, ...]:

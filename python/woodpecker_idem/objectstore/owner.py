@@ -1,10 +1,16 @@
-"""The owner marker: one metadata store per object-store root.
+"""The owner marker: one metadata store per object-store root, and one root per metadata store.
 
 Log ids are numbered by each metadata store, so two stores writing below one root would put two
 different logs under the same keys. Every store therefore keeps its objects under its identity
 (`{root}/{store_id}/...`), and `claim_root` records, create-if-absent, which store owns the root
 (`{root}/OWNER`): a second metadata store pointed at the same root is refused with a message that
 says what to change, instead of silently sharing the bucket.
+
+The other direction: the metadata store records where its objects live (`objects_location`, the
+bucket and root, recorded once) and `check_binding` refuses a client of that store pointed at
+another root. Its writer would find none of the log's objects there, complete the current segment
+as empty and seal it in the shared metadata, while the real writer, fenced only in the other root,
+went on acknowledging writes that no reader would ever see.
 """
 
 from __future__ import annotations
@@ -61,4 +67,25 @@ def claim_root(root: ObjectStore, store_id: str, where: str, meta: str) -> Objec
         f"({meta}). Two metadata stores on one bucket and root would mix up their logs. Set "
         "a different objectstore.root for this one, or point meta at the metadata store that "
         "owns the root (the same meta.path, or meta.type: etcd shared by every host)"
+    )
+
+
+def objects_location(kind: str, bucket: str | None, root: str) -> str:
+    """How a metadata store names the place of its objects: the bucket and root for S3; the root
+    for a local directory (whose path moves with the data directory, so it is not part of it)."""
+    root = root.strip("/")
+    return f"s3://{bucket}/{root}" if kind == "s3" else f"local:{root}"
+
+
+def check_binding(location: str, bound: str | None, store_id: str, meta: str) -> None:
+    """`ObjectStoreOwnedError` if the metadata store's objects live elsewhere than `location`."""
+    if bound is None or bound == location:
+        return
+    raise ObjectStoreOwnedError(
+        f"metadata store {store_id} ({meta}) keeps its objects at {bound}, not at {location}: "
+        "every client of one metadata store must use the same objectstore.bucket and "
+        f"objectstore.root (a writer on another root would find the log's segments empty there "
+        "and seal them so, losing the acknowledged writes of the writer on the right root). Set "
+        "them to the recorded place, or use another metadata store (another meta.prefix or "
+        "meta.path) for the other root"
     )

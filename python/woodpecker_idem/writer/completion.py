@@ -31,6 +31,7 @@ from ..errors import (
 from ..meta.base import SegmentMeta
 from ..retry import Backoff, retry_call
 from ..types import SegmentState
+from .adopted import check_adopted
 from .dedup import Dedup
 from .lifecycle import Maintenance
 from .recovery import recover_segment, seal
@@ -189,9 +190,11 @@ class SegmentCompletion:
                     return
             try:
                 if done is None:
-                    done = recover_segment(
+                    end = recover_segment(
                         self._transport, self._meta, core.epoch, seg.meta, core.clock.now_ms()
                     )
+                    check_adopted(self._transport, seg, end.last_entry_id)
+                    done = end
                     with core.lock:
                         resolved = self._resolve_segment_locked(seg, done.last_entry_id)
                         core.segments.forget_locked(seg)

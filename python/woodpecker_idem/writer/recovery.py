@@ -15,11 +15,13 @@ from ..errors import (
     EntryConflictError,
     NodeUnavailableError,
     QuorumUnavailableError,
+    SegmentDamagedError,
     SegmentFencedError,
 )
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
 from ..types import SegmentState
+from .adopted import check_log_present
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,7 @@ def recover_segment(
     replies: dict[str, int] = {}
     ends: dict[str, int] = {}  # nodes completed already, and where
     errors: dict[str, str] = {}
+    damaged: SegmentDamagedError | None = None  # waiting would not mend it: not retriable
     for node in seg.nodes:
         try:
             replies[node] = transport.fence(node, seg.log_id, seg.segment_id)[0]
@@ -57,11 +60,12 @@ def recover_segment(
         except (NodeUnavailableError, SegmentFencedError, CorruptEntryError) as exc:
             _skipped(seg, node, exc, errors)
             replies.pop(node, None)
+            damaged = exc if isinstance(exc, SegmentDamagedError) else damaged
             continue
         if end is not None:
             ends[node] = end
     if len(replies) < needed:
-        raise QuorumUnavailableError(
+        raise damaged or QuorumUnavailableError(
             f"segment {seg.log_id}/{seg.segment_id}: {len(replies)} of {seg.es} nodes answered the "
             f"fence, {needed} needed ({errors})"
         )
@@ -78,6 +82,8 @@ def recover_segment(
         )
     else:
         last = _read_forward(transport, seg, replies, errors, needed)
+        if last < 0:
+            check_log_present(transport, meta, seg)
     for node in replies:
         if node in ends:
             continue  # a footer is never rewritten; the metadata decides which end readers use

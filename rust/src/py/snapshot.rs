@@ -65,6 +65,18 @@ impl PySnapshot {
         self.data.entries.len()
     }
 
+    fn shared_position(&self) -> Option<(u32, u32)> {
+        self.data.shared_position()
+    }
+
+    fn segment_ends<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (seg, last) in self.data.segment_ends() {
+            d.set_item(seg, last)?;
+        }
+        Ok(d)
+    }
+
     fn entries<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         entries_list(py, &self.data.entries)
     }
