@@ -112,7 +112,7 @@ class Key:
 
 
 def _fmt_size(n: int) -> str:
-    for unit, mult in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+    for unit, mult in (("TiB", 1024 * GiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if n >= mult and n % mult == 0:
             return f"{n // mult} {unit}"
     return str(n)
@@ -202,6 +202,29 @@ KEYS: tuple[Key, ...] = (
         "1 s apart at least)",
     ),
     _int("idempotency.snapshots_kept", 2, 1, 100, "dedup snapshots retained per log"),
+    Key(
+        "retention.max_age_s",
+        "number",
+        0,
+        "drop completed segments older than this (never inside the idempotency window); "
+        "0: no age bound",
+        0,
+        100 * 365 * _DAY_S,
+    ),
+    _size(
+        "retention.max_bytes",
+        0,
+        0,
+        1024 * 1024 * GiB,
+        "drop the oldest completed segments while a log holds more (never inside the "
+        "idempotency window); 0: no size bound",
+    ),
+    _secs(
+        "retention.check_interval_s",
+        60,
+        _DAY_S,
+        "how often a client applies retention to the logs it writes",
+    ),
     Key("storage.type", "choice", "object", "LogStore mode", choices=("object", "staged")),
     Key("storage.fsync", "fsync", "always", "when LogStore writes fsync (local dir, staged)"),
     Key("objectstore.type", "choice", "local", "object storage backend", choices=("local", "s3")),

@@ -9,6 +9,7 @@ import weakref
 from pathlib import Path
 from typing import TypeVar
 
+from .. import registry
 from ..args import bool_arg, timeout_arg
 from ..clock import Clock
 from ..config import Config
@@ -22,6 +23,7 @@ from ..errors import (
 from ..logstore.transport import LogStoreTransport
 from ..meta import MetadataStore
 from ..objectstore import ObjectStore
+from ..retention import RetentionPolicy, RetentionRunner
 from .log import ClosableWriter, IdempotentWriterFactory, LogHandle
 
 W = TypeVar("W", bound=ClosableWriter)
@@ -51,6 +53,10 @@ class WoodpeckerClient:
         self.idempotent_writer = idempotent_writer
         self._writers: weakref.WeakSet[ClosableWriter] = weakref.WeakSet()
         self._writers_lock = threading.Lock()
+        self._handles: weakref.WeakKeyDictionary[ClosableWriter, LogHandle] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._retention: RetentionRunner | None = None
         self._closed = False
 
     @property
@@ -64,11 +70,44 @@ class WoodpeckerClient:
         if self._closed:
             raise ClientClosedError(f"client is closed (data_dir {str(self.data_dir)!r})")
 
-    def track(self, writer: W) -> W:
-        """`writer` (opened through a LogHandle of this client) is closed when the client is."""
+    def track(self, writer: W, handle: LogHandle | None = None) -> W:
+        """`writer` (opened through a LogHandle of this client) is closed when the client is;
+        with its `handle`, the metrics see it and retention applies to its log."""
         with self._writers_lock:
             self._writers.add(writer)
+            if handle is not None:
+                self._handles[writer] = handle
+                registry.add(writer, handle)
+                self._start_retention_locked()
         return writer
+
+    def _start_retention_locked(self) -> None:
+        """The first writer starts the retention runner, if the config sets a bound."""
+        if self._retention is not None or self._closed:
+            return
+        policy = RetentionPolicy.from_config(self.config)
+        if policy.enabled:
+            self._retention = RetentionRunner(
+                policy, self.config.retention.check_interval_s, self.writing_logs
+            )
+
+    def writing_logs(self) -> list[LogHandle]:
+        """The logs this client has a live writer on (open and not fenced), one handle each."""
+        with self._writers_lock:
+            pairs = list(self._handles.items())
+        live = {h.log_id: h for w, h in pairs if registry.is_live(w)}
+        return list(live.values())
+
+    @property
+    def retention(self) -> RetentionRunner | None:
+        """The background retention runner (None until a writer opens with a bound set)."""
+        return self._retention
+
+    def store_id(self) -> str:
+        """The metadata store's identity (a UUID made when the store was created); object keys
+        live under it: `{objectstore.root}/{store_id}/...`."""
+        self.check_open()
+        return self.meta.store_id()
 
     def create_log(self, name: str) -> LogHandle:
         self.check_open()
@@ -115,6 +154,9 @@ class WoodpeckerClient:
                 return
             self._closed = True
             writers = list(self._writers)
+            retention, self._retention = self._retention, None
+        if retention is not None:
+            retention.stop()
         for writer in writers:
             writer.close(timeout)
         self.transport.close()

@@ -89,7 +89,7 @@ class LogHandle:
             writer = factory(
                 self, window_duration_s=window_duration_s, window_max_keys=window_max_keys
             )
-            return self.client.track(writer)
+            return self.client.track(writer, self)
         given = [
             name
             for name, value in (
@@ -103,7 +103,7 @@ class LogHandle:
                 f"{', '.join(given)}: window options apply to idempotent writers only "
                 "(open_writer(idempotent=True, ...)); a plain writer has no dedup window"
             )
-        return self.client.track(LogWriter(self))
+        return self.client.track(LogWriter(self), self)
 
     def open_reader(self, start: str | LogMessageId = "earliest") -> LogReader:
         self.client.check_open()
