@@ -94,6 +94,12 @@ def _object_store(cfg: Config, data_dir: Path) -> ObjectStore:
     return store
 
 
+def open_object_root(cfg: Config, data_dir: Path) -> ObjectStore:
+    """The object store at `objectstore.root` itself (above the store ids), probed: where the
+    owner marker lives (`woodpecker-idem verify` reads it)."""
+    return _object_store(cfg, data_dir)
+
+
 def _open_stores(cfg: Config, data_dir: Path) -> tuple[MetadataStore, ObjectStore]:
     """Object storage first (probed before any metadata is written), then the metadata store, then
     the owner marker: the objects returned live under the metadata store's identity, because its

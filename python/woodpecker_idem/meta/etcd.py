@@ -392,6 +392,18 @@ class EtcdMetadataStore(MetadataStore):
         kvs = self._range("get_log_group", self._k("groups", name))
         return rec.decode_group(unb64(kvs[0]["value"])) if kvs else None
 
+    def list_log_groups(self) -> list[LogGroupMeta]:
+        kvs = self._range("list_log_groups", self._k("groups", ""), prefix=True)
+        return sorted((rec.decode_group(unb64(kv["value"])) for kv in kvs), key=lambda g: g.name)
+
+    def delete_log_group(self, name: str) -> LogGroupMeta | None:
+        key = self._k("groups", name)
+        out = self._txn("delete_log_group", [present(key)], [get(key), delete(key)], [])
+        if not out.get("succeeded"):
+            return None
+        log.info("deleted log group %r from etcd", name)
+        return rec.decode_group(unb64(range_kvs(out["responses"][0])[0]["value"]))
+
     def register_node(self, node: NodeInfo) -> None:
         rec.check_name("node_id", node.node_id)
         key = self._k("nodes", node.node_id)
