@@ -1,0 +1,82 @@
+"""Prometheus metrics (issue 22 item 2): the collector exposes what the writers count, named
+`woodpecker_..._total` for counters with a `log` label, on a registry and over HTTP."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+import woodpecker_idem as wp
+from woodpecker_idem.metrics import register_prometheus, serve
+
+
+def samples(text: str) -> dict[tuple[str, str], float]:
+    """{(sample name, log label): value} of an exposition."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, s.labels.get("log", ""))] = s.value
+    return out
+
+
+def test_scrape_after_writes_and_duplicates(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    assert register_prometheus(registry) is register_prometheus(registry)  # once per registry
+    with wp.connect(tmp_path, {"segment.max_entries": 10}) as client:
+        orders = client.open_log("m-orders", create=True).open_writer(idempotent=True)
+        for i in range(25):
+            orders.write(f"o{i}".encode(), idempotency_id=f"k{i}")
+        for i in range(3):  # retries: answered from the window
+            assert orders.write(b"again", idempotency_id=f"k{i}").duplicate
+        plain = client.open_log("m-audit", create=True).open_writer()
+        plain.write(b"x")
+        got = samples(generate_latest(registry).decode())
+        assert got[("woodpecker_duplicates_suppressed_total", "m-orders")] == 3
+        assert got[("woodpecker_window_keys", "m-orders")] == 25
+        assert got[("woodpecker_window_memory_bytes", "m-orders")] > 0
+        assert got[("woodpecker_segments_rolled_total", "m-orders")] == 2
+        assert got[("woodpecker_pending_writes", "m-orders")] == 0
+        assert got[("woodpecker_writers_open", "m-orders")] == 1
+        assert got[("woodpecker_writers_fenced", "m-orders")] == 0
+        assert ("woodpecker_recovery_seconds", "m-orders") in got
+        assert got[("woodpecker_writers_open", "m-audit")] == 1  # a plain writer: its core figures
+        assert ("woodpecker_duplicates_suppressed_total", "m-audit") not in got
+        # a second writer takes "m-orders" over: the first is fenced, the new one rebuilt its window
+        second = client.open_log("m-orders").open_writer(idempotent=True)
+        with pytest.raises(wp.WriterFencedError):  # the first learns it at its next write
+            orders.write(b"late", idempotency_id="late")
+        got = samples(generate_latest(registry).decode())
+        assert got[("woodpecker_writers_fenced", "m-orders")] == 1
+        assert got[("woodpecker_writers_open", "m-orders")] == 1
+        assert got[("woodpecker_recovery_entries_replayed", "m-orders")] >= 0
+        second.close()
+        plain.close()
+        got = samples(generate_latest(registry).decode())
+        assert got.get(("woodpecker_writers_open", "m-audit"), 0) == 0  # closed: gone
+
+
+def test_served_over_http(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    server, thread = serve(0, "127.0.0.1", registry)
+    try:
+        with wp.connect(tmp_path) as client:
+            writer = client.open_log("served", create=True).open_writer(idempotent=True)
+            writer.write(b"a", idempotency_id="a")
+            writer.write(b"a", idempotency_id="a")
+            url = f"http://127.0.0.1:{server.server_port}/metrics"
+            with urllib.request.urlopen(url, timeout=30) as response:
+                body = response.read().decode()
+            writer.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(30)
+    got = samples(body)
+    assert got[("woodpecker_duplicates_suppressed_total", "served")] == 1
+    assert "# TYPE woodpecker_duplicates_suppressed_total counter" in body or (
+        "# TYPE woodpecker_duplicates_suppressed counter" in body
+    )
