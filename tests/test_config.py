@@ -67,6 +67,11 @@ def test_defaults_match_the_design_table() -> None:
         "meta.endpoints": [],
         "meta.prefix": "/woodpecker",
         "meta.timeout_ms": 5000,
+        "meta.ca_cert": None,
+        "meta.client_cert": None,
+        "meta.client_key": None,
+        "meta.user": None,
+        "meta.password": None,
     }
     assert cfg.to_dict() == expected
     assert cfg.append.linger_ms == 2 and cfg.get("append.linger_ms") == 2

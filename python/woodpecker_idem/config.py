@@ -263,11 +263,20 @@ KEYS: tuple[Key, ...] = (
     ),
     Key("meta.prefix", "str", "/woodpecker", "etcd key prefix", check=_check_prefix),
     _int("meta.timeout_ms", 5_000, 1, 600_000, "etcd: deadline of every metadata call"),
+    _opt(
+        "meta.ca_cert",
+        "etcd: PEM file of the CA that signed etcd's certificate (host:port endpoints then use "
+        "https); null: the system CAs",
+    ),
+    _opt("meta.client_cert", "etcd: PEM client certificate (with meta.client_key)"),
+    _opt("meta.client_key", "etcd: PEM private key of meta.client_cert"),
+    _opt("meta.user", "etcd: user name, when etcd authentication is enabled"),
+    _opt("meta.password", "etcd: password of meta.user; never logged"),
 )
 
 _BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
 #: Values never shown in messages or reprs.
-_SECRETS = frozenset({"objectstore.secret_access_key"})
+_SECRETS = frozenset({"objectstore.secret_access_key", "meta.password"})
 _BY_ENV: dict[str, Key] = {k.env_name: k for k in KEYS}
 SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(k.name.split(".", 1)[0] for k in KEYS))
 
@@ -646,6 +655,9 @@ def _check_together(v: Mapping[str, Any]) -> None:
             "invalid config: objectstore.access_key_id and objectstore.secret_access_key go "
             "together (set both, or neither to use objectstore.profile or the AWS chain)"
         )
+    for a, b in (("meta.client_cert", "meta.client_key"), ("meta.user", "meta.password")):
+        if (v[a] is None) != (v[b] is None):
+            raise ConfigError(f"invalid config: {a} and {b} go together (set both, or neither)")
     if v["objectstore.profile"] is not None and v["objectstore.access_key_id"] is not None:
         raise ConfigError(
             "invalid config: objectstore.profile and objectstore.access_key_id both set; "

@@ -113,6 +113,11 @@ def _open_stores(cfg: Config, data_dir: Path) -> tuple[MetadataStore, ObjectStor
             endpoints=cfg.meta.endpoints,
             prefix=cfg.meta.prefix,
             timeout_ms=cfg.meta.timeout_ms,
+            ca_cert=cfg.meta.ca_cert,
+            client_cert=cfg.meta.client_cert,
+            client_key=cfg.meta.client_key,
+            user=cfg.meta.user,
+            password=cfg.meta.password,
         )
         return meta, claim_root(base, meta.store_id(), repr(base), repr(meta))
     except BaseException:
