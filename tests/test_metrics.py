@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from pathlib import Path
 
@@ -11,7 +12,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import woodpecker_idem as wp
+from woodpecker_idem.clock import ManualClock
 from woodpecker_idem.metrics import register_prometheus, serve
+from woodpecker_idem.types import SegmentState
 
 
 def samples(text: str) -> dict[tuple[str, str], float]:
@@ -80,3 +83,58 @@ def test_served_over_http(tmp_path: Path) -> None:
     assert "# TYPE woodpecker_duplicates_suppressed_total counter" in body or (
         "# TYPE woodpecker_duplicates_suppressed counter" in body
     )
+
+
+def wait_completed(log: wp.LogHandle, n: int) -> None:
+    """Until the first n segments are completed (in the background, at the manual clock's time)."""
+    deadline = time.monotonic() + 60
+    done = (SegmentState.COMPLETED, SegmentState.SEALED)
+    while sum(s.state in done for s in log.segments()) < n:
+        assert time.monotonic() < deadline, "segments never completed"
+        time.sleep(0.005)
+
+
+def test_retention_and_reader_series(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    register_prometheus(registry)
+    clock = ManualClock()
+    config = {
+        "quorum.es": 3,
+        "segment.max_entries": 10,
+        "idempotency.window_duration_s": 5,
+        "retention.max_age_s": 10,
+        "retention.check_interval_s": 0.02,
+    }
+    with wp.connect(tmp_path, config, clock=clock) as client:
+        log = client.open_log("m-ret", create=True)
+        writer = log.open_writer(idempotent=True)
+        for i in range(25):
+            writer.write(f"v{i}".encode(), idempotency_id=f"k{i}")
+        wait_completed(log, 2)
+        clock.advance(11_000)
+        runner = client.retention
+        assert runner is not None
+        deadline = time.monotonic() + 60
+        while runner.segments_dropped < 2:
+            assert time.monotonic() < deadline, "retention never ran"
+            time.sleep(0.01)
+        got = samples(generate_latest(registry).decode())
+        assert got[("woodpecker_retention_segments_dropped_total", "m-ret")] == 2
+        assert got[("woodpecker_retention_bytes_dropped_total", "m-ret")] > 20 * len("v0")
+        writer.close()
+        # a replica damaged under a reader: it reads from another and counts it
+        other = client.open_log("m-read", create=True)
+        plain = other.open_writer()
+        for i in range(5):
+            plain.write(f"r{i}".encode())
+        plain.close()
+        first = other.segments()[0].nodes[0]  # the replica read first
+        nodes = tmp_path / "objects" / "woodpecker" / client.store_id() / "nodes"
+        path = nodes / first / str(other.log_id) / "0" / "data"
+        raw = bytearray(path.read_bytes())
+        raw[-1] ^= 0xFF
+        path.write_bytes(bytes(raw))
+        reader = other.open_reader()
+        assert len(list(reader)) == 5 and reader.corrupt_replica_reads == 1
+        got = samples(generate_latest(registry).decode())
+        assert got[("woodpecker_reader_corrupt_replica_reads_total", "m-read")] == 1

@@ -80,6 +80,16 @@ def test_no_bound_drops_nothing() -> None:
     assert plan([seg(0, 0), seg(1, 1)], far, far, RetentionPolicy()).drop == ()
 
 
+def wait_completed(log: wp.LogHandle, n: int) -> None:
+    """Until the log's first n segments are completed: a rolled segment completes in the
+    background, and its completion time (the manual clock's) must be taken before it moves."""
+    deadline = time.monotonic() + 60
+    done = (SegmentState.COMPLETED, SegmentState.SEALED)
+    while sum(s.state in done for s in log.segments()) < n:
+        assert time.monotonic() < deadline, "segments never completed"
+        time.sleep(0.005)
+
+
 def _write(writer: object, keys: range) -> list[LogMessageId]:
     return [
         writer.write(f"v{i}".encode(), idempotency_id=f"k{i}").message_id  # type: ignore[attr-defined]
@@ -94,6 +104,7 @@ def test_apply_on_a_store_keeps_the_window_and_retries_stay_duplicates(tmp_path:
         log = client.open_log("orders", create=True)
         writer = log.open_writer(idempotent=True)
         ids = _write(writer, range(35))  # segments 0..2 completed at T0, 3 active
+        wait_completed(log, 3)
         policy = RetentionPolicy(max_age_ms=30 * S)
         assert apply(log, policy).drop == ()  # 0 s old
         clock.advance(45 * S)  # old enough, but still inside the 60 s window
@@ -143,6 +154,7 @@ def test_the_client_applies_retention_in_the_background(tmp_path: Path) -> None:
         log = client.open_log("orders", create=True)
         writer = log.open_writer(idempotent=True)
         _write(writer, range(25))
+        wait_completed(log, 2)
         runner = client.retention
         assert runner is not None and runner.policy.max_age_ms == 10 * S
         runs = runner.runs

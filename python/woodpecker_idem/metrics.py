@@ -138,6 +138,56 @@ class WoodpeckerCollector:
         yield from families
         yield open_
         yield fenced
+        yield from _reader_and_retention_families()
+
+
+def _reader_and_retention_families() -> Iterator[Metric]:
+    from prometheus_client.core import CounterMetricFamily
+
+    corrupt = CounterMetricFamily(
+        "woodpecker_reader_corrupt_replica_reads",
+        "Reads that met a corrupt replica and went to another one",
+        labels=["log"],
+    )
+    per_log: dict[str, int] = {}
+    for reader, handle in writer_registry.readers():
+        n = int(getattr(reader, "corrupt_replica_reads", 0))
+        per_log[handle.name] = per_log.get(handle.name, 0) + n
+    for log_name, n in sorted(per_log.items()):
+        corrupt.add_metric([log_name], n)
+    yield corrupt
+    segments = CounterMetricFamily(
+        "woodpecker_retention_segments_dropped",
+        "Completed segments retention dropped",
+        labels=["log"],
+    )
+    nbytes = CounterMetricFamily(
+        "woodpecker_retention_bytes_dropped",
+        "Bytes of the segments retention dropped",
+        labels=["log"],
+    )
+    failures = CounterMetricFamily(
+        "woodpecker_retention_failures",
+        "Retention passes that failed (retried)",
+        labels=["log"],
+    )
+    dropped: dict[str, list[int]] = {}
+    failed: dict[str, int] = {}
+    for runner in writer_registry.runners():
+        for log_name, (n, b) in dict(getattr(runner, "dropped", {})).items():
+            acc = dropped.setdefault(log_name, [0, 0])
+            acc[0] += n
+            acc[1] += b
+        for log_name, n in dict(getattr(runner, "failed", {})).items():
+            failed[log_name] = failed.get(log_name, 0) + n
+    for log_name, (n, b) in sorted(dropped.items()):
+        segments.add_metric([log_name], n)
+        nbytes.add_metric([log_name], b)
+    for log_name, n in sorted(failed.items()):
+        failures.add_metric([log_name], n)
+    yield segments
+    yield nbytes
+    yield failures
 
 
 _registered: weakref.WeakKeyDictionary[object, WoodpeckerCollector] = weakref.WeakKeyDictionary()

@@ -1,5 +1,5 @@
-"""Every writer open in this process, weakly held: what the metrics collector and the retention
-runner walk. A writer leaves when it is garbage collected; callers skip the closed ones."""
+"""Every writer, reader and retention runner of this process, weakly held: what the metrics
+collector walks. One leaves when it is garbage collected; callers skip the closed ones."""
 
 from __future__ import annotations
 
@@ -12,11 +12,33 @@ if TYPE_CHECKING:
 
 _lock = threading.Lock()
 _writers: weakref.WeakKeyDictionary[object, LogHandle] = weakref.WeakKeyDictionary()
+_readers: weakref.WeakKeyDictionary[object, LogHandle] = weakref.WeakKeyDictionary()
+_runners: weakref.WeakSet[object] = weakref.WeakSet()
 
 
 def add(writer: object, handle: LogHandle) -> None:
     with _lock:
         _writers[writer] = handle
+
+
+def add_reader(reader: object, handle: LogHandle) -> None:
+    with _lock:
+        _readers[reader] = handle
+
+
+def add_runner(runner: object) -> None:
+    with _lock:
+        _runners.add(runner)
+
+
+def readers() -> list[tuple[object, LogHandle]]:
+    with _lock:
+        return list(_readers.items())
+
+
+def runners() -> list[object]:
+    with _lock:
+        return list(_runners)
 
 
 def writers() -> list[tuple[object, LogHandle]]:

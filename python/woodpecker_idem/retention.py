@@ -181,23 +181,47 @@ class RetentionRunner:
         self.runs = 0
         self.segments_dropped = 0
         self.failures = 0
+        # per log name, for the metrics: segments and bytes dropped, failed passes
+        self.dropped: dict[str, tuple[int, int]] = {}
+        self.failed: dict[str, int] = {}
+        self._failing = 0  # failed passes in a row
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="wp-retention", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        # a pass at once: a short-lived writer (a Spark task) may close before the interval ends
+        while not self._stop.is_set():
             self.run_once()
+            if self._stop.wait(self.interval_s):
+                return
 
     def run_once(self) -> None:
         for handle in self._handles():
             if self._stop.is_set():
                 return
             try:
-                self.segments_dropped += len(apply(handle, self.policy).drop)
-            except WoodpeckerError as exc:  # storage down: try again next time
+                result = apply(handle, self.policy)
+            except Exception as exc:  # storage down (or a bug): try again next time
                 self.failures += 1
-                log.warning("log %r: retention failed (%s); retrying later", handle.name, exc)
+                self.failed[handle.name] = self.failed.get(handle.name, 0) + 1
+                # once per outage: a warning every interval for its whole length is noise
+                report = log.warning if self._failing == 0 else log.debug
+                self._failing += 1
+                report(
+                    "log %r: retention failed (%s: %s); retrying every %g s",
+                    handle.name,
+                    type(exc).__name__,
+                    exc,
+                    self.interval_s,
+                    exc_info=not isinstance(exc, WoodpeckerError),
+                )
+                continue
+            self._failing = 0
+            if result.drop:
+                self.segments_dropped += len(result.drop)
+                n, nbytes = self.dropped.get(handle.name, (0, 0))
+                self.dropped[handle.name] = (n + len(result.drop), nbytes + result.bytes_dropped)
         self.runs += 1
 
     def stop(self) -> None:

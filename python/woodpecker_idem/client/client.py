@@ -90,6 +90,7 @@ class WoodpeckerClient:
             self._retention = RetentionRunner(
                 policy, self.config.retention.check_interval_s, self.writing_logs
             )
+            registry.add_runner(self._retention)
 
     def writing_logs(self) -> list[LogHandle]:
         """The logs this client has a live writer on (open and not fenced), one handle each."""

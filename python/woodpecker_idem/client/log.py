@@ -6,6 +6,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Literal, Protocol, overload
 
+from .. import registry
 from ..args import bool_arg, message_id_arg
 from ..errors import InvalidArgumentError, NodeUnavailableError
 from ..types import LogMessageId, SegmentState
@@ -107,7 +108,9 @@ class LogHandle:
 
     def open_reader(self, start: str | LogMessageId = "earliest") -> LogReader:
         self.client.check_open()
-        return LogReader(self, start)
+        reader = LogReader(self, start)
+        registry.add_reader(reader, self)  # its corrupt-replica count reaches the metrics
+        return reader
 
     def segments(self):
         self.client.check_open()
