@@ -185,3 +185,49 @@ def test_retention_keys_are_checked() -> None:
         wp.load_config(overrides={"retention.max_bytes": "lots"})
     cfg = wp.load_config(overrides={"retention": {"max_bytes": "10 GiB", "max_age_s": 86400}})
     assert RetentionPolicy.from_config(cfg) == RetentionPolicy(86_400_000, 10 * 1024**3)
+
+
+def test_per_log_bounds_over_the_config(tmp_path: Path) -> None:
+    clock = ManualClock(T0)
+    config = {
+        "segment.max_entries": 10,
+        "idempotency.window_duration_s": 5,
+        "retention.max_age_s": 10,
+        "retention.check_interval_s": 0.02,
+    }
+    with wp.connect(tmp_path, config, clock=clock) as client:
+        with pytest.raises(ConfigError, match="retention.max_age_s"):
+            client.set_retention("kept", max_age_s=-1)
+        kept = client.set_retention("kept", max_age_s=0)  # no age bound for this one
+        assert kept == RetentionPolicy(None, None)
+        assert client.set_retention("big", max_bytes="1 KiB") == RetentionPolicy(10 * S, 1024)
+        logs = {name: client.open_log(name, create=True) for name in ("kept", "plain")}
+        writers = {name: log.open_writer(idempotent=True) for name, log in logs.items()}
+        for writer in writers.values():
+            _write(writer, range(25))
+        for log in logs.values():
+            wait_completed(log, 2)
+        clock.advance(11 * S)
+        runner = client.retention
+        assert runner is not None
+        deadline = time.monotonic() + 60
+        while runner.segments_dropped < 2:
+            assert time.monotonic() < deadline, "retention never ran"
+            time.sleep(0.01)
+        runs = runner.runs
+        while runner.runs < runs + 2:  # two more passes: "kept" is left alone
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert runner.dropped == {"plain": (2, runner.dropped["plain"][1])}
+        assert next(iter(logs["kept"].open_reader())).message_id == LogMessageId(0, 0)
+        for writer in writers.values():
+            writer.close()
+
+
+def test_a_per_log_bound_alone_starts_the_runner(tmp_path: Path) -> None:
+    with wp.connect(tmp_path, {"retention.check_interval_s": 0.02}) as client:
+        client.set_retention("only", max_bytes=1)
+        assert client.retention is None  # no writer yet
+        writer = client.open_log("only", create=True).open_writer()
+        assert client.retention is not None
+        writer.close()

@@ -53,6 +53,12 @@ class RetentionPolicy:
     def enabled(self) -> bool:
         return self.max_age_ms is not None or self.max_bytes is not None
 
+    def override(self, max_age_s: float | None, max_bytes: int | None) -> RetentionPolicy:
+        """This policy with a log's own bounds (None: keep this one's; 0: no bound)."""
+        age = self.max_age_ms if max_age_s is None else (int(max_age_s * 1000) or None)
+        size = self.max_bytes if max_bytes is None else (max_bytes or None)
+        return RetentionPolicy(age, size)
+
 
 @dataclass(frozen=True, slots=True)
 class RetentionPlan:
@@ -174,10 +180,12 @@ class RetentionRunner:
         policy: RetentionPolicy,
         interval_s: float,
         handles: Callable[[], list[LogHandle]],
+        policy_of: Callable[[LogHandle], RetentionPolicy] | None = None,
     ):
-        self.policy = policy
+        self.policy = policy  # the config's; `policy_of` gives a log's own (client.set_retention)
         self.interval_s = interval_s
         self._handles = handles
+        self._policy_of = policy_of or (lambda handle: policy)
         self.runs = 0
         self.segments_dropped = 0
         self.failures = 0
@@ -200,8 +208,11 @@ class RetentionRunner:
         for handle in self._handles():
             if self._stop.is_set():
                 return
+            policy = self._policy_of(handle)
+            if not policy.enabled:
+                continue
             try:
-                result = apply(handle, self.policy)
+                result = apply(handle, policy)
             except Exception as exc:  # storage down (or a bug): try again next time
                 self.failures += 1
                 self.failed[handle.name] = self.failed.get(handle.name, 0) + 1

@@ -12,7 +12,7 @@ from typing import TypeVar
 from .. import registry
 from ..args import bool_arg, timeout_arg
 from ..clock import Clock
-from ..config import Config
+from ..config import Config, check_value
 from ..errors import (
     ClientClosedError,
     InvalidArgumentError,
@@ -57,6 +57,7 @@ class WoodpeckerClient:
             weakref.WeakKeyDictionary()
         )
         self._retention: RetentionRunner | None = None
+        self._retention_of: dict[str, RetentionPolicy] = {}  # set_retention, by log name
         self._closed = False
 
     @property
@@ -82,15 +83,38 @@ class WoodpeckerClient:
         return writer
 
     def _start_retention_locked(self) -> None:
-        """The first writer starts the retention runner, if the config sets a bound."""
-        if self._retention is not None or self._closed:
+        """The first writer starts the retention runner, if the config or a log sets a bound."""
+        if self._retention is not None or self._closed or not self._handles:
             return
         policy = RetentionPolicy.from_config(self.config)
-        if policy.enabled:
+        if policy.enabled or any(p.enabled for p in self._retention_of.values()):
             self._retention = RetentionRunner(
-                policy, self.config.retention.check_interval_s, self.writing_logs
+                policy,
+                self.config.retention.check_interval_s,
+                self.writing_logs,
+                lambda handle: self._retention_of.get(handle.name, policy),
             )
             registry.add_runner(self._retention)
+
+    def set_retention(
+        self,
+        name: str,
+        *,
+        max_age_s: float | None = None,
+        max_bytes: int | str | None = None,
+    ) -> RetentionPolicy:
+        """Retention bounds of one log, over `retention.max_age_s` / `retention.max_bytes` of the
+        config: None keeps the config's bound, 0 means no bound. Applied in the background while
+        this client writes the log (checked like the config keys); returns the log's policy."""
+        self.check_open()
+        _check_name(name)
+        age = None if max_age_s is None else check_value("retention.max_age_s", max_age_s)
+        size = None if max_bytes is None else check_value("retention.max_bytes", max_bytes)
+        policy = RetentionPolicy.from_config(self.config).override(age, size)
+        with self._writers_lock:
+            self._retention_of[name] = policy
+            self._start_retention_locked()
+        return policy
 
     def writing_logs(self) -> list[LogHandle]:
         """The logs this client has a live writer on (open and not fenced), one handle each."""
