@@ -231,3 +231,35 @@ def test_a_per_log_bound_alone_starts_the_runner(tmp_path: Path) -> None:
         writer = client.open_log("only", create=True).open_writer()
         assert client.retention is not None
         writer.close()
+
+
+def test_a_writer_s_longer_window_is_kept_too(tmp_path: Path) -> None:
+    """A writer opened with a longer window than the config's: its window is the floor."""
+    clock = ManualClock(T0)
+    config = {
+        "segment.max_entries": 10,
+        "idempotency.window_duration_s": 5,
+        "retention.max_age_s": 10,
+        "retention.check_interval_s": 0.02,
+    }
+    with wp.connect(tmp_path, config, clock=clock) as client:
+        log = client.open_log("long", create=True)
+        writer = log.open_writer(idempotent=True, window_duration_s=60)
+        ids = _write(writer, range(25))
+        wait_completed(log, 2)
+        clock.advance(30 * S)  # past the config's window and max_age, inside the writer's
+        runner = client.retention
+        assert runner is not None
+        runs = runner.runs
+        deadline = time.monotonic() + 60
+        while runner.runs < runs + 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert runner.segments_dropped == 0
+        again = writer.write(b"retry", idempotency_id="k3")
+        assert again.duplicate and again.message_id == ids[3]
+        clock.advance(31 * S)  # 61 s: out of the writer's window too
+        while runner.segments_dropped < 2:
+            assert time.monotonic() < deadline, "retention never ran"
+            time.sleep(0.01)
+        writer.close()

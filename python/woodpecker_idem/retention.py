@@ -181,11 +181,15 @@ class RetentionRunner:
         interval_s: float,
         handles: Callable[[], list[LogHandle]],
         policy_of: Callable[[LogHandle], RetentionPolicy] | None = None,
+        window_ms_of: Callable[[LogHandle], int] | None = None,
     ):
         self.policy = policy  # the config's; `policy_of` gives a log's own (client.set_retention)
         self.interval_s = interval_s
         self._handles = handles
         self._policy_of = policy_of or (lambda handle: policy)
+        # the longest dedup window over the log (a writer may be opened with a longer one than
+        # the config's): nothing completed within it is dropped
+        self._window_ms_of = window_ms_of
         self.runs = 0
         self.segments_dropped = 0
         self.failures = 0
@@ -212,7 +216,9 @@ class RetentionRunner:
             if not policy.enabled:
                 continue
             try:
-                result = apply(handle, policy)
+                now = handle.client.clock.now_ms()
+                floor = None if self._window_ms_of is None else now - self._window_ms_of(handle)
+                result = apply(handle, policy, now, floor)
             except Exception as exc:  # storage down (or a bug): try again next time
                 self.failures += 1
                 self.failed[handle.name] = self.failed.get(handle.name, 0) + 1

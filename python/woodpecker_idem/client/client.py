@@ -93,6 +93,7 @@ class WoodpeckerClient:
                 self.config.retention.check_interval_s,
                 self.writing_logs,
                 lambda handle: self._retention_of.get(handle.name, policy),
+                self._window_ms,
             )
             registry.add_runner(self._retention)
 
@@ -115,6 +116,18 @@ class WoodpeckerClient:
             self._retention_of[name] = policy
             self._start_retention_locked()
         return policy
+
+    def _window_ms(self, handle: LogHandle) -> int:
+        """The longest dedup window over the log: the config's, or a live writer's own if it
+        was opened with a longer one (`open_writer(window_duration_s=...)`)."""
+        longest = int(self.config.idempotency.window_duration_s * 1000)
+        with self._writers_lock:
+            pairs = list(self._handles.items())
+        for writer, h in pairs:
+            window = getattr(writer, "window", None) if h.log_id == handle.log_id else None
+            if window is not None and registry.is_live(writer):
+                longest = max(longest, int(window.window_ms))
+        return longest
 
     def writing_logs(self) -> list[LogHandle]:
         """The logs this client has a live writer on (open and not fenced), one handle each."""
