@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import woodpecker_idem as wp
 from woodpecker_idem.clock import ManualClock
-from woodpecker_idem.metrics import register_prometheus, serve
+from woodpecker_idem.metrics import SERIES, register_opentelemetry, register_prometheus, serve
 from woodpecker_idem.types import SegmentState
 
 
@@ -138,3 +138,30 @@ def test_retention_and_reader_series(tmp_path: Path) -> None:
         assert len(list(reader)) == 5 and reader.corrupt_replica_reads == 1
         got = samples(generate_latest(registry).decode())
         assert got[("woodpecker_reader_corrupt_replica_reads_total", "m-read")] == 1
+
+
+def test_opentelemetry_instruments(tmp_path: Path) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    instruments = register_opentelemetry(provider)
+    assert len(instruments) == len(SERIES)
+    with wp.connect(tmp_path) as client:
+        writer = client.open_log("m-otel", create=True).open_writer(idempotent=True)
+        for _ in range(3):
+            writer.write(b"a", idempotency_id="a")
+        data = reader.get_metrics_data()
+        writer.close()
+    points = {
+        (metric.name, dict(point.attributes or {}).get("log")): point.value
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        for point in metric.data.data_points
+    }
+    assert points[("woodpecker.duplicates_suppressed", "m-otel")] == 2
+    assert points[("woodpecker.window_keys", "m-otel")] == 1
+    assert points[("woodpecker.writers_open", "m-otel")] == 1
+    provider.shutdown()

@@ -1,4 +1,5 @@
-"""Prometheus metrics (the `metrics` extra: `pip install 'woodpecker-idem[metrics]'`).
+"""Prometheus metrics (the `metrics` extra: `pip install 'woodpecker-idem[metrics]'`), and the same
+series for OpenTelemetry (`register_opentelemetry`, the `otel` extra).
 
 `register_prometheus(registry=None)` adds a collector to `registry` (prometheus_client's default
 registry when None) that reads, at each scrape, the figures every writer of this process already
@@ -13,7 +14,9 @@ alert on.
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -93,6 +96,26 @@ _SERIES: tuple[tuple[str, str, str, str, float], ...] = (
 )
 
 
+# Series that are not writer figures: (name, kind, help)
+_OTHER: tuple[tuple[str, str, str], ...] = (
+    ("writers_open", "gauge", "Writers open on the log in this process"),
+    ("writers_fenced", "gauge", "Writers of this process fenced by a newer writer of the log"),
+    (
+        "reader_corrupt_replica_reads",
+        "counter",
+        "Reads that met a corrupt replica and went to another one",
+    ),
+    ("retention_segments_dropped", "counter", "Completed segments retention dropped"),
+    ("retention_bytes_dropped", "counter", "Bytes of the segments retention dropped"),
+    ("retention_failures", "counter", "Retention passes that failed (retried)"),
+)
+#: Every series: (name without the `woodpecker_` prefix and `_total` suffix, kind, help).
+SERIES: tuple[tuple[str, str, str], ...] = (
+    *((name, kind, doc) for name, kind, doc, _, _ in _SERIES),
+    *_OTHER,
+)
+
+
 def _figures(writer: object) -> dict[str, Any]:
     """What a writer counts: the idempotent layer's snapshot and the core's counters."""
     out: dict[str, Any] = dict(getattr(writer, "metrics", {}) or {})
@@ -102,92 +125,54 @@ def _figures(writer: object) -> dict[str, Any]:
     return out
 
 
+def collect() -> dict[str, dict[str, float]]:
+    """Every series now: name -> {log name: value}, summed over this process's writers (open or
+    fenced: a closed writer's figures end with it), readers and retention runners."""
+    out: dict[str, dict[str, float]] = {name: {} for name, _, _ in SERIES}
+    for writer, handle in writer_registry.writers():
+        live = writer_registry.is_live(writer)
+        fenced = bool(getattr(writer, "fenced", False))
+        if not (live or fenced):
+            continue
+        figures = _figures(writer)
+        for name, _, _, key, scale in _SERIES:
+            value = figures.get(key)
+            if value is not None:
+                values = out[name]
+                values[handle.name] = values.get(handle.name, 0) + value * scale
+        for name, value in (("writers_open", live), ("writers_fenced", fenced)):
+            values = out[name]
+            values[handle.name] = values.get(handle.name, 0) + int(value)
+    corrupt = out["reader_corrupt_replica_reads"]
+    for reader, handle in writer_registry.readers():
+        n = int(getattr(reader, "corrupt_replica_reads", 0))
+        corrupt[handle.name] = corrupt.get(handle.name, 0) + n
+    for runner in writer_registry.runners():
+        for log_name, (n, nbytes) in dict(getattr(runner, "dropped", {})).items():
+            for name, value in (
+                ("retention_segments_dropped", n),
+                ("retention_bytes_dropped", nbytes),
+            ):
+                out[name][log_name] = out[name].get(log_name, 0) + value
+        for log_name, n in dict(getattr(runner, "failed", {})).items():
+            failures = out["retention_failures"]
+            failures[log_name] = failures.get(log_name, 0) + n
+    return out
+
+
 class WoodpeckerCollector:
     """A prometheus_client collector over every writer of this process (see the module doc)."""
 
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        per_log: dict[str, list[object]] = {}
-        for writer, handle in writer_registry.writers():
-            # a closed writer's figures end with it; a fenced one is counted until it is closed
-            # or dropped (it is what an alert on fences looks for)
-            if writer_registry.is_live(writer) or getattr(writer, "fenced", False):
-                per_log.setdefault(handle.name, []).append(writer)
-        families: list[Any] = []
-        for name, kind, doc, key, scale in _SERIES:
+        now = collect()
+        for name, kind, doc in SERIES:
             cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
             family = cls(f"woodpecker_{name}", doc, labels=["log"])
-            for log_name, writers in sorted(per_log.items()):
-                values = [_figures(w).get(key) for w in writers]
-                present = [v for v in values if v is not None]
-                if present:
-                    family.add_metric([log_name], sum(present) * scale)
-            families.append(family)
-        open_ = GaugeMetricFamily(
-            "woodpecker_writers_open", "Writers open on the log in this process", labels=["log"]
-        )
-        fenced = GaugeMetricFamily(
-            "woodpecker_writers_fenced",
-            "Writers of this process fenced by a newer writer of the log",
-            labels=["log"],
-        )
-        for log_name, writers in sorted(per_log.items()):
-            open_.add_metric([log_name], sum(writer_registry.is_live(w) for w in writers))
-            fenced.add_metric([log_name], sum(bool(getattr(w, "fenced", False)) for w in writers))
-        yield from families
-        yield open_
-        yield fenced
-        yield from _reader_and_retention_families()
-
-
-def _reader_and_retention_families() -> Iterator[Metric]:
-    from prometheus_client.core import CounterMetricFamily
-
-    corrupt = CounterMetricFamily(
-        "woodpecker_reader_corrupt_replica_reads",
-        "Reads that met a corrupt replica and went to another one",
-        labels=["log"],
-    )
-    per_log: dict[str, int] = {}
-    for reader, handle in writer_registry.readers():
-        n = int(getattr(reader, "corrupt_replica_reads", 0))
-        per_log[handle.name] = per_log.get(handle.name, 0) + n
-    for log_name, n in sorted(per_log.items()):
-        corrupt.add_metric([log_name], n)
-    yield corrupt
-    segments = CounterMetricFamily(
-        "woodpecker_retention_segments_dropped",
-        "Completed segments retention dropped",
-        labels=["log"],
-    )
-    nbytes = CounterMetricFamily(
-        "woodpecker_retention_bytes_dropped",
-        "Bytes of the segments retention dropped",
-        labels=["log"],
-    )
-    failures = CounterMetricFamily(
-        "woodpecker_retention_failures",
-        "Retention passes that failed (retried)",
-        labels=["log"],
-    )
-    dropped: dict[str, list[int]] = {}
-    failed: dict[str, int] = {}
-    for runner in writer_registry.runners():
-        for log_name, (n, b) in dict(getattr(runner, "dropped", {})).items():
-            acc = dropped.setdefault(log_name, [0, 0])
-            acc[0] += n
-            acc[1] += b
-        for log_name, n in dict(getattr(runner, "failed", {})).items():
-            failed[log_name] = failed.get(log_name, 0) + n
-    for log_name, (n, b) in sorted(dropped.items()):
-        segments.add_metric([log_name], n)
-        nbytes.add_metric([log_name], b)
-    for log_name, n in sorted(failed.items()):
-        failures.add_metric([log_name], n)
-    yield segments
-    yield nbytes
-    yield failures
+            for log_name, value in sorted(now[name].items()):
+                family.add_metric([log_name], value)
+            yield family
 
 
 _registered: weakref.WeakKeyDictionary[object, WoodpeckerCollector] = weakref.WeakKeyDictionary()
@@ -227,4 +212,60 @@ def serve(
     return server, thread
 
 
-__all__ = ["WoodpeckerCollector", "register_prometheus", "serve"]
+class _Snapshot:
+    """`collect()` once per collection: OpenTelemetry calls each instrument's callback in turn,
+    and walking every writer once per instrument would cost the series count over."""
+
+    def __init__(self, max_age_s: float = 0.5):
+        self._max_age_s = max_age_s
+        self._at = -math.inf
+        self._values: dict[str, dict[str, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> dict[str, float]:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._at > self._max_age_s:
+                self._values, self._at = collect(), now
+            return self._values.get(name, {})
+
+
+def register_opentelemetry(meter_provider: Any = None) -> list[Any]:
+    """The same series as OpenTelemetry observable instruments on `meter_provider` (the global
+    one when None), named `woodpecker.<name>` with the attribute `log` (counters without
+    `_total`: an exporter to Prometheus adds it). Needs `opentelemetry-api`. Returns the
+    instruments."""
+    try:
+        from opentelemetry import metrics as otel
+    except ImportError as exc:
+        from .errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            "OpenTelemetry metrics need opentelemetry-api: pip install 'woodpecker-idem[otel]'"
+        ) from exc
+    provider = meter_provider if meter_provider is not None else otel.get_meter_provider()
+    meter = provider.get_meter("woodpecker_idem")
+    snapshot = _Snapshot()
+    instruments = []
+    for name, kind, doc in SERIES:
+
+        def observe(options: Any, name: str = name) -> list[Any]:
+            return [otel.Observation(v, {"log": log}) for log, v in snapshot.get(name).items()]
+
+        create = (
+            meter.create_observable_counter
+            if kind == "counter"
+            else (meter.create_observable_gauge)
+        )
+        instruments.append(create(f"woodpecker.{name}", callbacks=[observe], description=doc))
+    return instruments
+
+
+__all__ = [
+    "SERIES",
+    "WoodpeckerCollector",
+    "collect",
+    "register_opentelemetry",
+    "register_prometheus",
+    "serve",
+]
