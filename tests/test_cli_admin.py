@@ -224,13 +224,12 @@ def test_cat_prints_entries_from_an_id_with_a_limit(
     assert code == 2 and "write SEGMENT:ENTRY" in err
 
 
-def test_cat_follow_prints_new_entries_as_they_are_written(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    with wp.connect(data) as client:
+def test_cat_follow_prints_new_entries_as_they_are_written(store: Store) -> None:
+    with store.connect() as client:
         writer = client.open_log("tail", create=True).open_writer()
         writer.write(b"first")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "woodpecker_idem", "cat", "tail", "--data-dir", str(data)]
+            [sys.executable, "-m", "woodpecker_idem", "cat", "tail", *store.args]
             + ["--follow", "--limit", "3"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -353,6 +352,19 @@ def test_verify_names_a_corrupt_snapshot(store: Store, capsys: pytest.CaptureFix
     code, out, _ = run(capsys, "verify", *store.args)
     assert code == 1
     assert f"CORRUPT log 'orders' (id 1) snapshot {keys[-1]}:" in out
+
+
+def test_verify_names_a_foreign_owner_marker(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    store = Store("embedded", data, {}, ["--data-dir", str(data)])
+    write_orders(store, 3)
+    (data / "objects" / "woodpecker" / "OWNER").write_text('{"format": 1, "store_id": "other"}')
+    code, out, _ = run(capsys, "verify", *store.args)
+    assert code == 1
+    assert out.startswith("CORRUPT object store OWNER: ")
+    assert "belongs to metadata store other" in out
 
 
 def _flip_last_byte_of_segment(store: Store, store_id: str, log_id: int, segment: int) -> None:
