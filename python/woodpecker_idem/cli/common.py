@@ -69,12 +69,14 @@ def add_store_args(parser: argparse.ArgumentParser, json_output: bool = True) ->
         "--data-dir",
         type=Path,
         default=None,
+        metavar="DIR",
         help="an existing data directory (embedded: meta.sqlite and objects/ in it)",
     )
     where.add_argument(
         "--config",
         type=Path,
         default=None,
+        metavar="FILE",
         help="a YAML config naming the stores (e.g. meta.type: etcd and objectstore.type: s3); "
         "WOODPECKER_* environment variables apply as for connect()",
     )
