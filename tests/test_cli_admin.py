@@ -340,6 +340,14 @@ def test_verify_finds_and_names_a_corrupt_byte(
     code, out, _ = run(capsys, "verify", *store.args, "--json")
     doc = json.loads(out)
     assert code == 1 and not doc["ok"] and doc["entries_checked"] == 34
+    with store.connect() as client:  # another log, intact: checked alone, it passes
+        writer = client.open_log("clean", create=True).open_writer()
+        writer.write(b"x")
+        writer.close()
+    code, out, _ = run(capsys, "verify", *store.args, "--log", "clean")
+    assert code == 0 and "1 logs, 1 segments, 1 entries" in out
+    code, _, err = run(capsys, "verify", *store.args, "--log", "claen")
+    assert code == 2 and "did you mean 'clean'?" in err
 
 
 def test_verify_names_a_corrupt_snapshot(store: Store, capsys: pytest.CaptureFixture[str]) -> None:

@@ -33,6 +33,7 @@ from ..meta.base import LogMeta, SegmentMeta
 from ..objectstore.owner import OWNER_KEY, read_owner
 from ..types import SegmentState
 from .common import DONE, add_store_args, open_client, print_json
+from .logs import open_log
 
 CHUNK = 1000
 
@@ -66,6 +67,13 @@ def add_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
         help="read every entry of every log and check CRCs, footers, snapshots and the owner "
         "marker; exit status 1 naming each corrupt position",
     )
+    p.add_argument(
+        "--log",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="check only this log (repeat for more); the owner marker is checked always",
+    )
     add_store_args(p)
 
 
@@ -74,7 +82,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         with open_client(args) as client:
             _owner(client, report)
-            for meta in client.meta.list_logs():
+            metas = client.meta.list_logs()
+            if args.log:
+                for name in args.log:
+                    open_log(client, name)  # LogNotFoundError with "did you mean"
+                metas = [m for m in metas if m.name in set(args.log)]
+            for meta in metas:
                 _log(client, meta, report)
     except ObjectStoreOwnedError as exc:  # connect() checks the marker first
         report.problems.append(Problem(f"object store {OWNER_KEY}", str(exc)))
