@@ -1,4 +1,4 @@
-"""Prometheus metrics (the `metrics` extra: `pip install 'woodpecker-idem[metrics]'`), and the same
+"""Prometheus metrics (the `metrics` extra: prometheus_client), and the same
 series for OpenTelemetry (`register_opentelemetry`, the `otel` extra).
 
 `register_prometheus(registry=None)` adds a collector to `registry` (prometheus_client's default
@@ -188,7 +188,8 @@ def register_prometheus(registry: CollectorRegistry | None = None) -> Woodpecker
         from .errors import InvalidArgumentError
 
         raise InvalidArgumentError(
-            "Prometheus metrics need prometheus_client: pip install 'woodpecker-idem[metrics]'"
+            "Prometheus metrics need prometheus_client: install the metrics extra "
+            "(pip install '<the woodpecker_idem wheel>[metrics]', or pip install prometheus_client)"
         ) from exc
     target = REGISTRY if registry is None else registry
     with _lock:
@@ -241,7 +242,8 @@ def register_opentelemetry(meter_provider: Any = None) -> list[Any]:
         from .errors import InvalidArgumentError
 
         raise InvalidArgumentError(
-            "OpenTelemetry metrics need opentelemetry-api: pip install 'woodpecker-idem[otel]'"
+            "OpenTelemetry metrics need opentelemetry-api: install the otel extra "
+            "(pip install '<the woodpecker_idem wheel>[otel]', or pip install opentelemetry-api)"
         ) from exc
     provider = meter_provider if meter_provider is not None else otel.get_meter_provider()
     meter = provider.get_meter("woodpecker_idem")

@@ -347,7 +347,7 @@ def _pipeline(data_dir: Path, args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(
             f"woodpecker-idem pipeline: needs the spark extra ({exc}): pip install "
-            "'woodpecker-idem[spark]' (and a Java 17 runtime), or run ./scripts/demo",
+            "'<the woodpecker_idem wheel>[spark]' (and a Java 17 runtime), or run ./scripts/demo",
             file=sys.stderr,
         )
         return 2
