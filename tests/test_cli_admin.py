@@ -272,8 +272,14 @@ def test_truncate_before_an_id_and_older_than(
     assert code == 0 and "nothing to drop" in out
     code, _, err = run(capsys, "truncate", "orders", *store.args, "--before", "9:0")
     assert code == 2 and "past the end" in err and "the next id is 3:5" in err
+    code, out, _ = run(capsys, "truncate", "orders", *store.args, "--before", "2:0", "--dry-run")
+    assert code == 0 and "would truncate to 2:0" in out and "segments 0..1 would be" in out
+    code, out, _ = run(capsys, "cat", "orders", *store.args, "--limit", "1")
+    assert out.startswith("0:0\t")  # the dry run changed nothing
     code, out, _ = run(capsys, "truncate", "orders", *store.args, "--before", "2:0")
     assert code == 0 and "truncated to 2:0" in out and "segments 0..1 deleted" in out
+    code, out, _ = run(capsys, "truncate", "orders", *store.args, "--before", "1:0")
+    assert code == 0 and "already truncated to 2:0" in out
     code, out, _ = run(capsys, "cat", "orders", *store.args)
     assert out.splitlines()[0].split("\t")[-1] == "order 20" and len(out.splitlines()) == 15
     time.sleep(0.01)  # every completed segment is now older than 1 ms

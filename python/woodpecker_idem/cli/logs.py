@@ -78,6 +78,7 @@ def add_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
         metavar="DURATION",
         help="drop the completed segments completed more than DURATION ago (90s, 12h, 7d)",
     )
+    p.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
     add_store_args(p, json_output=False)
     p = add_parser(
         "drop-group", help="delete a log group: every log in it, their entries and metadata"
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         if args.command == "cat":
             return _cat(client, args.log, args.start, args.limit, args.follow, args.json)
         if args.command == "truncate":
-            return _truncate(client, args.log, args.before, args.older_than)
+            return _truncate(client, args.log, args.before, args.older_than, args.dry_run)
         return _drop_group(client, args.name, args.force)
 
 
@@ -303,6 +304,7 @@ def _truncate(
     name: str,
     before: LogMessageId | None,
     older_than_s: float | None,
+    dry_run: bool = False,
 ) -> int:
     handle = open_log(client, name)
     segments = handle.segments()
@@ -322,14 +324,20 @@ def _truncate(
                 f"--before {before} is past the end of log {name!r} (the next id is {end})"
             )
     was = client.meta.get_log_by_id(handle.log_id).truncated_to
-    handle.truncate(before)
+    if was is not None and before <= was:
+        print(f"{name}: already truncated to {was}; nothing to drop (truncation never goes back)")
+        return 0
     dropped = [
         s.segment_id
         for s in segments
         if s.segment_id < before.segment_id and s.state is not SegmentState.TRUNCATED
     ]
-    what = f"segments {dropped[0]}..{dropped[-1]} deleted" if dropped else "no segment deleted"
-    print(f"{name}: truncated to {before} (was {was or '0:0'}); {what}")
+    what = f"segments {dropped[0]}..{dropped[-1]}" if dropped else "no segment"
+    if dry_run:
+        print(f"{name}: would truncate to {before} (now {was or '0:0'}); {what} would be deleted")
+        return 0
+    handle.truncate(before)
+    print(f"{name}: truncated to {before} (was {was or '0:0'}); {what} deleted")
     return 0
 
 
