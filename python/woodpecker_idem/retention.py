@@ -10,9 +10,10 @@ removes an entry a retry could still be deduplicated against. A log whose window
 until its segments leave the window.
 
 `plan` is the decision (pure: segments and times in, a truncation point out); `apply` makes it
-with `LogHandle.truncate`. `RetentionRunner` applies the configured policy in the background to
-every log this client writes (see `WoodpeckerClient`), and `woodpecker-idem truncate
---older-than` applies the age rule once.
+with `LogHandle.truncate`. `RetentionRunner` applies the configured policy (or a log's own,
+`WoodpeckerClient.set_retention`) in the background to every log the client writes, with the
+longest window over the log (a writer's own may be longer than the config's) as the floor, and
+`woodpecker-idem truncate --older-than` applies the age rule once.
 """
 
 from __future__ import annotations
