@@ -43,6 +43,9 @@ def test_defaults_match_the_design_table() -> None:
         "idempotency.snapshot_interval_s": 30,
         "idempotency.snapshot_threshold": 10_000,
         "idempotency.snapshots_kept": 2,
+        "retention.max_age_s": 0,
+        "retention.max_bytes": 0,
+        "retention.check_interval_s": 60,
         "storage.type": "object",
         "storage.fsync": "always",
         "objectstore.type": "local",
@@ -64,6 +67,11 @@ def test_defaults_match_the_design_table() -> None:
         "meta.endpoints": [],
         "meta.prefix": "/woodpecker",
         "meta.timeout_ms": 5000,
+        "meta.ca_cert": None,
+        "meta.client_cert": None,
+        "meta.client_key": None,
+        "meta.user": None,
+        "meta.password": None,
     }
     assert cfg.to_dict() == expected
     assert cfg.append.linger_ms == 2 and cfg.get("append.linger_ms") == 2

@@ -7,6 +7,8 @@ writer = log.open_writer(idempotent=True)
 writer.write(b"payload", idempotency_id="order-42")   # retries return the original id
 """
 
+import logging as _logging
+
 from ._core import (
     DedupWindow,
     Snapshot,
@@ -66,6 +68,11 @@ from .types import (
     WriteResult,
 )
 from .writer import IdempotentLogWriter, LogWriter
+
+# A library adds no handler of its own: without one, Python's last-resort handler would print
+# every warning (a fenced writer, a snapshot retry) on the stderr of an application that set up
+# no logging. Applications that configure logging see every record as before.
+_logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
 __all__ = [
     "ClientClosedError",

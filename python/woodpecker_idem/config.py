@@ -112,7 +112,7 @@ class Key:
 
 
 def _fmt_size(n: int) -> str:
-    for unit, mult in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+    for unit, mult in (("TiB", 1024 * GiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if n >= mult and n % mult == 0:
             return f"{n // mult} {unit}"
     return str(n)
@@ -202,6 +202,29 @@ KEYS: tuple[Key, ...] = (
         "1 s apart at least)",
     ),
     _int("idempotency.snapshots_kept", 2, 1, 100, "dedup snapshots retained per log"),
+    Key(
+        "retention.max_age_s",
+        "number",
+        0,
+        "drop completed segments older than this (never inside the idempotency window); "
+        "0: no age bound",
+        0,
+        100 * 365 * _DAY_S,
+    ),
+    _size(
+        "retention.max_bytes",
+        0,
+        0,
+        1024 * 1024 * GiB,
+        "drop the oldest completed segments while a log holds more (never inside the "
+        "idempotency window); 0: no size bound",
+    ),
+    _secs(
+        "retention.check_interval_s",
+        60,
+        _DAY_S,
+        "how often a client applies retention to the logs it writes",
+    ),
     Key("storage.type", "choice", "object", "LogStore mode", choices=("object", "staged")),
     Key("storage.fsync", "fsync", "always", "when LogStore writes fsync (local dir, staged)"),
     Key("objectstore.type", "choice", "local", "object storage backend", choices=("local", "s3")),
@@ -240,11 +263,20 @@ KEYS: tuple[Key, ...] = (
     ),
     Key("meta.prefix", "str", "/woodpecker", "etcd key prefix", check=_check_prefix),
     _int("meta.timeout_ms", 5_000, 1, 600_000, "etcd: deadline of every metadata call"),
+    _opt(
+        "meta.ca_cert",
+        "etcd: PEM file of the CA that signed etcd's certificate (host:port endpoints then use "
+        "https); null: the system CAs",
+    ),
+    _opt("meta.client_cert", "etcd: PEM client certificate (with meta.client_key)"),
+    _opt("meta.client_key", "etcd: PEM private key of meta.client_cert"),
+    _opt("meta.user", "etcd: user name, when etcd authentication is enabled"),
+    _opt("meta.password", "etcd: password of meta.user; never logged"),
 )
 
 _BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
 #: Values never shown in messages or reprs.
-_SECRETS = frozenset({"objectstore.secret_access_key"})
+_SECRETS = frozenset({"objectstore.secret_access_key", "meta.password"})
 _BY_ENV: dict[str, Key] = {k.env_name: k for k in KEYS}
 SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(k.name.split(".", 1)[0] for k in KEYS))
 
@@ -623,6 +655,9 @@ def _check_together(v: Mapping[str, Any]) -> None:
             "invalid config: objectstore.access_key_id and objectstore.secret_access_key go "
             "together (set both, or neither to use objectstore.profile or the AWS chain)"
         )
+    for a, b in (("meta.client_cert", "meta.client_key"), ("meta.user", "meta.password")):
+        if (v[a] is None) != (v[b] is None):
+            raise ConfigError(f"invalid config: {a} and {b} go together (set both, or neither)")
     if v["objectstore.profile"] is not None and v["objectstore.access_key_id"] is not None:
         raise ConfigError(
             "invalid config: objectstore.profile and objectstore.access_key_id both set; "

@@ -97,6 +97,12 @@ def _object_store(cfg: Config, data_dir: Path) -> ObjectStore:
     return store
 
 
+def open_object_root(cfg: Config, data_dir: Path) -> ObjectStore:
+    """The object store at `objectstore.root` itself (above the store ids), probed: where the
+    owner marker lives (`woodpecker-idem verify` reads it)."""
+    return _object_store(cfg, data_dir)
+
+
 def _open_stores(cfg: Config, data_dir: Path) -> tuple[MetadataStore, ObjectStore]:
     """Object storage first (probed before any metadata is written), then the metadata store, then
     the identity of both, each way: the objects returned live under the metadata store's identity,
@@ -112,6 +118,11 @@ def _open_stores(cfg: Config, data_dir: Path) -> tuple[MetadataStore, ObjectStor
             endpoints=cfg.meta.endpoints,
             prefix=cfg.meta.prefix,
             timeout_ms=cfg.meta.timeout_ms,
+            ca_cert=cfg.meta.ca_cert,
+            client_cert=cfg.meta.client_cert,
+            client_key=cfg.meta.client_key,
+            user=cfg.meta.user,
+            password=cfg.meta.password,
         )
         oc = cfg.objectstore
         location = objects_location(oc.type, oc.bucket, oc.root)

@@ -9,9 +9,10 @@ import weakref
 from pathlib import Path
 from typing import TypeVar
 
+from .. import registry
 from ..args import bool_arg, timeout_arg
 from ..clock import Clock
-from ..config import Config
+from ..config import Config, check_value
 from ..errors import (
     ClientClosedError,
     InvalidArgumentError,
@@ -23,6 +24,7 @@ from ..errors import (
 from ..logstore.transport import LogStoreTransport
 from ..meta import MetadataStore
 from ..objectstore import ObjectStore
+from ..retention import RetentionPolicy, RetentionRunner
 from .log import ClosableWriter, LogHandle, WriterFactory
 
 W = TypeVar("W", bound=ClosableWriter)
@@ -52,6 +54,11 @@ class WoodpeckerClient:
         self.writers = writers
         self._writers: weakref.WeakSet[ClosableWriter] = weakref.WeakSet()
         self._writers_lock = threading.Lock()
+        self._handles: weakref.WeakKeyDictionary[ClosableWriter, LogHandle] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._retention: RetentionRunner | None = None
+        self._retention_of: dict[str, RetentionPolicy] = {}  # set_retention, by log name
         self._closed = False
 
     @property
@@ -65,11 +72,81 @@ class WoodpeckerClient:
         if self._closed:
             raise ClientClosedError(f"client is closed (data_dir {str(self.data_dir)!r})")
 
-    def track(self, writer: W) -> W:
-        """`writer` (opened through a LogHandle of this client) is closed when the client is."""
+    def track(self, writer: W, handle: LogHandle | None = None) -> W:
+        """`writer` (opened through a LogHandle of this client) is closed when the client is;
+        with its `handle`, the metrics see it and retention applies to its log."""
         with self._writers_lock:
             self._writers.add(writer)
+            if handle is not None:
+                self._handles[writer] = handle
+                registry.add(writer, handle)
+                self._start_retention_locked()
         return writer
+
+    def _start_retention_locked(self) -> None:
+        """The first writer starts the retention runner, if the config or a log sets a bound."""
+        if self._retention is not None or self._closed or not self._handles:
+            return
+        policy = RetentionPolicy.from_config(self.config)
+        if policy.enabled or any(p.enabled for p in self._retention_of.values()):
+            self._retention = RetentionRunner(
+                policy,
+                self.config.retention.check_interval_s,
+                self.writing_logs,
+                lambda handle: self._retention_of.get(handle.name, policy),
+                self._window_ms,
+            )
+            registry.add_runner(self._retention)
+
+    def set_retention(
+        self,
+        name: str,
+        *,
+        max_age_s: float | None = None,
+        max_bytes: int | str | None = None,
+    ) -> RetentionPolicy:
+        """Retention bounds of one log, over `retention.max_age_s` / `retention.max_bytes` of the
+        config: None keeps the config's bound, 0 means no bound. Applied in the background while
+        this client writes the log (checked like the config keys); returns the log's policy."""
+        self.check_open()
+        _check_name(name)
+        age = None if max_age_s is None else check_value("retention.max_age_s", max_age_s)
+        size = None if max_bytes is None else check_value("retention.max_bytes", max_bytes)
+        policy = RetentionPolicy.from_config(self.config).override(age, size)
+        with self._writers_lock:
+            self._retention_of[name] = policy
+            self._start_retention_locked()
+        return policy
+
+    def _window_ms(self, handle: LogHandle) -> int:
+        """The longest dedup window over the log: the config's, or a live writer's own if it
+        was opened with a longer one (`open_writer(window_duration_s=...)`)."""
+        longest = int(self.config.idempotency.window_duration_s * 1000)
+        with self._writers_lock:
+            pairs = list(self._handles.items())
+        for writer, h in pairs:
+            window = getattr(writer, "window", None) if h.log_id == handle.log_id else None
+            if window is not None and registry.is_live(writer):
+                longest = max(longest, int(window.window_ms))
+        return longest
+
+    def writing_logs(self) -> list[LogHandle]:
+        """The logs this client has a live writer on (open and not fenced), one handle each."""
+        with self._writers_lock:
+            pairs = list(self._handles.items())
+        live = {h.log_id: h for w, h in pairs if registry.is_live(w)}
+        return list(live.values())
+
+    @property
+    def retention(self) -> RetentionRunner | None:
+        """The background retention runner (None until a writer opens with a bound set)."""
+        return self._retention
+
+    def store_id(self) -> str:
+        """The metadata store's identity (a UUID made when the store was created); object keys
+        live under it: `{objectstore.root}/{store_id}/...`."""
+        self.check_open()
+        return self.meta.store_id()
 
     def create_log(self, name: str) -> LogHandle:
         self.check_open()
@@ -140,6 +217,9 @@ class WoodpeckerClient:
                 return
             self._closed = True
             writers = list(self._writers)
+            retention, self._retention = self._retention, None
+        if retention is not None:
+            retention.stop()
         for writer in writers:
             writer.close(timeout)
         self.transport.close()

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Literal, Protocol, overload
 
+from .. import registry
 from ..args import bool_arg, message_id_arg
 from ..errors import InvalidArgumentError, NodeUnavailableError
 from ..types import LogMessageId, SegmentState
@@ -98,11 +99,13 @@ class LogHandle:
         writer = self.client.writers(
             self, idempotent, window_duration_s=window_duration_s, window_max_keys=window_max_keys
         )
-        return self.client.track(writer)
+        return self.client.track(writer, self)
 
     def open_reader(self, start: str | LogMessageId = "earliest") -> LogReader:
         self.client.check_open()
-        return LogReader(self, start)
+        reader = LogReader(self, start)
+        registry.add_reader(reader, self)  # its corrupt-replica count reaches the metrics
+        return reader
 
     def segments(self):
         self.client.check_open()

@@ -33,11 +33,17 @@ def open_metadata_store(
     endpoints: Sequence[str] | None = None,
     prefix: str = "/woodpecker",
     timeout_ms: int = 5_000,
+    ca_cert: str | None = None,
+    client_cert: str | None = None,
+    client_key: str | None = None,
+    user: str | None = None,
+    password: str | None = None,
 ) -> MetadataStore:
     """Open the metadata backend named by `meta.type`.
 
     sqlite needs `path` (the config resolves its default, `<data_dir>/meta.sqlite`); etcd uses
-    `endpoints`, `prefix` and `timeout_ms` (the deadline of every call).
+    `endpoints`, `prefix` and `timeout_ms` (the deadline of every call), and for TLS and
+    authentication `ca_cert`, `client_cert` and `client_key` (PEM files), `user` and `password`.
     """
     if type == "sqlite":
         if path is None:
@@ -47,8 +53,10 @@ def open_metadata_store(
         if not endpoints:
             raise ConfigError("meta.endpoints is required when meta.type is 'etcd'")
         from .etcd import EtcdMetadataStore  # imports etcd3gw only when etcd is used
+        from .etcd_client import EtcdSecurity
 
-        return EtcdMetadataStore(endpoints, prefix, timeout_ms=timeout_ms)
+        security = EtcdSecurity(ca_cert, client_cert, client_key, user, password)
+        return EtcdMetadataStore(endpoints, prefix, timeout_ms=timeout_ms, security=security)
     raise ConfigError(
         f"meta.type = {type!r} is invalid: allowed values are {', '.join(META_TYPES)}"
     )

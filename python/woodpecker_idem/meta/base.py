@@ -148,6 +148,15 @@ class MetadataStore(ABC):
     @abstractmethod
     def get_log_group(self, name: str) -> LogGroupMeta | None: ...
 
+    @abstractmethod
+    def list_log_groups(self) -> list[LogGroupMeta]:
+        """All log groups, ordered by name."""
+
+    @abstractmethod
+    def delete_log_group(self, name: str) -> LogGroupMeta | None:
+        """Remove the group's record (not its logs: delete those first); returns what was
+        removed, or None if there was no such group."""
+
     # --- node registry ---
     @abstractmethod
     def register_node(self, node: NodeInfo) -> None: ...

@@ -46,7 +46,9 @@ from . import records as rec
 from .base import LogGroupMeta, LogMeta, MetadataStore, NodeInfo, SegmentMeta
 from .etcd_client import (
     KV,
+    NO_SECURITY,
     EtcdGateway,
+    EtcdSecurity,
     LeaseKeeper,
     absent,
     delete,
@@ -79,6 +81,7 @@ class EtcdMetadataStore(MetadataStore):
         prefix: str = "/woodpecker",
         *,
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        security: EtcdSecurity = NO_SECURITY,
     ):
         if not isinstance(prefix, str) or not prefix.startswith("/"):
             raise InvalidArgumentError(f"etcd key prefix must start with '/', got {prefix!r}")
@@ -92,7 +95,8 @@ class EtcdMetadataStore(MetadataStore):
         self._endpoints = tuple(endpoints)
         self._prefix = prefix.rstrip("/")
         self._timeout_ms = timeout_ms
-        self._gw = EtcdGateway(self._endpoints, timeout_ms / 1000)
+        self._security = security
+        self._gw = EtcdGateway(self._endpoints, timeout_ms / 1000, security)
         self._leases = LeaseKeeper(self._gw, self._replace_lease)
         try:
             self._store_id = self._identity()  # also the first contact: unreachable fails here
@@ -101,8 +105,9 @@ class EtcdMetadataStore(MetadataStore):
             raise
 
     def __reduce__(self) -> tuple[object, ...]:
-        """Pickles as (endpoints, prefix, timeout): the receiving process opens its own sessions."""
-        return (_reopen, (self._endpoints, self._prefix, self._timeout_ms))
+        """Pickles as (endpoints, prefix, timeout, security): the receiving process opens its own
+        sessions (and reads the certificate files at the same paths)."""
+        return (_reopen, (self._endpoints, self._prefix, self._timeout_ms, self._security))
 
     @property
     def lease_errors(self) -> int:
@@ -450,6 +455,18 @@ class EtcdMetadataStore(MetadataStore):
         kvs = self._range("get_log_group", self._k("groups", name))
         return rec.decode_group(unb64(kvs[0]["value"])) if kvs else None
 
+    def list_log_groups(self) -> list[LogGroupMeta]:
+        kvs = self._range("list_log_groups", self._k("groups", ""), prefix=True)
+        return sorted((rec.decode_group(unb64(kv["value"])) for kv in kvs), key=lambda g: g.name)
+
+    def delete_log_group(self, name: str) -> LogGroupMeta | None:
+        key = self._k("groups", name)
+        out = self._txn("delete_log_group", [present(key)], [get(key), delete(key)], [])
+        if not out.get("succeeded"):
+            return None
+        log.info("deleted log group %r from etcd", name)
+        return rec.decode_group(unb64(range_kvs(out["responses"][0])[0]["value"]))
+
     def register_node(self, node: NodeInfo) -> None:
         rec.check_name("node_id", node.node_id)
         key = self._k("nodes", node.node_id)
@@ -477,5 +494,10 @@ def _segment(kv: KV) -> SegmentMeta:
     return rec.decode_segment(unb64(kv.get("value")), int(kv["mod_revision"]))
 
 
-def _reopen(endpoints: tuple[str, ...], prefix: str, timeout_ms: int) -> EtcdMetadataStore:
-    return EtcdMetadataStore(endpoints, prefix, timeout_ms=timeout_ms)
+def _reopen(
+    endpoints: tuple[str, ...],
+    prefix: str,
+    timeout_ms: int,
+    security: EtcdSecurity = NO_SECURITY,
+) -> EtcdMetadataStore:
+    return EtcdMetadataStore(endpoints, prefix, timeout_ms=timeout_ms, security=security)

@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import requests
@@ -28,6 +29,7 @@ from etcd3gw.client import Etcd3Client
 from ..errors import (
     ClientClosedError,
     InvalidArgumentError,
+    StorageAccessError,
     StorageUnavailableError,
     WoodpeckerError,
 )
@@ -95,7 +97,37 @@ def range_kvs(response: KV) -> list[KV]:
     return response.get("response_range", response).get("kvs", [])
 
 
-def _endpoint(text: str) -> tuple[str, str, int]:
+@dataclass(frozen=True)
+class EtcdSecurity:
+    """TLS and authentication for etcd (config keys meta.ca_cert, meta.client_cert,
+    meta.client_key, meta.user, meta.password). With a CA or a client certificate, endpoints
+    written host:port are reached over https."""
+
+    ca_cert: str | None = None  # PEM bundle that signed etcd's server certificate
+    client_cert: str | None = None  # PEM client certificate (etcd --client-cert-auth)
+    client_key: str | None = None  # its private key
+    user: str | None = None  # etcd authentication (etcdctl auth enable)
+    password: str | None = field(default=None, repr=False)  # never shown
+
+    def __post_init__(self) -> None:
+        if (self.client_cert is None) != (self.client_key is None):
+            raise InvalidArgumentError("etcd: client_cert and client_key go together")
+        if (self.user is None) != (self.password is None):
+            raise InvalidArgumentError("etcd: user and password go together")
+        for name in ("ca_cert", "client_cert", "client_key"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise InvalidArgumentError(f"etcd: meta.{name} {path!r} is not a readable file")
+
+    @property
+    def tls(self) -> bool:
+        return self.ca_cert is not None or self.client_cert is not None
+
+
+NO_SECURITY = EtcdSecurity()
+
+
+def _endpoint(text: str, default_proto: str = "http") -> tuple[str, str, int]:
     """(protocol, host, port) from "host:port" or "http(s)://host:port"."""
     proto, _, rest = text.rpartition("://")
     host, sep, port = rest.rstrip("/").rpartition(":")
@@ -103,7 +135,15 @@ def _endpoint(text: str) -> tuple[str, str, int]:
         raise InvalidArgumentError(
             f"etcd endpoint {text!r} must be host:port or http(s)://host:port"
         )
-    return proto or "http", host.strip("[]"), int(port)
+    return proto or default_proto, host.strip("[]"), int(port)
+
+
+def _denied(text: str) -> bool:
+    """etcd's answer to a call it will never accept from these credentials."""
+    return any(
+        m in text
+        for m in ("permission denied", "user name is empty", "authentication failed", "auth token")
+    )
 
 
 def _never_sent(exc: BaseException) -> bool:
@@ -131,12 +171,17 @@ class EtcdGateway:
     process, shared by all threads; each thread has its own light client so that each call can
     carry its own remaining time. A forked child opens new pools (sockets never cross a fork)."""
 
-    def __init__(self, endpoints: Sequence[str], timeout_s: float):
+    def __init__(
+        self, endpoints: Sequence[str], timeout_s: float, security: EtcdSecurity = NO_SECURITY
+    ):
         if isinstance(endpoints, str) or not endpoints:
             raise InvalidArgumentError("etcd needs a non-empty list of endpoints (meta.endpoints)")
         self.endpoints = tuple(endpoints)
-        self._parsed = [_endpoint(e) for e in self.endpoints]
+        self.security = security
+        default_proto = "https" if security.tls else "http"
+        self._parsed = [_endpoint(e, default_proto) for e in self.endpoints]
         self.timeout_s = timeout_s
+        self._token: str | None = None  # etcd auth token (meta.user), shared by every thread
         self._preferred = 0  # the endpoint that answered last
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -160,10 +205,47 @@ class EtcdGateway:
             client = clients[i] = Etcd3Client(host, port, proto, api_path="/v3/", session=session)
         return client
 
+    def _tls(self) -> dict[str, Any]:
+        """TLS settings for each request: given per request, since requests lets the
+        environment's REQUESTS_CA_BUNDLE override a session's own `verify`."""
+        sec = self.security
+        out: dict[str, Any] = {}
+        if sec.ca_cert is not None:
+            out["verify"] = sec.ca_cert
+        if sec.client_cert is not None and sec.client_key is not None:
+            out["cert"] = (sec.client_cert, sec.client_key)
+        return out
+
+    def _authenticate(self, client: Etcd3Client) -> str:
+        """A token for meta.user (etcd's simple tokens expire: `call` asks again when refused)."""
+        sec = self.security
+        try:
+            out = client.post(
+                client.get_url("auth/authenticate"),
+                json={"name": sec.user, "password": sec.password},
+                **self._tls(),
+            )
+        except gwerr.Etcd3Exception as exc:
+            if isinstance(exc, (gwerr.ConnectionFailedError, gwerr.ConnectionTimeoutError)):
+                raise
+            raise StorageAccessError(
+                f"etcd at {self._where()} refused user {sec.user!r} (meta.user / meta.password): "
+                f"{_text(exc)}"
+            ) from exc
+        token = out.get("token")
+        if not token:
+            raise StorageAccessError(
+                f"etcd at {self._where()} gave no token for user {sec.user!r}: is auth enabled "
+                "(etcdctl auth enable)?"
+            )
+        self._token = token
+        return str(token)
+
     def call(self, op: str, path: str, body: KV, *, write: bool) -> KV:
         """POST `body` to /v3/`path`; retries unanswered calls across endpoints until the
         deadline. `write`: resend only requests that never reached etcd."""
         deadline = time.monotonic() + self.timeout_s
+        reauthenticated = False
         backoff = Backoff(initial_s=0.02, max_s=0.5, budget_s=self.timeout_s)
         i = self._preferred
         tried = 0
@@ -176,16 +258,37 @@ class EtcdGateway:
             client = self._client(i)
             client.timeout = max(0.001, deadline - time.monotonic())
             try:
-                result: KV = client.post(client.get_url(path), json=body)
+                kwargs = self._tls()
+                if self.security.user is not None:
+                    kwargs["headers"] = {"Authorization": self._token or self._authenticate(client)}
+                result: KV = client.post(client.get_url(path), json=body, **kwargs)
                 self._preferred = i
                 return result
             except (gwerr.ConnectionFailedError, gwerr.ConnectionTimeoutError) as exc:
+                if isinstance(exc.__context__, requests.exceptions.SSLError):
+                    raise StorageAccessError(
+                        f"etcd at {self._where()}: TLS failed ({_text(exc)}); check meta.ca_cert "
+                        "(the CA that signed etcd's certificate), meta.client_cert and "
+                        "meta.client_key, and that the endpoints are https://"
+                    ) from exc
                 last = exc
                 if write and not _never_sent(exc):
                     break  # it may have been applied: resending could misreport it
             except gwerr.Etcd3Exception as exc:
+                text = _text(exc)
+                if self.security.user is not None and "auth token" in text and not reauthenticated:
+                    # an expired or revoked token was refused before the request ran: a new
+                    # token and the same request again cannot apply it twice
+                    self._token = None
+                    reauthenticated = True
+                    continue
+                if _denied(text):
+                    raise StorageAccessError(
+                        f"etcd at {self._where()} refused {op}: {text}; check meta.user and "
+                        "meta.password (or the client certificate's user) and its role"
+                    ) from exc
                 raise StorageUnavailableError(
-                    f"etcd at {self._where()} refused {op}: {_text(exc)}"
+                    f"etcd at {self._where()} refused {op}: {text}"
                 ) from exc
             tried += 1
             i = (i + 1) % len(self.endpoints)

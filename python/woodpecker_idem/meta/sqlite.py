@@ -660,6 +660,23 @@ class SqliteMetadataStore(MetadataStore):
         )
         return LogGroupMeta(*rows[0]) if rows else None
 
+    def list_log_groups(self) -> list[LogGroupMeta]:
+        rows = self._read(
+            "list_log_groups", "SELECT name, partitions, created_ms FROM log_groups ORDER BY name"
+        )
+        return [LogGroupMeta(*row) for row in rows]
+
+    def delete_log_group(self, name: str) -> LogGroupMeta | None:
+        with self._write("delete_log_group") as conn:
+            row = conn.execute(
+                "SELECT name, partitions, created_ms FROM log_groups WHERE name = ?", (name,)
+            ).fetchone()
+            if row is None:
+                return None
+            conn.execute("DELETE FROM log_groups WHERE name = ?", (name,))
+        log.info("deleted log group %r", name)
+        return LogGroupMeta(*row)
+
     # --- node registry ------------------------------------------------------------------------
 
     def register_node(self, node: NodeInfo) -> None:

@@ -18,7 +18,11 @@ import time
 from collections.abc import Iterator
 
 from woodpecker_idem._core import put_file
-from woodpecker_idem.errors import InvalidArgumentError, InvalidTypeError
+from woodpecker_idem.errors import (
+    InvalidArgumentError,
+    InvalidTypeError,
+    StorageUnavailableError,
+)
 from woodpecker_idem.objectstore.base import ObjectStore
 
 logger = logging.getLogger(__name__)
@@ -35,6 +39,7 @@ _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC
 # Temp names: pid + a process-wide counter (next() on a count is atomic under the GIL); cheaper
 # than a random name per put. O_EXCL still guards against a crashed process's leftovers.
 _temp_seq = itertools.count()
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 # put_file outcomes
 _PUBLISHED, _EXISTS, _TEMP_TAKEN, _NO_DIRECTORY = 0, 1, 2, 3
 
@@ -161,6 +166,12 @@ class LocalObjectStore(ObjectStore):
                     raise InvalidArgumentError(
                         f"key {key!r} names a directory of other objects"
                     ) from None
+                if exc.errno in _FULL:  # retriable once space is freed, like an S3 outage
+                    raise StorageUnavailableError(
+                        f"object store {self.root}: cannot write {key!r}: {exc.strerror}; free "
+                        "space (woodpecker-idem truncate or drop-group, retention) or grow the "
+                        "disk"
+                    ) from exc
                 raise
             if outcome == _PUBLISHED:
                 return True

@@ -185,6 +185,7 @@ def seal(
                 state=SegmentState.COMPLETED,
                 last_entry_id=last_entry_id,
                 completed_ms=now_ms,
+                size_bytes=seg.size_bytes or current.size_bytes,  # the writer's count, if given
             ),
         )
     if current.state is SegmentState.COMPLETED:

@@ -1,5 +1,5 @@
-"""Command line: `woodpecker-idem pipeline` runs the main job (a Spark job writing an order stream
-exactly once, `woodpecker_idem.spark.pipeline`); `woodpecker-idem demo` the idempotent producer.
+"""`woodpecker-idem pipeline` runs the main job (a Spark job writing an order stream exactly once,
+`woodpecker_idem.spark.pipeline`); `woodpecker-idem demo` the idempotent producer.
 
 The demo is a producer that retries like real ones do: acks lost on the node, resends by the
 application, and a producer process SIGKILLed mid-stream whose restart replays everything since
@@ -13,7 +13,6 @@ so `--data-dir` may point at a directory that holds real data.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import random
 import shutil
@@ -26,7 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
-from . import (
+from .. import (
     DedupWindow,
     LogMessageId,
     WriteResult,
@@ -35,10 +34,11 @@ from . import (
     encode_snapshot,
     explicit_key,
 )
-from .clock import SYSTEM_CLOCK
-from .errors import InvalidArgumentError, WoodpeckerError
-from .history import History, Stamp
-from .logstore.transport import FaultInjectingTransport
+from ..clock import SYSTEM_CLOCK
+from ..errors import InvalidArgumentError, WoodpeckerError
+from ..history import History, Stamp
+from ..logstore.transport import FaultInjectingTransport
+from .common import int_in, run_job
 
 
 def _core_figures() -> None:
@@ -257,25 +257,9 @@ MIN_RECORDS = 100
 MAX_RECORDS = 10_000_000
 
 
-def _int_in(lo: int, hi: int) -> Callable[[str], int]:
-    """An argparse type: an integer in lo..hi, or a usage error that says so."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{value} is not in {lo:,}..{hi:,}")
-        return value
-
-    return parse
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="woodpecker-idem")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{pipeline,demo}")
-    sp = sub.add_parser(
+def add_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
+    """The `pipeline` and `demo` commands, and the demo's hidden child `_produce`."""
+    sp = add_parser(
         "pipeline",
         help="Spark job: an order stream with task failures and duplicate deliveries, written "
         "exactly once and judged by the checker (needs the spark extra and Java 17)",
@@ -289,28 +273,26 @@ def _parser() -> argparse.ArgumentParser:
     )
     sp.add_argument(
         "--orders",
-        type=_int_in(MIN_RECORDS, MAX_RECORDS),
+        type=int_in(MIN_RECORDS, MAX_RECORDS),
         default=200_000,
         help=f"orders to generate ({MIN_RECORDS:,}..{MAX_RECORDS:,}; default 200,000)",
     )
-    sp.add_argument("--partitions", type=_int_in(1, 64), default=4, help="P (default 4)")
+    sp.add_argument("--partitions", type=int_in(1, 64), default=4, help="P (default 4)")
     sp.add_argument(
         "--duplicates",
-        type=_int_in(0, MAX_RECORDS),
+        type=int_in(0, MAX_RECORDS),
         default=2000,
         help="orders the upstream delivers twice in each run (default 2,000)",
     )
     sp.add_argument(
         "--failures",
-        type=_int_in(0, 64),
+        type=int_in(0, 64),
         default=2,
         help="tasks whose first attempt fails after k rows, in each run (default 2)",
     )
     sp.add_argument("--seed", type=int, default=7, help="seed of the injected failures")
     sp.add_argument("-v", "--verbose", action="store_true")
-    d = sub.add_parser(
-        "demo", help="idempotent producer with injected faults, judged by the checker"
-    )
+    d = add_parser("demo", help="idempotent producer with injected faults, judged by the checker")
     d.add_argument(
         "--data-dir",
         type=Path,
@@ -320,45 +302,30 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument(
         "--records",
-        type=_int_in(MIN_RECORDS, MAX_RECORDS),
+        type=int_in(MIN_RECORDS, MAX_RECORDS),
         default=3000,
         help=f"orders to write ({MIN_RECORDS:,}..{MAX_RECORDS:,}; default 3000)",
     )
     d.add_argument("--seed", type=int, default=7, help="seed of the injected faults")
     d.add_argument("-v", "--verbose", action="store_true")
     # The demo's child producer (killed on purpose): internal, so not listed in --help.
-    p = sub.add_parser("_produce")  # no help=: argparse then leaves it out of the list
+    p = add_parser("_produce")  # no help=: argparse then leaves it out of the list
     p.add_argument("data_dir", type=Path)
     p.add_argument("log_name")
-    p.add_argument("start", type=_int_in(0, MAX_RECORDS))
-    p.add_argument("stop", type=_int_in(0, MAX_RECORDS))
+    p.add_argument("start", type=int_in(0, MAX_RECORDS))
+    p.add_argument("stop", type=int_in(0, MAX_RECORDS))
     p.set_defaults(verbose=False)
-    return parser
 
 
-def _run(command: str, job: Callable[[], int]) -> int:
-    """Run a command; a failure is one line on stderr and exit status 2, not a traceback."""
-    try:
-        return job()
-    except (WoodpeckerError, OSError) as exc:
-        print(f"woodpecker-idem {command}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.ERROR,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+def run(args: argparse.Namespace) -> int:
     if args.command == "pipeline":
         return _with_data_dir(args.data_dir, lambda d: _pipeline(d, args))
     if args.command == "_produce":
-        return _run(
+        return run_job(
             "_produce", lambda: _produce(args.data_dir, args.log_name, args.start, args.stop)
         )
     return _with_data_dir(
-        args.data_dir, lambda d: _run("demo", lambda: demo(d, args.records, args.seed))
+        args.data_dir, lambda d: run_job("demo", lambda: demo(d, args.records, args.seed))
     )
 
 
@@ -376,11 +343,11 @@ def _with_data_dir(data_dir: Path | None, job: Callable[[Path], int]) -> int:
 def _pipeline(data_dir: Path, args: argparse.Namespace) -> int:
     """The Spark pipeline; a missing pyspark or Java, or a failed job, is one line on stderr."""
     try:
-        from .spark.pipeline import PipelineSpec, run_pipeline, summary_lines
+        from ..spark.pipeline import PipelineSpec, run_pipeline, summary_lines
     except ImportError as exc:
         print(
             f"woodpecker-idem pipeline: needs the spark extra ({exc}): pip install "
-            "'woodpecker-idem[spark]' (and a Java 17 runtime), or run ./scripts/demo",
+            "'<the woodpecker_idem wheel>[spark]' (and a Java 17 runtime), or run ./scripts/demo",
             file=sys.stderr,
         )
         return 2
@@ -401,7 +368,3 @@ def _pipeline(data_dir: Path, args: argparse.Namespace) -> int:
     for line in summary_lines(result, where):
         print(line)
     return 0 if result.passed else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

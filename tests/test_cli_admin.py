@@ -1,0 +1,404 @@
+"""The admin CLI (issue 22 item 1): `--version`, `logs`, `stat`, `cat`, `truncate`, `drop-group` and
+`verify`, each against a real embedded store (`--data-dir`) and against etcd + moto S3
+(`--config`), including a corrupt byte planted in a segment that `verify` must find and name.
+
+Most commands run in this process through `cli.main` (the same code path as the console script,
+cheaper than a Python start per command); `--version`, a usage error and `cat --follow` run as
+subprocesses, as a user runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import pytest
+import yaml
+
+import woodpecker_idem as wp
+from woodpecker_idem.cli import main
+from woodpecker_idem.spark.options import ensure_log_group
+
+PACKAGE_ROOT = str(Path(wp.__file__).resolve().parent.parent)
+
+
+def cli_proc(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "woodpecker_idem", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": PACKAGE_ROOT},
+    )
+
+
+@dataclass
+class Store:
+    """A store to test against: `args` say where it is; `config` opens it with connect()."""
+
+    kind: str
+    data_dir: Path
+    config: dict[str, object]
+    args: list[str]
+
+    def connect(self) -> wp.WoodpeckerClient:
+        return wp.connect(self.data_dir, {**self.config, "segment.max_entries": 10})
+
+
+@pytest.fixture(
+    params=["embedded", pytest.param("etcd+s3", marks=pytest.mark.s3)],
+)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "embedded":
+        yield Store("embedded", tmp_path / "data", {}, ["--data-dir", str(tmp_path / "data")])
+        return
+    yield from _shared(request, tmp_path)
+
+
+def _shared(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    etcd = request.getfixturevalue("etcd_server")
+    s3 = request.getfixturevalue("s3_server")
+    monkeypatch = request.getfixturevalue("monkeypatch")
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
+        monkeypatch.setenv(name, value)
+    bucket = f"wp-cli-{os.urandom(6).hex()}"
+    boto3.client("s3", endpoint_url=s3.endpoint_url).create_bucket(Bucket=bucket)
+    config: dict[str, object] = {
+        "meta.type": "etcd",
+        "meta.endpoints": [etcd.endpoint],
+        "meta.prefix": request.getfixturevalue("etcd_prefix"),
+        "objectstore.type": "s3",
+        "objectstore.endpoint_url": s3.endpoint_url,
+        "objectstore.bucket": bucket,
+    }
+    path = tmp_path / "wp.yaml"
+    nested: dict[str, dict[str, object]] = {}
+    for key, value in config.items():
+        section, name = key.split(".", 1)
+        nested.setdefault(section, {})[name] = value
+    path.write_text(yaml.safe_dump(nested))
+    yield Store("etcd+s3", tmp_path / "writer-host", config, ["--config", str(path)])
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's usage errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_orders(store: Store, n: int = 35) -> list[wp.LogMessageId]:
+    """n orders in log `orders` (segments of 10), one duplicate, the writer closed."""
+    with store.connect() as client:
+        writer = client.open_log("orders", create=True).open_writer(idempotent=True)
+        ids = [
+            writer.write(f"order {i}".encode(), idempotency_id=f"o{i}").message_id for i in range(n)
+        ]
+        assert writer.write(b"again", idempotency_id="o0").duplicate
+        writer.close()
+    return ids
+
+
+# --- --version and usage ---------------------------------------------------------------------
+
+
+def test_version_prints_the_package_version() -> None:
+    out = cli_proc("--version")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"woodpecker-idem {wp.__version__}"
+
+
+def test_admin_commands_need_a_store_and_never_create_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "logs")
+    assert code == 2 and "--data-dir DIR" in err and "--config FILE" in err
+    missing = tmp_path / "nothing-here"
+    code, _, err = run(capsys, "logs", "--data-dir", str(missing))
+    assert code == 2 and "is not an existing directory" in err
+    assert not missing.exists()
+    (tmp_path / "empty").mkdir()
+    code, _, err = run(capsys, "verify", "--data-dir", str(tmp_path / "empty"))
+    assert code == 2 and "holds no store" in err
+    assert list((tmp_path / "empty").iterdir()) == []
+    out = cli_proc("truncate", "orders", "--data-dir", str(tmp_path))  # neither --before nor ...
+    assert out.returncode == 2 and "one of the arguments --before --older-than" in out.stderr
+
+
+def test_config_without_data_dir_must_name_shared_stores(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "local.yaml"
+    path.write_text("quorum:\n  es: 1\n")
+    code, _, err = run(capsys, "logs", "--config", str(path))
+    assert code == 2
+    assert "meta.type: etcd (or meta.path)" in err and "objectstore.type: s3" in err
+
+
+# --- logs, stat, cat -------------------------------------------------------------------------
+
+
+def test_logs_lists_logs_and_groups(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    ids = write_orders(store)
+    with store.connect() as client:
+        ensure_log_group(client, "clicks", 2)
+    code, out, _ = run(capsys, "logs", *store.args, "--json")
+    assert code == 0
+    doc = json.loads(out)
+    orders = next(row for row in doc["logs"] if row["name"] == "orders")
+    assert orders["entries"] == 35 and orders["segments"] == 4
+    assert orders["first_id"] == str(ids[0]) == "0:0" and orders["last_id"] == str(ids[-1])
+    assert orders["bytes"] > 35 * len("order 0")  # completed segments record their bytes
+    assert orders["first_time"] and orders["last_time"]
+    assert [g["name"] for g in doc["groups"]] == ["clicks"]
+    assert doc["groups"][0]["partitions"] == 2 and doc["groups"][0]["logs"] == 2
+    assert {r["name"] for r in doc["logs"] if r["group"] == "clicks"} == {"clicks-0", "clicks-1"}
+    code, out, _ = run(capsys, "logs", *store.args)
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split()[:5] == ["name", "log_id", "group", "segments", "entries"]
+    assert any(r.split()[0] == "orders" and r.split()[4] == "35" for r in rows)
+    assert any(r.startswith("clicks ") for r in rows)
+
+
+def test_stat_shows_segments_writer_and_snapshot(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_orders(store)
+    code, out, _ = run(capsys, "stat", "orders", *store.args, "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert [s["segment_id"] for s in doc["segment_list"]] == [0, 1, 2, 3]
+    assert {s["state"] for s in doc["segment_list"]} <= {"SEALED", "COMPLETED"}
+    assert [s["last_entry_id"] for s in doc["segment_list"]] == [9, 9, 9, 4]
+    assert doc["writer"]["epoch"] >= 1 and doc["writer"]["lease_owner"]
+    snap = doc["snapshot"]  # the closing writer's final snapshot
+    assert snap["keys"] == 35 and snap["age_s"] >= 0 and snap["epoch"] == doc["writer"]["epoch"]
+    assert snap["watermarks"] == {"0": 9, "1": 9, "2": 9, "3": 4}
+    code, out, _ = run(capsys, "stat", "orders", *store.args)
+    assert code == 0
+    assert "entries 35 (0:0 .. 3:4)" in out and "35 keys" in out and "watermarks 0:9" in out
+
+
+def test_stat_of_a_misspelt_log_suggests_the_name(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_orders(store, 3)
+    code, _, err = run(capsys, "stat", "ordres", *store.args)
+    assert code == 2 and "LogNotFoundError" in err and "did you mean 'orders'?" in err
+
+
+def test_cat_prints_entries_from_an_id_with_a_limit(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_orders(store)
+    code, out, _ = run(capsys, "cat", "orders", *store.args, "--from", "1:5", "--limit", "3")
+    assert code == 0
+    lines = out.splitlines()
+    assert [line.split("\t")[0] for line in lines] == ["1:5", "1:6", "1:7"]
+    assert [line.split("\t")[-1] for line in lines] == ["order 15", "order 16", "order 17"]
+    code, out, _ = run(capsys, "cat", "orders", *store.args, "--json")
+    docs = [json.loads(line) for line in out.splitlines()]
+    assert len(docs) == 35  # the duplicate is not in the log
+    assert docs[3] == {
+        "id": "0:3",
+        "timestamp_ms": docs[3]["timestamp_ms"],
+        "key": wp.explicit_key("o3").hex(),
+        "payload": "order 3",
+    }
+    code, _, err = run(capsys, "cat", "orders", *store.args, "--from", "3-1")
+    assert code == 2 and "write SEGMENT:ENTRY" in err
+
+
+def test_cat_follow_prints_new_entries_as_they_are_written(store: Store) -> None:
+    with store.connect() as client:
+        writer = client.open_log("tail", create=True).open_writer()
+        writer.write(b"first")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "woodpecker_idem", "cat", "tail", *store.args]
+            + ["--follow", "--limit", "3"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": PACKAGE_ROOT},
+        )
+        try:
+            assert proc.stdout is not None
+            lines = [_read_line(proc)]
+            writer.write(b"second")
+            lines.append(_read_line(proc))
+            writer.write(b"third")
+            lines.append(_read_line(proc))
+            assert proc.wait(60) == 0  # --limit 3 reached: it exits
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+        writer.close()
+    assert [line.split("\t")[-1] for line in lines] == ["first", "second", "third"]
+
+
+def _read_line(proc: subprocess.Popen[bytes], timeout: float = 60) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, "cat --follow printed nothing"
+    return proc.stdout.readline().decode().rstrip("\n")
+
+
+# --- truncate, drop-group --------------------------------------------------------------------
+
+
+def test_truncate_before_an_id_and_older_than(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_orders(store)
+    code, out, _ = run(capsys, "truncate", "orders", *store.args, "--older-than", "1h")
+    assert code == 0 and "nothing to drop" in out
+    code, _, err = run(capsys, "truncate", "orders", *store.args, "--before", "9:0")
+    assert code == 2 and "past the end" in err and "the next id is 3:5" in err
+    code, out, _ = run(capsys, "truncate", "orders", *store.args, "--before", "2:0", "--dry-run")
+    assert code == 0 and "would truncate to 2:0" in out and "segments 0..1 would be" in out
+    code, out, _ = run(capsys, "cat", "orders", *store.args, "--limit", "1")
+    assert out.startswith("0:0\t")  # the dry run changed nothing
+    code, out, _ = run(capsys, "truncate", "orders", *store.args, "--before", "2:0")
+    assert code == 0 and "truncated to 2:0" in out and "segments 0..1 deleted" in out
+    code, out, _ = run(capsys, "truncate", "orders", *store.args, "--before", "1:0")
+    assert code == 0 and "already truncated to 2:0" in out
+    code, out, _ = run(capsys, "cat", "orders", *store.args)
+    assert out.splitlines()[0].split("\t")[-1] == "order 20" and len(out.splitlines()) == 15
+    time.sleep(0.01)  # every completed segment is now older than 1 ms
+    code, out, _ = run(capsys, "truncate", "orders", *store.args, "--older-than", "1ms")
+    assert code == 0 and "truncated to 4:0" in out and "segments 2..3 deleted" in out
+    code, out, _ = run(capsys, "logs", *store.args, "--json")
+    orders = json.loads(out)["logs"][0]
+    assert orders["entries"] == 0 and orders["segments"] == 0
+    with store.connect() as client:  # the keys stay in the window: a retry is still a duplicate
+        writer = client.open_log("orders").open_writer(idempotent=True)
+        again = writer.write(b"late retry", idempotency_id="o7")
+        assert again.duplicate and again.message_id == wp.LogMessageId(0, 7)
+        writer.close()
+
+
+def test_drop_group_deletes_its_logs_and_record(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_orders(store, 3)
+    with store.connect() as client:
+        ensure_log_group(client, "clicks", 2)
+        writer = client.open_log("clicks-1").open_writer()
+        writer.write(b"x")
+        writer.close()
+    code, _, err = run(capsys, "drop-group", "clikcs", *store.args)
+    assert code == 2 and "did you mean 'clicks'?" in err
+    code, _, err = run(capsys, "drop-group", "clicks", *store.args)
+    assert code == 2 and "has a writer" in err and "--force" in err  # its lease is still live
+    code, out, _ = run(capsys, "drop-group", "clicks", *store.args, "--force")
+    assert code == 0 and "2 logs deleted" in out
+    with store.connect() as client:
+        assert client.list_logs() == ["orders"]
+        assert client.meta.list_log_groups() == []
+        assert client.objects.list("3/") == []  # clicks-1 (log id 3) left no entries
+
+
+# --- verify ----------------------------------------------------------------------------------
+
+
+def test_verify_passes_a_healthy_store(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    write_orders(store)
+    code, out, _ = run(capsys, "verify", *store.args, "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["ok"], doc
+    assert doc["entries_checked"] == 35 and doc["segments"] == 4 and doc["snapshots"] >= 1
+
+
+def test_verify_finds_and_names_a_corrupt_byte(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_orders(store)
+    with store.connect() as client:
+        store_id, log_id = client.store_id(), client.open_log("orders").log_id
+    _flip_last_byte_of_segment(store, store_id, log_id, 1)
+    code, out, _ = run(capsys, "verify", *store.args)
+    assert code == 1, out
+    problems = [line for line in out.splitlines() if line.startswith("CORRUPT")]
+    assert len(problems) == 1, out
+    assert "log 'orders' (id 1) segment 1 on node-0, entry 1:9" in problems[0]
+    assert "checksum" in problems[0]
+    if store.kind == "embedded":  # the file and byte offset of the damaged batch
+        assert "/1/data@" in problems[0]
+    assert "1 problems" in out.splitlines()[-1]
+    code, out, _ = run(capsys, "verify", *store.args, "--json")
+    doc = json.loads(out)
+    assert code == 1 and not doc["ok"] and doc["entries_checked"] == 34
+    with store.connect() as client:  # another log, intact: checked alone, it passes
+        writer = client.open_log("clean", create=True).open_writer()
+        writer.write(b"x")
+        writer.close()
+    code, out, _ = run(capsys, "verify", *store.args, "--log", "clean")
+    assert code == 0 and "1 logs, 1 segments, 1 entries" in out
+    code, _, err = run(capsys, "verify", *store.args, "--log", "claen")
+    assert code == 2 and "did you mean 'clean'?" in err
+
+
+def test_verify_names_a_corrupt_snapshot(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    write_orders(store, 3)
+    with store.connect() as client:
+        keys = client.objects.list("dedup_snapshot/1/snapshot_")
+        data = bytearray(client.objects.get(keys[-1]) or b"")
+        data[len(data) // 2] ^= 0xFF
+        client.objects.put(keys[-1], bytes(data))
+    code, out, _ = run(capsys, "verify", *store.args)
+    assert code == 1
+    assert f"CORRUPT log 'orders' (id 1) snapshot {keys[-1]}:" in out
+
+
+def test_verify_names_a_foreign_owner_marker(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    store = Store("embedded", data, {}, ["--data-dir", str(data)])
+    write_orders(store, 3)
+    (data / "objects" / "woodpecker" / "OWNER").write_text('{"format": 1, "store_id": "other"}')
+    code, out, _ = run(capsys, "verify", *store.args)
+    assert code == 1
+    assert out.startswith("CORRUPT object store OWNER: ")
+    assert "belongs to metadata store other" in out
+
+
+def _flip_last_byte_of_segment(store: Store, store_id: str, log_id: int, segment: int) -> None:
+    """Damage the last stored byte of the segment's entries (its last entry's record)."""
+    if store.kind == "embedded":
+        path = store.data_dir / "objects" / "woodpecker" / store_id / str(log_id) / str(segment)
+        data_file = path / "data"
+        raw = bytearray(data_file.read_bytes())
+        raw[-1] ^= 0xFF
+        data_file.write_bytes(bytes(raw))
+        return
+    bucket = str(store.config["objectstore.bucket"])
+    s3 = boto3.client("s3", endpoint_url=str(store.config["objectstore.endpoint_url"]))
+    prefix = f"woodpecker/{store_id}/{log_id}/{segment}/"
+    listing = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    blocks = sorted(
+        (o["Key"] for o in listing if o["Key"].endswith(".blk")),
+        key=lambda k: int(k.rsplit("/", 1)[1].split(".")[0]),
+    )
+    key = blocks[-1]
+    raw = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    raw[-1] ^= 0xFF
+    s3.put_object(Bucket=bucket, Key=key, Body=bytes(raw))
