@@ -294,15 +294,15 @@ def test_both_stages_implement_the_dedup_protocol(tmp_path: Path) -> None:
 def test_the_pipeline_implements_the_view_of_each_part(tmp_path: Path) -> None:
     """Each part of the pipeline names what it uses of it in a protocol (its whole view of the
     pipeline); the Pipeline has every member (mypy checks the types where the parts are built)."""
-    from woodpecker_idem.writer.completion import CompletionCore
-    from woodpecker_idem.writer.lifecycle import TickerCore
-    from woodpecker_idem.writer.segments import RollCore
-    from woodpecker_idem.writer.sender import SenderCore
+    from woodpecker_idem.writer.completion import CompletionView
+    from woodpecker_idem.writer.lifecycle import TickerView
+    from woodpecker_idem.writer.segments import RollView
+    from woodpecker_idem.writer.sender import SenderView
 
     client = wp.connect(tmp_path, {"quorum.es": 1})
     writer = client.open_log("core", create=True).open_writer()
     pipeline = writer._pipeline
-    for protocol in (CompletionCore, TickerCore, RollCore, SenderCore):
+    for protocol in (CompletionView, TickerView, RollView, SenderView):
         members = {
             name
             for klass in protocol.__mro__

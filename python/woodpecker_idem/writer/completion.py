@@ -6,7 +6,7 @@ Every step meets the faults writes meet (nodes, the metadata store, a race with 
 completion) and is retried with backoff (`retry.Backoff`) until it succeeds, the writer is fenced
 or it is closed: readers stop at an ACTIVE segment, so giving up would stall
 them (docs/semantics.md).
-`SegmentCompletion` works on its pipeline only through `CompletionCore` (public names) and
+`SegmentCompletion` works on its pipeline only through `CompletionView` (public names) and
 tells the dedup stage which segments completed and which entries they dropped.
 """
 
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class CompletionCore(Protocol):
+class CompletionView(Protocol):
     """What `SegmentCompletion` uses of its pipeline (`Pipeline` implements it)."""
 
     log_id: int
@@ -84,7 +84,7 @@ class SegmentCompletion:
 
     def __init__(
         self,
-        core: CompletionCore,
+        pipeline: CompletionView,
         *,
         meta: MetadataStore,
         transport: LogStoreTransport,
@@ -93,14 +93,14 @@ class SegmentCompletion:
         stopping: threading.Event,
         timeout_s: float,
     ):
-        self._core = core
+        self._pipeline = pipeline
         self._meta = meta
         self._transport = transport
         self._dedup = dedup
         self._maint = maint
         self._stopping = stopping  # set on close or fence: background retries end
         self._timeout_s = timeout_s
-        self._log_id = core.log_id
+        self._log_id = pipeline.log_id
         # the segment that lost its ack quorum, until it is completed (new writes are refused)
         self.repairing: OpenSegment | None = None
 
@@ -116,12 +116,12 @@ class SegmentCompletion:
     def _recover_with_retries(self, seg: SegmentMeta) -> SegmentMeta:
         """Recovery meets the same transient faults as writes (nodes, metadata store, a race with
         another completion): retry them for append.timeout_ms."""
-        core = self._core
+        pipeline = self._pipeline
 
         def attempt() -> SegmentMeta:
             current = self._meta.get_segment(self._log_id, seg.segment_id) or seg  # fresh revision
             return recover_segment(
-                self._transport, self._meta, core.epoch, current, core.clock.now_ms()
+                self._transport, self._meta, pipeline.epoch, current, pipeline.clock.now_ms()
             )
 
         def on_retry(exc: BaseException, attempt_no: int) -> None:
@@ -141,7 +141,7 @@ class SegmentCompletion:
         )
 
     def _completed(self, segment_id: int, last_entry_id: int) -> None:
-        with self._core.lock:
+        with self._pipeline.lock:
             self._dedup.segment_completed_locked(segment_id, last_entry_id)
 
     # --- a segment that lost its ack quorum ------------------------------------------------------
@@ -149,16 +149,16 @@ class SegmentCompletion:
     def node_failed(self, node: str, seg: OpenSegment, batch: Batch, exc: Exception) -> None:
         """`node` gave up on `batch` of `seg` (after its retries): drop the node from the segment;
         if fewer than aq nodes remain, the segment is repaired in the background."""
-        core = self._core
+        pipeline = self._pipeline
         if isinstance(exc, SegmentFencedError):
             try:
-                self._meta.check_epoch(self._log_id, core.epoch)
+                self._meta.check_epoch(self._log_id, pipeline.epoch)
             except WriterFencedError as fenced:
-                core.fence(fenced)
+                pipeline.fence(fenced)
                 return
             except WoodpeckerError as err:  # metadata down: the repair's seal finds out later
                 log.warning("log %s: could not check the writer epoch: %s", self._log_id, err)
-        with core.lock:
+        with pipeline.lock:
             if seg.status in (SegmentStatus.FAILED, SegmentStatus.DONE) and not seg.pending:
                 return
             seg.failed_nodes[node] = str(exc)
@@ -174,43 +174,47 @@ class SegmentCompletion:
                 return
             seg.status = SegmentStatus.FAILED
             self.repairing = seg
-            core.segments.drop_current_locked(seg)
+            pipeline.segments.drop_current_locked(seg)
         self._maint.submit(self.repair, seg)
 
     def repair(self, seg: OpenSegment) -> None:
         """Complete a segment that lost its quorum and resolve its pending entries; if it was the
         current segment, open the next. Every failure (nodes, storage, metadata) is retried with
         backoff until it succeeds, the writer is fenced or it is closed (docs/semantics.md)."""
-        core = self._core
+        pipeline = self._pipeline
         backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S, stop=self._stopping)
         done: SegmentMeta | None = None
         while True:
-            with core.lock:
-                if core.stopped:
+            with pipeline.lock:
+                if pipeline.stopped:
                     return
             try:
                 if done is None:
                     end = recover_segment(
-                        self._transport, self._meta, core.epoch, seg.meta, core.clock.now_ms()
+                        self._transport,
+                        self._meta,
+                        pipeline.epoch,
+                        seg.meta,
+                        pipeline.clock.now_ms(),
                     )
                     check_adopted(self._transport, seg, end.last_entry_id)
                     done = end
-                    with core.lock:
+                    with pipeline.lock:
                         resolved = self._resolve_segment_locked(seg, done.last_entry_id)
-                        core.segments.forget_locked(seg)
-                        core.metrics["segments_repaired"] += 1
+                        pipeline.segments.forget_locked(seg)
+                        pipeline.metrics["segments_repaired"] += 1
                     resolve(resolved)
                     self._completed(done.segment_id, done.last_entry_id)
-                with core.lock:
-                    core.segments.replace_current_locked()  # only a current segment is replaced
+                with pipeline.lock:
+                    pipeline.segments.replace_current_locked()  # only a current segment is replaced
                     if self.repairing is seg:
                         self.repairing = None
                 return
             except WriterFencedError as exc:
-                core.fence(exc)
+                pipeline.fence(exc)
                 return
             except Exception as exc:  # retried: the outage may end any time
-                core.metrics["background_retries"] += 1
+                pipeline.metrics["background_retries"] += 1
                 log.warning(
                     "log %s: repair of segment %s (%s), retry %d: %s: %s",
                     self._log_id,
@@ -224,9 +228,9 @@ class SegmentCompletion:
                     return
 
     def _resolve_segment_locked(self, seg: OpenSegment, last_entry_id: int) -> Outcomes:
-        core = self._core
+        pipeline = self._pipeline
         committed, dropped = seg.resolve_completed(last_entry_id)
-        resolved = core.inflight.commit_locked(seg, committed) if committed else []
+        resolved = pipeline.inflight.commit_locked(seg, committed) if committed else []
         if dropped:
             self._dedup.dropped_locked(seg.segment_id)
             exc = SegmentClosedError(
@@ -235,7 +239,7 @@ class SegmentCompletion:
             )
             for entry in dropped:
                 resolved.extend((f, exc) for f, _ in entry.waiters())
-            core.inflight.release_locked(span(dropped), sum(len(e.record) for e in dropped))
+            pipeline.inflight.release_locked(span(dropped), sum(len(e.record) for e in dropped))
         return resolved
 
     def unavailable_error(self) -> WoodpeckerError:
@@ -257,7 +261,7 @@ class SegmentCompletion:
         """
 
         def on_retry(exc: BaseException, attempt: int) -> None:
-            self._core.metrics["background_retries"] += 1
+            self._pipeline.metrics["background_retries"] += 1
             log.warning(
                 "log %s: completing segment %s, retry %d: %s: %s",
                 self._log_id,
@@ -275,7 +279,7 @@ class SegmentCompletion:
         )
 
     def _seal_drained(self, seg: OpenSegment) -> None:
-        core = self._core
+        pipeline = self._pipeline
         last = seg.lac
         for node in seg.live_nodes():
             try:
@@ -292,14 +296,14 @@ class SegmentCompletion:
         current = self._meta.get_segment(self._log_id, seg.segment_id) or seg.meta
         seal(
             self._meta,
-            core.epoch,
+            pipeline.epoch,
             dataclasses.replace(current, size_bytes=seg.size_bytes),
             last,
-            core.clock.now_ms(),
+            pipeline.clock.now_ms(),
         )
-        with core.lock:
+        with pipeline.lock:
             seg.status = SegmentStatus.DONE
-            core.segments.forget_locked(seg)
+            pipeline.segments.forget_locked(seg)
         self._completed(seg.segment_id, last)
 
     # --- closing ---------------------------------------------------------------------------------
@@ -326,7 +330,7 @@ class SegmentCompletion:
                         raise WriteTimeoutError(f"close timeout of {timeout:g} s reached")
                     self.complete_drained(seg, Backoff(RETRY_INITIAL_S, 0.5, budget_s=left(5)))
                 except WriterFencedError as exc:  # taken over meanwhile: the new writer completes
-                    self._core.fence(exc)
+                    self._pipeline.fence(exc)
                     return
                 except Exception as exc:
                     log.warning(
@@ -335,7 +339,7 @@ class SegmentCompletion:
                         seg.segment_id,
                         exc,
                     )
-        if not self._core.fenced and (deadline is None or left(0) > 0):
+        if not self._pipeline.fenced and (deadline is None or left(0) > 0):
             self._seal_orphan(last_opened)
 
     def _seal_orphan(self, last_opened: int) -> None:
@@ -348,7 +352,7 @@ class SegmentCompletion:
                 return
             if last.segment_id <= last_opened:
                 return  # one of its own (a failed completion stays for recovery)
-            self._meta.check_epoch(self._log_id, self._core.epoch)  # only this epoch made it
-            seal(self._meta, self._core.epoch, last, -1, self._core.clock.now_ms())
+            self._meta.check_epoch(self._log_id, self._pipeline.epoch)  # only this epoch made it
+            seal(self._meta, self._pipeline.epoch, last, -1, self._pipeline.clock.now_ms())
         except Exception as exc:  # the next writer's takeover completes it
             log.warning("log %s: empty segment left for recovery: %s", self._log_id, exc)

@@ -179,7 +179,7 @@ TICK_S = 0.05
 log = logging.getLogger(__name__)
 
 
-class TickerCore(Protocol):
+class TickerView(Protocol):
     """What the ticker uses of its writer (`Pipeline` implements it)."""
 
     log_id: int
@@ -204,7 +204,7 @@ class Ticker:
 
     def __init__(
         self,
-        writer: TickerCore,
+        writer: TickerView,
         dispatch: Dispatch,
         wake: threading.Condition,
         maint: Maintenance,

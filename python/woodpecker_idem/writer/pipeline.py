@@ -58,8 +58,8 @@ log = logging.getLogger(__name__)
 
 class Pipeline:
     """One log's write pipeline (see the module doc). Its parts reach it through the public
-    names below, each part's view typed by a protocol (`SenderCore`, `TickerCore`, `RollCore`,
-    `CompletionCore`)."""
+    names below, each part's view typed by a protocol (`SenderView`, `TickerView`, `RollView`,
+    `CompletionView`)."""
 
     def __init__(self, handle: LogHandle, dedup: Dedup):
         client = handle.client

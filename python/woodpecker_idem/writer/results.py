@@ -248,8 +248,8 @@ Failure = tuple[Sequence[int], BaseException]
 
 
 class BatchCompletion:
-    """The rows of one call handed to the core and not ended yet (by waiter), and the rows that
-    failed. Thread-safe: outcomes arrive from the core's threads."""
+    """The rows of one call handed to the pipeline and not ended yet (by waiter), and the rows that
+    failed. Thread-safe: outcomes arrive from the pipeline.s threads."""
 
     __slots__ = ("_cond", "_open", "_waiting", "_handed", "failures")
 
@@ -257,7 +257,7 @@ class BatchCompletion:
         self._cond = threading.Condition(threading.Lock())
         self._open = 0
         self._waiting: set[_Rows] = set()
-        self._handed = False  # every row has been handed to the core or answered
+        self._handed = False  # every row has been handed to the pipeline or answered
         self.failures: list[Failure] = []
 
     def add(self, waiter: _Rows) -> None:
@@ -283,7 +283,7 @@ class BatchCompletion:
             self._waiting.update(parts)
 
     def fail(self, failed: Sequence[int], exc: BaseException) -> None:
-        """Rows refused before they were handed to the core (they never counted as open)."""
+        """Rows refused before they were handed to the pipeline (they never counted as open)."""
         with self._cond:
             self.failures.append((failed, exc))
 
@@ -332,7 +332,7 @@ def _row(item: tuple[int, BaseException]) -> int:
 
 
 class _Rows:
-    """Rows of a call waiting on the core; told once, like a future (a second outcome raises
+    """Rows of a call waiting on the pipeline; told once, like a future (a second outcome raises
     `InvalidStateError`, which `resolve` ignores)."""
 
     __slots__ = ("_told", "_call", "count")

@@ -304,7 +304,7 @@ def choose_nodes(node_ids: list[str], es: int, segment_id: int) -> tuple[str, ..
     return tuple(ring[:es])
 
 
-class RollCore(Protocol):
+class RollView(Protocol):
     """What `OpenSegments` uses of its writer (`LogWriter` implements it; see there)."""
 
     log_id: int
@@ -326,7 +326,7 @@ class OpenSegments:
 
     def __init__(
         self,
-        core: RollCore,
+        pipeline: RollView,
         cfg: Config,
         *,
         meta: MetadataStore,
@@ -334,12 +334,12 @@ class OpenSegments:
         dispatch: Dispatch,
         maint: Maintenance,
     ):
-        self._core = core
+        self._pipeline = pipeline
         self._meta = meta
         self._transport = transport
         self._dispatch = dispatch
         self._maint = maint
-        self._log_id = core.log_id
+        self._log_id = pipeline.log_id
         self._es = cfg.quorum.es
         self._max_entries = cfg.segment.max_entries
         self._max_bytes = cfg.segment.max_size_bytes
@@ -435,7 +435,7 @@ class OpenSegments:
 
     def replace_current_locked(self) -> None:
         """After a repair: open the next segment if there is no current one (and still open)."""
-        if self.current is None and not self._core.stopped:
+        if self.current is None and not self._pipeline.stopped:
             self.open_locked()
 
     # --- the roll rule -------------------------------------------------------------------------
@@ -451,7 +451,7 @@ class OpenSegments:
     def _next_segment_locked(self) -> SegmentMeta:
         """The next segment of the log, ACTIVE in the metadata store. Raises what the metadata
         store raises (`WriterFencedError` included)."""
-        core = self._core
+        pipeline = self._pipeline
         existing = self._meta.list_segments(self._log_id)
         last = existing[-1] if existing else None
         segment_id = (last.segment_id + 1) if last else 0
@@ -461,10 +461,10 @@ class OpenSegments:
             # lost (a metadata timeout). Only the current epoch can create one, so if this writer
             # still holds it, the segment is its own, and empty: adopt it, or readers would wait
             # at it for good. (A WriterFencedError is handled by the caller.)
-            self._meta.check_epoch(self._log_id, core.epoch)
+            self._meta.check_epoch(self._log_id, pipeline.epoch)
             return last
         return self._meta.create_segment(
-            core.epoch,
+            pipeline.epoch,
             SegmentMeta(
                 log_id=self._log_id,
                 segment_id=segment_id,
@@ -473,7 +473,7 @@ class OpenSegments:
                 es=es,
                 wq=es,
                 aq=es // 2 + 1,
-                created_ms=core.clock.now_ms(),
+                created_ms=pipeline.clock.now_ms(),
             ),
         )
 
@@ -482,18 +482,18 @@ class OpenSegments:
         now, the next one, or `seg` while the next cannot be opened (retried with backoff); `seg`
         completes once drained. A roll refused because another writer took the log over fences
         this writer (`WriterFencedError` raised)."""
-        core = self._core
+        pipeline = self._pipeline
         now = time.monotonic()
         if now < self._retry_at:
             return seg
         try:
             new = self.open_locked()
         except WriterFencedError as exc:
-            self._maint.submit(resolve, core.fence_locked(exc))  # not under the lock
+            self._maint.submit(resolve, pipeline.fence_locked(exc))  # not under the lock
             raise
         except Exception as exc:
             self._retry_at = now + self._backoff.next_delay()
-            core.metrics["background_retries"] += 1
+            pipeline.metrics["background_retries"] += 1
             log.warning(
                 "log %s: could not roll segment %s (writes go on in it, retried in %.2f s): %s",
                 self._log_id,
@@ -505,8 +505,8 @@ class OpenSegments:
         self._backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
         seg.status = SegmentStatus.ROLLED
         if seg.drained():
-            core.complete_if_drained_locked(seg)
+            pipeline.complete_if_drained_locked(seg)
         else:
             self._dispatch.send_locked(seg)  # its held entries need not wait for company any more
-        core.metrics["segments_rolled"] += 1
+        pipeline.metrics["segments_rolled"] += 1
         return new

@@ -3,7 +3,7 @@
 `Dispatch` decides when a segment's queued entries go to its nodes, and in which batches, and
 hands each batch to the `NodeWorker` of every live node of the segment; a worker sends its node's
 batches in order, retrying each up to append.max_retries times. Acks and a node's failure go back
-to the pipeline (`SenderCore.on_ack` / `on_node_failed`), which commits in entry order and calls
+to the pipeline (`SenderView.on_ack` / `on_node_failed`), which commits in entry order and calls
 `send_locked` again for what was held meanwhile. `Dispatch` runs under the writer's lock; the
 workers never take it except through those two calls.
 """
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class SenderCore(Protocol):
+class SenderView(Protocol):
     """What a `NodeWorker` uses of its writer: its settings, whether it is fenced, and where an
     ack or a node's failure goes (`LogWriter` implements it)."""
 
@@ -49,12 +49,12 @@ class NodeWorker:
 
     def __init__(
         self,
-        core: SenderCore,
+        pipeline: SenderView,
         node: str,
         transport: LogStoreTransport,
         stopping: threading.Event,
     ):
-        self.core = core
+        self.pipeline = pipeline
         self.node = node
         self.transport = transport
         self.stopping = stopping  # set when the writer closes or is fenced: retries end
@@ -79,7 +79,7 @@ class NodeWorker:
             try:
                 self._send(*item)
             except Exception:  # a bug must not silently stop this node's sends
-                log.exception("log %s: sender for %s failed", self.core.log_id, self.node)
+                log.exception("log %s: sender for %s failed", self.pipeline.log_id, self.node)
 
     def _send(self, seg: OpenSegment, batch: Batch | None) -> None:
         """Send one batch until acked, retrying transient failures up to append.max_retries.
@@ -87,7 +87,7 @@ class NodeWorker:
         `batch=None` is a LAC-only update (best effort) so readers of an idle segment with aq > 1
         see its last acknowledged entries.
         """
-        w = self.core
+        w = self.pipeline
         transport = self.transport
         if batch is None:
             try:
@@ -130,7 +130,7 @@ class Dispatch:
 
     def __init__(
         self,
-        core: SenderCore,
+        pipeline: SenderView,
         transport: LogStoreTransport,
         stopping: threading.Event,
         *,
@@ -138,7 +138,7 @@ class Dispatch:
         max_batch_bytes: int,
         linger_s: float,
     ):
-        self._core = core
+        self._pipeline = pipeline
         self._transport = transport
         self._stopping = stopping
         self._max_batch_entries = max_batch_entries
@@ -150,7 +150,9 @@ class Dispatch:
         """A segment on `nodes` opened: start a sender for each node that has none yet."""
         for node in nodes:
             if node not in self._workers:
-                self._workers[node] = NodeWorker(self._core, node, self._transport, self._stopping)
+                self._workers[node] = NodeWorker(
+                    self._pipeline, node, self._transport, self._stopping
+                )
 
     def send_locked(self, seg: OpenSegment) -> None:
         """Group commit: cut `seg`'s unsent entries into batches and hand them to the node senders.
