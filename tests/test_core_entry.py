@@ -9,11 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from woodpecker_idem import CorruptEntryError, InvalidArgumentError, InvalidTypeError, crc32c
+from woodpecker_idem import CorruptEntryError, InvalidArgumentError, InvalidTypeError
 from woodpecker_idem._core import (
     check_entries,
     concat,
     count_records,
+    crc32c,
     decode_entries,
     decode_messages,
     encode_entry,

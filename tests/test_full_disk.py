@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from woodpecker_idem import DedupWindow
+from woodpecker_idem._core import DedupWindow
 from woodpecker_idem.errors import StorageUnavailableError
 from woodpecker_idem.idempotency.snapshot import SnapshotSource, Snapshotter
 from woodpecker_idem.objectstore import local

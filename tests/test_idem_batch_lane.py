@@ -23,7 +23,7 @@ from woodpecker_idem import (
     WriteResult,
     explicit_key,
 )
-from woodpecker_idem._core import encode_frame
+from woodpecker_idem._core import decode_snapshot, encode_frame
 from woodpecker_idem.history import History
 from woodpecker_idem.idempotency import snapshot as snapshot_module
 from woodpecker_idem.logstore.transport import FaultInjectingTransport
@@ -408,7 +408,7 @@ def test_snapshots_of_a_filling_window_cost_linear_not_quadratic(tmp_path, monke
         written = w.metrics_snapshot()["snapshot_bytes"]
         w.close()
         final = client.objects.get(w._snapshotter.last_key)  # the close's snapshot: every key
-        assert len(wp.decode_snapshot(final)) == rows
+        assert len(decode_snapshot(final)) == rows
         assert written <= 4 * len(final), (writes, written, len(final))
     finally:
         client.close()

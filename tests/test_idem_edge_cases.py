@@ -30,6 +30,7 @@ from woodpecker_idem import (
     content_key,
     explicit_key,
 )
+from woodpecker_idem._core import decode_snapshot
 from woodpecker_idem.errors import StorageUnavailableError
 from woodpecker_idem.history import History, Verdict
 from woodpecker_idem.idempotency.snapshot import list_snapshots
@@ -140,7 +141,7 @@ def test_case1_crash_between_write_and_snapshot(env_factory):
     first = {f"k{i}": env.write(w, b"p%d" % i, f"k{i}") for i in range(50)}
     env.clock.advance(10)
     assert w._snapshotter.write_now()
-    snap = wp.decode_snapshot(env.client.objects.get(w._snapshotter.last_key))
+    snap = decode_snapshot(env.client.objects.get(w._snapshotter.last_key))
     assert len(snap) == 50 and snap.watermarks[0] == 49
     for i in range(50, 70):
         first[f"k{i}"] = env.write(w, b"p%d" % i, f"k{i}")
@@ -332,7 +333,7 @@ def test_case6_new_segment_rolled_after_snapshot(env_factory):
     acked = {f"k{i}": env.write(w, b"p%d" % i, f"k{i}") for i in range(10)}
     env.clock.advance(5)
     assert w._snapshotter.write_now()
-    snap = wp.decode_snapshot(env.client.objects.get(w._snapshotter.last_key))
+    snap = decode_snapshot(env.client.objects.get(w._snapshotter.last_key))
     assert set(snap.watermarks) == {0}
     for i in range(10, 35):  # segments 1, 2 (full) and 3 (5 entries), unknown to the snapshot
         acked[f"k{i}"] = env.write(w, b"p%d" % i, f"k{i}")
@@ -391,7 +392,7 @@ def test_case7_snapshot_write_fails(env_factory):
         what="snapshot after the store healed",
     )
     newest = list_snapshots(env.client.objects, env.log.log_id)[-1]
-    assert len(wp.decode_snapshot(env.client.objects.get(newest))) == 20
+    assert len(decode_snapshot(env.client.objects.get(newest))) == 20
     w2 = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
     assert w2.recovery.snapshot_key_count == 20
     for k, first in acked.items():
@@ -515,7 +516,7 @@ def test_pending_keys_of_completed_segment(env_factory):
     env.faults.fail_node("node-0")
     env.faults.fail_node("node-2")
     q_futures = {f"q{i}": w.write_async(b"q%d" % i, idempotency_id=f"q{i}") for i in range(5)}
-    wait_for(lambda: w.core.repairing, what="segment 0 losing its quorum")
+    wait_for(lambda: w.repairing, what="segment 0 losing its quorum")
     with pytest.raises(QuorumUnavailableError):
         env.write(w, b"during", "during")
     env.faults.heal_all()
@@ -615,7 +616,7 @@ def test_corrupt_newest_snapshot_falls_back(env_factory, damage):
     else:
         data = bytearray()
     with pytest.raises(SnapshotCorruptError):
-        wp.decode_snapshot(bytes(data))
+        decode_snapshot(bytes(data))
     env.client.objects.put(keys[-1], bytes(data))
     w2 = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)  # crash
     rep = w2.recovery

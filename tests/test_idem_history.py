@@ -21,6 +21,7 @@ from woodpecker_idem import (
     WriteTimeoutError,
     explicit_key,
 )
+from woodpecker_idem._core import DedupWindow
 from woodpecker_idem.history import (
     CREATED_TWICE,
     DUPLICATE,
@@ -152,7 +153,7 @@ def test_flags_duplicate_while_among_newest_max_keys():
     # keys.
     # With max_keys=3 and K followed by 2 others, the committed keys are [a, b, c]: a is among the
     # newest 3, so writing a again must not create an entry (the writer's DedupWindow agrees).
-    window = wp.DedupWindow(3, WINDOW_MS)
+    window = DedupWindow(3, WINDOW_MS)
     for i, name in enumerate(["a", "b", "c"]):
         window.add_committed(K(name), 0, i, T0)
     assert window.get(K("a"), T0) is not None, "the writer still deduplicates a"

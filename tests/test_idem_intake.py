@@ -294,7 +294,7 @@ def test_ctrl_c_between_two_columns_leaves_the_intake_whole(tmp_path: Path, colu
     w = log.open_writer(idempotent=True, window_duration_s=60, window_max_keys=100)
     blocker = _in_flight(w, gated)  # later writes queue in the intake
     queued = [w.write_async(b"before", idempotency_id="before")]
-    cut = _Interrupted(w._admission.intake, column)
+    cut = _Interrupted(w._intake, column)
     with pytest.raises(KeyboardInterrupt):
         w.write_async(b"cut", idempotency_id="cut")
     cut.restore()

@@ -18,6 +18,7 @@ from test_idem_edge_cases import Env, wait_for
 
 import woodpecker_idem as wp
 from woodpecker_idem import CorruptEntryError, LogMessageId, explicit_key
+from woodpecker_idem._core import decode_snapshot
 from woodpecker_idem.errors import EntryTruncatedError, NodeUnavailableError
 from woodpecker_idem.logstore.transport import FaultInjectingTransport
 
@@ -74,7 +75,7 @@ def test_reopen_with_larger_window_reads_back_what_the_snapshot_evicted(env_fact
         acked[f"k{i}"] = env.write(w, b"p%d" % i, f"k{i}")
         env.clock.advance(step)
     assert w._snapshotter.write_now()
-    snap = wp.decode_snapshot(env.client.objects.get(w._snapshotter.last_key))
+    snap = decode_snapshot(env.client.objects.get(w._snapshotter.last_key))
     assert 0 < len(snap) < 50, "the snapshot's own bounds evicted the older keys"
     for i in range(60, 70):  # the gap: after the snapshot
         acked[f"k{i}"] = env.write(w, b"p%d" % i, f"k{i}")
@@ -340,7 +341,7 @@ def test_snapshot_with_pending_entries_then_crash(env_factory):
     nowhere = send("r")  # 0:20..0:24 reach no node
     wait_for(lambda: a.metrics_snapshot()["pending"] == 15, what="15 pending entries")
     assert a._snapshotter.write_now()
-    snap = wp.decode_snapshot(env.client.objects.get(a._snapshotter.last_key))
+    snap = decode_snapshot(env.client.objects.get(a._snapshotter.last_key))
     assert len(snap) == 10 and snap.watermarks[0] == 9, "pending entries are not in a snapshot"
     assert not any(f.done() for f in quorum + single + nowhere)
     for prefix in "qsr":  # the writer crashes before it learns anything

@@ -13,6 +13,7 @@ import pytest
 
 import woodpecker_idem as wp
 from woodpecker_idem import explicit_key
+from woodpecker_idem._core import decode_snapshot
 from woodpecker_idem.history import History
 from woodpecker_idem.idempotency.snapshot import list_snapshots
 from woodpecker_idem.logstore.engine import LogStoreEngine
@@ -90,7 +91,7 @@ def test_snapshots_on_s3_and_recovery_from_them(tmp_path: Path, s3_server, s3_en
     snaps = list_snapshots(client.objects, log.log_id)
     assert snaps, "no snapshot in the bucket"
     assert not (tmp_path / "objects").exists(), "a snapshot or block went to the local directory"
-    newest = wp.decode_snapshot(client.objects.get(snaps[-1]))
+    newest = decode_snapshot(client.objects.get(snaps[-1]))
     assert len(newest.entries()) > 0
     gap = write_keys(history, w, [f"o-{i}" for i in range(150, 180)], "a")  # maybe not snapshotted
 
@@ -168,7 +169,7 @@ def test_s3_frozen_during_a_snapshot_write(tmp_path: Path, s3_env):
                 "a snapshot after the thaw",
                 timeout=30,
             )
-            newest = wp.decode_snapshot(
+            newest = decode_snapshot(
                 client.objects.get(list_snapshots(client.objects, log.log_id)[-1])
             )
             assert len(newest.entries()) >= 350, "the snapshot after the thaw misses keys"

@@ -78,7 +78,7 @@ LAYERS: list[set[str]] = [
     {"writer"},
     {"idempotency"},
     {"connect"},  # the composition root: config -> stores -> transport -> client
-    {"spark"},
+    {"spark", "testing"},
     {"cli"},
 ]
 LAYER_OF = {room: i for i, rooms in enumerate(LAYERS) for room in rooms}

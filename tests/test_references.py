@@ -21,12 +21,14 @@ BASES = [
     ROOT / "rust" / "src" / "py",
     ROOT / "tests",
     ROOT / "docs",
+    ROOT / "scripts",
 ]
 NAME = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.(?:md|py|pyi|rs|proto|toml))(?![\w(])")
-# names of files written at run time (not in the repository)
+# names of files not in the repository on purpose (written at run time, or the user's)
 ELSEWHERE = {
     "wp_bench_naive_snapshot.proto",  # written by benches/bench_core.py at run time
     "user_code.py",  # written by tests/test_typing.py at run time
+    "job.py",  # the user's own Spark job in the README's spark-submit example
 }
 # files whose text names missing files on purpose (the self-tests of these rules)
 EXAMPLES = {"tests/test_references.py", "tests/test_readme.py"}

@@ -1,5 +1,9 @@
 """woodpecker_idem: a Woodpecker-style write-ahead log with idempotent writes.
 
+The package's namespace is the client API. The Rust primitives (the dedup window, the snapshot
+codec, frames, CRC32C) are importable from `woodpecker_idem._core`, where they live; the history
+checker and the fault-injecting transport from `woodpecker_idem.testing`.
+
 import woodpecker_idem as wp
 client = wp.connect()                       # embedded: ./woodpecker-data, no servers
 log = client.open_log("orders", create=True)
@@ -9,20 +13,8 @@ writer.write(b"payload", idempotency_id="order-42")   # retries return the origi
 
 import logging as _logging
 
-from ._core import (
-    DedupWindow,
-    Snapshot,
-    WindowEntry,
-    content_key,
-    content_keys,
-    content_keys_arrow,
-    crc32c,
-    decode_snapshot,
-    encode_snapshot,
-    explicit_key,
-    explicit_keys,
-)
 from ._core import __version__ as __version__  # Cargo.toml's version: written in one place
+from ._core import content_key, content_keys, explicit_key, explicit_keys
 from .client import LogHandle, LogReader, WoodpeckerClient
 from .clock import Clock, ManualClock, SystemClock
 from .config import Config, load_config
@@ -80,7 +72,6 @@ __all__ = [
     "Config",
     "ConfigError",
     "CorruptEntryError",
-    "DedupWindow",
     "EarlyEvictionError",
     "EntryConflictError",
     "EntryTruncatedError",
@@ -107,13 +98,11 @@ __all__ = [
     "SegmentDamagedError",
     "SegmentFencedError",
     "SegmentState",
-    "Snapshot",
     "SnapshotCorruptError",
     "StorageAccessError",
     "StorageReadOnlyError",
     "StorageUnavailableError",
     "SystemClock",
-    "WindowEntry",
     "WoodpeckerClient",
     "WoodpeckerError",
     "WriteManyResult",
@@ -126,10 +115,6 @@ __all__ = [
     "connect",
     "content_key",
     "content_keys",
-    "content_keys_arrow",
-    "crc32c",
-    "decode_snapshot",
-    "encode_snapshot",
     "explicit_key",
     "explicit_keys",
     "load_config",

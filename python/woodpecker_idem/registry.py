@@ -49,5 +49,4 @@ def writers() -> list[tuple[object, LogHandle]]:
 
 def is_live(writer: object) -> bool:
     """Open and not fenced: it still owns its log."""
-    core = getattr(writer, "core", writer)  # an idempotent writer wraps a LogWriter
-    return not getattr(core, "stopped", True)
+    return not getattr(writer, "stopped", True)

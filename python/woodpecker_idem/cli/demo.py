@@ -26,14 +26,12 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from .. import (
-    DedupWindow,
     LogMessageId,
     WriteResult,
     connect,
-    decode_snapshot,
-    encode_snapshot,
     explicit_key,
 )
+from .._core import DedupWindow, decode_snapshot, encode_snapshot
 from ..clock import SYSTEM_CLOCK
 from ..errors import InvalidArgumentError, WoodpeckerError
 from ..history import History, Stamp

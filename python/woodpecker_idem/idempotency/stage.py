@@ -19,7 +19,7 @@ import time
 from array import array
 from typing import TYPE_CHECKING
 
-from ..errors import WoodpeckerError, WriterFencedError
+from ..errors import WriterFencedError
 from ..writer.dedup import Answer
 from .rebuild import RecoveryReport, open_window, rebuild_window
 from .snapshot import SnapshotSource, Snapshotter
@@ -68,6 +68,7 @@ class WindowStage:
         self._evict_every_ms = max(1, min(1000, self.window.window_ms // 100))
         self._stopped = False  # fenced or closing: no background snapshot any more
         self._final = False  # closing as the owner: the final snapshot may be written
+        self._fence_seen: WriterFencedError | None = None  # a takeover the owner check saw
         self._epoch = -1
         self.report: RecoveryReport | None = None
         self.snapshotter: Snapshotter | None = None
@@ -192,14 +193,15 @@ class WindowStage:
         log's snapshots); asked of the metadata store, not of the pipeline."""
         if self._stopped and not self._final:
             return False
-        try:
+        try:  # an unreachable store raises: the snapshotter counts a failure and retries
             self._meta.check_epoch(self.log_id, self._epoch)
-        except WriterFencedError:
-            return False
-        except WoodpeckerError as exc:  # metadata unreachable: write nothing, retried later
-            log.debug("log %s: owner check failed: %s", self.log_id, exc)
+        except WriterFencedError as exc:
+            self._fence_seen = exc  # the pipeline asks (`fence_seen`) and fences itself
             return False
         return True
+
+    def fence_seen(self) -> WriterFencedError | None:
+        return self._fence_seen
 
     def _warn_early(self, early: int) -> None:
         """Log early evictions at most once per EARLY_WARNING_EVERY_S: a window too small for

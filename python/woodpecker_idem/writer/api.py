@@ -42,6 +42,7 @@ class _Writer:
 
     def __init__(self, handle: LogHandle, dedup: Dedup):
         self._pipeline = pipeline = open_pipeline(handle, dedup)
+        self._handle = handle
         self._acc = pipeline.accumulator
         self._lock = pipeline.lock
         self._max_entry_bytes = pipeline.max_entry_bytes
@@ -77,6 +78,11 @@ class _Writer:
     def fenced(self) -> bool:
         """Another writer took the log over: every call fails with `WriterFencedError`."""
         return self._pipeline.fenced
+
+    @property
+    def stopped(self) -> bool:
+        """Closed (or closing) or fenced: it no longer owns its log."""
+        return self._pipeline.stopped
 
     @property
     def repairing(self) -> bool:

@@ -19,6 +19,8 @@ from __future__ import annotations
 from array import array
 from typing import Protocol
 
+from ..errors import WriterFencedError
+
 # (status, segment ids, entry ids): see the module doc
 Answer = tuple[bytes, bytes, bytes]
 
@@ -55,6 +57,10 @@ class Dedup(Protocol):
 
     def segment_completed_locked(self, segment_id: int, last_entry_id: int) -> None:
         """`segment_id` is completed at `last_entry_id` (by this writer or a takeover)."""
+
+    def fence_seen(self) -> WriterFencedError | None:
+        """A takeover the stage noticed on its own (its snapshot's owner check), or None; the
+        pipeline asks (each tick, and when asked whether it is fenced) and fences itself."""
 
     def stopped_locked(self) -> None:
         """The pipeline was fenced or is closing: no background work of the stage may write
@@ -96,6 +102,9 @@ class NoDedup:
 
     def segment_completed_locked(self, segment_id: int, last_entry_id: int) -> None:
         pass
+
+    def fence_seen(self) -> WriterFencedError | None:
+        return None
 
     def stopped_locked(self) -> None:
         pass

@@ -196,6 +196,8 @@ class TickerView(Protocol):
 
     def renew_lease(self) -> None: ...
 
+    def check_stage(self) -> None: ...
+
 
 class Ticker:
     """`dispatch`: the writer's group commit and node senders; `wake`: the condition (on the
@@ -226,6 +228,7 @@ class Ticker:
         w = self.writer
         dispatch = self.dispatch
         while True:
+            w.check_stage()  # a takeover the dedup stage noticed fences the writer
             lac_only: list[OpenSegment] = []
             expired: list[tuple[Waiter, object]] = []
             admitted: Outcomes = []

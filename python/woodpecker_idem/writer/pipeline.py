@@ -158,7 +158,15 @@ class Pipeline:
     @property
     def fenced(self) -> bool:
         """Another writer took the log over: every call fails with `WriterFencedError`."""
+        if self.state.fenced is None:
+            self.check_stage()
         return self.state.fenced is not None
+
+    def check_stage(self) -> None:
+        """Fence this pipeline if its stage saw a takeover on its own (the ticker asks too)."""
+        seen = self.dedup.fence_seen()
+        if seen is not None and self.state.fenced is None:
+            self.fence(seen)
 
     @property
     def stopped(self) -> bool:
