@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .batches import batch_records, forget_batches
 from .routing import ROUTE_COLUMN, prepare
 
 
@@ -34,4 +35,12 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(WoodpeckerDataSource)
 
 
-__all__ = ["ROUTE_COLUMN", "idempotency_key", "prepare", "register", "write_partition"]
+__all__ = [
+    "ROUTE_COLUMN",
+    "batch_records",
+    "forget_batches",
+    "idempotency_key",
+    "prepare",
+    "register",
+    "write_partition",
+]

@@ -13,6 +13,7 @@ or with a wrong one are refused before anything of their batch is written.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import queue
@@ -36,17 +37,23 @@ from ..errors import (
     EarlyEvictionError,
     InvalidArgumentError,
     LogNotFoundError,
+    MetadataConflictError,
     RowsNotPreparedError,
+    WriterFencedError,
 )
-from .options import SinkOptions, ensure_log_group, log_name
+from ..meta.base import TxnMeta
+from .batches import BatchId, RouteBatch, begin, begin_done, task_batch_id
+from .options import READ_OPTIONS, SinkOptions, ensure_log_group, log_name
 from .routing import ROUTE_COLUMN
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
+    from ..client.log import LogHandle
     from ..client.writer import LogWriter
     from ..idempotency.writer import IdempotentLogWriter
+    from ..types import LogMessageId
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +63,9 @@ READ_BATCH_ROWS = 8192
 
 @dataclass
 class WoodpeckerCommitMessage(WriterCommitMessage):
-    """What one task attempt did (sent to the driver's commit)."""
+    """What one task attempt did (sent to the driver's commit). `duplicates` counts every row not
+    written because the log has it: found in the key window, or of an identified batch that was
+    committed already (`skipped`) or that an earlier attempt had written (`replayed`)."""
 
     partition: int
     attempt: int
@@ -64,44 +73,85 @@ class WoodpeckerCommitMessage(WriterCommitMessage):
     written: int = 0
     duplicates: int = 0
     routes: list[int] = field(default_factory=list)
+    skipped: int = 0
+    replayed: int = 0
+    # (writer epoch, record) of each identified batch this attempt wrote in full in a log: the
+    # driver marks them committed once Spark counts the task as succeeded (a task's input can
+    # end early when the task fails upstream of the sink, so the task cannot tell by itself)
+    txns: list[tuple[int, TxnMeta]] = field(default_factory=list)
+
+
+@dataclass
+class _Route:
+    """One route's writer in a task, and the identified batch it writes (if any)."""
+
+    writer: IdempotentLogWriter | None = None
+    batch: RouteBatch | None = None
+    evictions: int = 0
 
 
 class TaskWriters:
     """The writers of one task attempt, one per route it meets, opened after the fork."""
 
-    def __init__(self, opts: SinkOptions):
+    def __init__(self, opts: SinkOptions, partition: int = -1, batch: BatchId | None = None):
         self._opts = opts
         self._client = opts.connect()
-        self._writers: dict[int, IdempotentLogWriter] = {}
+        self._routes: dict[int, _Route] = {}
         self._plain: dict[int, LogWriter] = {}
-        self._evictions: dict[int, int] = {}
+        self._writer_name = f"Spark partition {partition}"
+        self._batch = batch if opts.idempotent else None
 
-    def writer(self, route: int) -> IdempotentLogWriter:
-        w = self._writers.get(route)
-        if w is None:
-            handle = self._client.open_log(log_name(self._opts.log, route))
-            w = handle.open_writer(idempotent=True, **self._opts.writer_options())
-            self._writers[route] = w
-            self._evictions[route] = w.window.early_evictions
-        return w
+    def _route(self, route: int) -> _Route:
+        r = self._routes.get(route)
+        if r is not None:
+            return r
+        r = self._routes[route] = _Route()
+        handle = self._client.open_log(log_name(self._opts.log, route))
+        if self._batch is not None:
+            have = self._client.meta.get_txn(handle.log_id, self._batch.app_id)
+            if have is not None and have.committed and have.version >= self._batch.version:
+                # finished before: no take-over, no segment (begin() re-checks after one)
+                r.batch = begin_done(handle, self._batch, have, self._writer_name)
+                return r
+        w = handle.open_writer(idempotent=True, **self._opts.writer_options())
+        r.writer, r.evictions = w, w.window.early_evictions
+        if self._batch is not None:
+            r.batch = begin(
+                self._client,
+                handle,
+                w.epoch,
+                self._batch,
+                self._writer_name,
+                _log_end(handle),
+            )
+        return r
 
     def write(self, route: int, payloads: list[bytes], keys: bytes) -> int:
-        """Write one route's rows; returns the duplicates suppressed."""
-        if self._opts.idempotent:
-            res = self.writer(route).write_keyed(payloads, keys)
-            self.check_evictions(route)
-            return res.duplicate.count(1)
-        w = self._plain.get(route)
-        if w is None:
-            w = self._plain[route] = self._client.open_log(
-                log_name(self._opts.log, route)
-            ).open_writer()
-        w.write_many(payloads)  # the same batch lane as write_keyed, without the window
-        return 0
+        """Write one route's rows; returns the rows not written because the log has them."""
+        if not self._opts.idempotent:
+            plain = self._plain.get(route)
+            if plain is None:
+                plain = self._plain[route] = self._client.open_log(
+                    log_name(self._opts.log, route)
+                ).open_writer()
+            plain.write_many(payloads)  # the same batch lane as write_keyed, without the window
+            return 0
+        r = self._route(route)
+        n = len(payloads)
+        if r.batch is not None:
+            payloads, keys = r.batch.filter(payloads, keys)
+            if not payloads:
+                return n
+        assert r.writer is not None  # a batch that is not DONE has its writer
+        res = r.writer.write_keyed(payloads, keys)
+        self.check_evictions(route)
+        return n - len(payloads) + res.duplicate.count(1)
 
     def check_evictions(self, route: int) -> None:
-        w = self._writers[route]
-        early = w.window.early_evictions - self._evictions[route]
+        r = self._routes[route]
+        w = r.writer
+        assert w is not None
+        early = w.window.early_evictions - r.evictions
         if early:
             raise EarlyEvictionError(
                 f"{early} keys of log {log_name(self._opts.log, route)} left the window by "
@@ -110,18 +160,38 @@ class TaskWriters:
                 "above the rows one route receives within windowDurationS"
             )
 
+    def finish(self, msg: WoodpeckerCommitMessage) -> None:
+        """Every row handed over was written: tell the driver which batch records to mark."""
+        for r in self._routes.values():
+            if r.batch is None:
+                continue
+            if r.writer is not None and r.batch.txn is not None:
+                msg.txns.append((r.writer.epoch, r.batch.txn))
+            msg.skipped += r.batch.skipped
+            msg.replayed += r.batch.replayed
+
     @property
     def routes(self) -> list[int]:
-        return sorted({*self._writers, *self._plain})
+        return sorted({*self._routes, *self._plain})
 
     def close(self) -> None:
         try:
-            for w in self._writers.values():
-                w.close()
+            for r in self._routes.values():
+                if r.writer is not None:
+                    r.writer.close()
             for plain in self._plain.values():
                 plain.close()
         finally:
             self._client.close()
+
+
+def _log_end(handle: LogHandle) -> LogMessageId:
+    """Where the next entry of the log goes, as its writer (just opened) finds it."""
+    reader = handle.open_reader("latest")
+    try:
+        return reader.position
+    finally:
+        reader.close()
 
 
 def _split_by_route(
@@ -193,7 +263,7 @@ def write_batches(
 ) -> None:
     """Write prepared Arrow batches through the writers of their routes, counting into `msg`."""
     partitions = opts.partitions or 1
-    task = TaskWriters(opts)
+    task = TaskWriters(opts, msg.partition, task_batch_id(opts.batch_id))
     handed = 0  # rows handed to the write thread (msg.rows counts those written)
     try:
         writes = _WriteThread(task, msg)
@@ -225,6 +295,7 @@ def write_batches(
                 handed += batch.num_rows
         finally:
             writes.close()  # what was handed over is written before the task ends or fails
+        task.finish(msg)
         msg.routes = task.routes
     finally:
         task.close()
@@ -251,6 +322,7 @@ class WoodpeckerArrowWriter(DataSourceArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         done = [m for m in messages if isinstance(m, WoodpeckerCommitMessage)]
+        mark_committed(self.opts, done)  # the tasks that succeeded wrote their routes in full
         log.warning(
             "woodpecker write to %s aborted: %d tasks had finished (%d rows written); what was "
             "acknowledged stays, and re-running the job completes the log without duplicates",
@@ -260,11 +332,37 @@ class WoodpeckerArrowWriter(DataSourceArrowWriter):
         )
 
 
+def mark_committed(opts: SinkOptions, done: list[WoodpeckerCommitMessage]) -> int:
+    """Mark the identified batches the succeeded tasks wrote as committed, each in its log, as
+    the epoch of the writer that wrote it: a record another attempt has taken over since is
+    left as it is (a replay then reads the log back, which is as exact, only slower)."""
+    txns = [t for m in done for t in m.txns]
+    if not txns:
+        return 0
+    client = opts.connect()
+    marked = 0
+    try:
+        for epoch, txn in txns:
+            try:
+                client.meta.put_txn(
+                    epoch,
+                    dataclasses.replace(txn, committed=True, updated_ms=client.clock.now_ms()),
+                )
+                marked += 1
+            except (WriterFencedError, MetadataConflictError) as exc:
+                log.info("batch record %s of log id %d left open: %s", txn.app_id, txn.log_id, exc)
+    finally:
+        client.close()
+    return marked
+
+
 def report_commit(
     opts: SinkOptions, messages: list[WriterCommitMessage | None], batch_id: int | None
 ) -> dict[str, Any]:
-    """Sum the tasks' messages: rows in, written, duplicates suppressed, attempts seen."""
+    """Mark identified batches committed and sum the tasks' messages: rows in, written,
+    duplicates suppressed, attempts seen."""
     done = [m for m in messages if isinstance(m, WoodpeckerCommitMessage)]
+    committed_logs = mark_committed(opts, done)
     report: dict[str, Any] = {
         "log": opts.log,
         "time_ms": int(time.time() * 1000),
@@ -274,10 +372,17 @@ def report_commit(
         "duplicates": sum(m.duplicates for m in done),
         "attempts": sum(m.attempt + 1 for m in done),
         "retried_tasks": sum(1 for m in done if m.attempt > 0),
-        "tasks_detail": [asdict(m) for m in done],
+        "skipped": sum(m.skipped for m in done),
+        "replayed": sum(m.replayed for m in done),
+        "tasks_detail": [{k: v for k, v in asdict(m).items() if k != "txns"} for m in done],
     }
     if batch_id is not None:
         report["batch_id"] = batch_id
+    elif opts.batch_id is not None:
+        report["txn_app_id"] = opts.batch_id.app_id
+        report["txn_version"] = opts.batch_id.version
+    if committed_logs:
+        report["committed_logs"] = committed_logs
     log.info(
         "woodpecker commit %s: %d rows, %d written, %d duplicates suppressed, %d attempts of %d "
         "tasks",
@@ -309,6 +414,7 @@ class WoodpeckerStreamWriter(DataSourceStreamArrowWriter):
         report_commit(self.opts, messages, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        mark_committed(self.opts, [m for m in messages if isinstance(m, WoodpeckerCommitMessage)])
         log.warning(
             "woodpecker micro-batch %d to %s aborted; restarting the query replays it and the "
             "log keeps every key once",
@@ -399,7 +505,14 @@ class WoodpeckerDataSource(DataSource):
         return WoodpeckerArrowWriter(opts)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> WoodpeckerStreamWriter:  # noqa: N802
-        return WoodpeckerStreamWriter(self.writer(schema, overwrite).opts)
+        opts = self.writer(schema, overwrite).opts
+        if opts.batch_id is not None:
+            raise InvalidArgumentError(
+                'options "txnAppId" and "txnVersion" are for batch writes: a streaming query\'s '
+                "micro-batches are identified by the query's id and the batch id (kept in its "
+                "checkpoint)"
+            )
+        return WoodpeckerStreamWriter(opts)
 
     def reader(self, schema: StructType) -> WoodpeckerReader:
-        return WoodpeckerReader(SinkOptions.parse(self.options, need_partitions=False))
+        return WoodpeckerReader(SinkOptions.parse(self.options, False, READ_OPTIONS))
