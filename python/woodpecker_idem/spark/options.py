@@ -65,8 +65,10 @@ class SinkOptions:
         any other is refused, with the nearest known name."""
         check_names(options, known)
 
+        by_lower = {str(k).lower(): v for k, v in options.items()}  # as Spark's own map
+
         def get(name: str) -> str | None:
-            value = options.get(name)
+            value = by_lower.get(name.lower())
             return None if value is None or value == "" else str(value)
 
         name = get("log")
