@@ -1,7 +1,7 @@
 """Spark integration (needs the `spark` extra: pyspark >= 4 and pyarrow; DESIGN.md section 10).
 
-from woodpecker_idem.spark import prepare, register
-register(spark)                                     # format("woodpecker")
+from woodpecker_idem.spark import prepare       # format("woodpecker") needs no register:
+                                                # Spark finds the pyspark_woodpecker module
 (prepare(df, "order_id", 4).write.format("woodpecker").option("log", "orders")
     .option("idempotencyKey", "order_id").option("partitions", 4)
     .option("dataDir", "/shared/woodpecker-data").mode("append").save())
