@@ -43,7 +43,7 @@ def test_option_names_are_case_insensitive_as_in_spark(tmp_path):
 
 
 def test_a_write_option_is_refused_on_read_and_a_path_is_explained(tmp_path):
-    with pytest.raises(InvalidArgumentError, match='unknown option "partitions"'):
+    with pytest.raises(InvalidArgumentError, match='option "partitions" does not apply here'):
         SinkOptions.parse({"log": "g", "dataDir": str(tmp_path), "partitions": "2"}, False,
                           READ_OPTIONS)  # fmt: skip
     with pytest.raises(InvalidArgumentError, match="takes no path"):
@@ -60,7 +60,7 @@ def test_config_keys_as_options_are_checked_as_config_keys(tmp_path):
     [
         ("partitions", "4x", r'"partitions" must be an int 1\.\.4096, not \'4x\''),
         ("partitions", "0", r'"partitions" must be an int 1\.\.4096, not \'0\''),
-        ("windowMaxKeys", "100k", r'"windowMaxKeys" must be an int >= 1, not \'100k\''),
+        ("windowMaxKeys", "100k", r'"windowMaxKeys" must be an int 1\.\.100000000, not \'100k\''),
         (
             "windowDurationS",
             "10m",

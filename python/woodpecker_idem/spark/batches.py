@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 STREAM_APP_PREFIX = "stream:"
+JOB_APP_PREFIX = "job:"  # a batch job's own identity when it names none (for its task retries)
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING, Any
 from ..config import SECTIONS, Config, load_config, parse_text
 from ..connect import connect
 from ..errors import InvalidArgumentError, LogExistsError, LogGroupSizeMismatchError
-from .batches import STREAM_APP_PREFIX, BatchId
+from .batches import JOB_APP_PREFIX, STREAM_APP_PREFIX, BatchId
 from .routing import MAX_PARTITIONS
 
 # The options each use reads (besides config keys such as meta.type); SPARK_OPTIONS are Spark's
 # own, which reach the source too.
 READ_OPTIONS = ("log", "dataDir", "config")
+BATCH_READ_OPTIONS = (*READ_OPTIONS, "startingOffsets", "endingOffsets")
+STREAM_READ_OPTIONS = (*READ_OPTIONS, "startingOffsets", "maxEntriesPerTrigger")
 WRITE_OPTIONS = (
     *READ_OPTIONS,
     "partitions",
@@ -34,6 +36,13 @@ WRITE_OPTIONS = (
     "txnVersion",
 )
 SPARK_OPTIONS = ("checkpointLocation",)
+ALL_OPTIONS = (*WRITE_OPTIONS, *BATCH_READ_OPTIONS, *STREAM_READ_OPTIONS)
+
+# The sink's window capacity per log unless windowMaxKeys (or the config key) says otherwise: a
+# Spark task writes a whole route at once (10M rows in 4 routes: 2.5M keys each), where the
+# config's default suits a service's steady stream. The ring is reserved as address space and
+# its pages are touched as keys land: a window holds ~45 bytes of memory per key it holds.
+SINK_WINDOW_MAX_KEYS = 4_194_304
 
 if TYPE_CHECKING:
     from ..client.client import WoodpeckerClient
@@ -56,6 +65,8 @@ class SinkOptions:
     report_file: str | None = None
     idempotent: bool = True  # false: plain writers, no keys kept (the benches' baseline)
     batch_id: BatchId | None = None  # txnAppId / txnVersion (streaming: the micro-batch's own)
+    # batch_id is the job's own (no txnAppId given): its records are dropped when the job ends
+    job_scoped: bool = False
 
     @classmethod
     def parse(
@@ -98,12 +109,12 @@ class SinkOptions:
             log=name,
             partitions=None
             if parts is None
-            else _int_option("partitions", parts, 1, MAX_PARTITIONS),
+            else int_option("partitions", parts, 1, MAX_PARTITIONS),
             settings=settings,
             key=get("idempotencyKey"),
             payload=get("payloadColumn"),
             data_dir=data_dir,
-            window_max_keys=_int_option("windowMaxKeys", get("windowMaxKeys"), 1),
+            window_max_keys=int_option("windowMaxKeys", get("windowMaxKeys"), 1, 10**8),
             window_duration_s=_float_option("windowDurationS", get("windowDurationS")),
             report_file=get("reportFile"),
             idempotent=idempotent == "true",
@@ -119,6 +130,8 @@ class SinkOptions:
         out: dict[str, Any] = {}
         if self.window_max_keys is not None:
             out["window_max_keys"] = self.window_max_keys
+        elif not self.settings.is_set("idempotency.window_max_keys"):
+            out["window_max_keys"] = SINK_WINDOW_MAX_KEYS
         if self.window_duration_s is not None:
             out["window_duration_s"] = self.window_duration_s
         return out
@@ -139,6 +152,12 @@ def check_names(options: Any, known: tuple[str, ...]) -> None:
                 'the woodpecker source takes no path: name the log group with option("log", '
                 'name) and its data directory with option("dataDir", dir)'
             )
+        elsewhere = {k.lower(): k for k in ALL_OPTIONS}
+        if low in elsewhere:  # another use's option (Spark hands it over lowercased)
+            raise InvalidArgumentError(
+                f'option "{elsewhere[low]}" does not apply here (options here: '
+                f"{', '.join(known)}, and config keys such as meta.type)"
+            )
         close = difflib.get_close_matches(low, list(by_lower), n=1, cutoff=0.6)
         hint = f'; did you mean "{by_lower[close[0]]}"?' if close else ""
         raise InvalidArgumentError(
@@ -147,7 +166,7 @@ def check_names(options: Any, known: tuple[str, ...]) -> None:
         )
 
 
-def _int_option(name: str, text: str | None, lo: int, hi: int | None = None) -> int | None:
+def int_option(name: str, text: str | None, lo: int, hi: int | None = None) -> int | None:
     if text is None:
         return None
     value = text.strip()
@@ -182,12 +201,12 @@ def _batch_id(app_id: str | None, version: str | None) -> BatchId | None:
             f'option "{missing}" is required with "txnAppId"/"txnVersion": a batch is named by '
             "both (the application, and this run's version: an int >= 0 that grows run by run)"
         )
-    if app_id.startswith(STREAM_APP_PREFIX):
+    if app_id.startswith((STREAM_APP_PREFIX, JOB_APP_PREFIX)):
         raise InvalidArgumentError(
-            f'option "txnAppId" must not start with {STREAM_APP_PREFIX!r} (streaming queries '
-            "use those)"
+            f'option "txnAppId" must not start with {STREAM_APP_PREFIX!r} or {JOB_APP_PREFIX!r} '
+            "(the sink names streaming queries and unnamed jobs so)"
         )
-    number = _int_option("txnVersion", version, 0)
+    number = int_option("txnVersion", version, 0)
     assert number is not None
     return BatchId(app_id, number)
 

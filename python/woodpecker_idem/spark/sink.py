@@ -19,6 +19,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,9 +43,24 @@ from ..errors import (
     WriterFencedError,
 )
 from ..meta.base import TxnMeta
-from .batches import BatchId, RouteBatch, begin, begin_done, task_batch_id
-from .options import READ_OPTIONS, SinkOptions, ensure_log_group, log_name
+from .batches import JOB_APP_PREFIX, BatchId, RouteBatch, begin, begin_done, task_batch_id
+from .options import (
+    BATCH_READ_OPTIONS,
+    STREAM_READ_OPTIONS,
+    SinkOptions,
+    ensure_log_group,
+    int_option,
+    log_name,
+)
 from .routing import ROUTE_COLUMN
+from .source import (
+    group_size,
+    parse_positions,
+    plan_ranges,
+    read_range,
+    resolve,
+    stream_reader_class,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -57,8 +73,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-READ_SCHEMA = "payload binary, key binary, segment bigint, entry bigint, timestamp timestamp"
-READ_BATCH_ROWS = 8192
+READ_SCHEMA = (
+    "payload binary, key binary, segment bigint, entry bigint, timestamp timestamp, log int"
+)
 
 
 @dataclass
@@ -75,6 +92,7 @@ class WoodpeckerCommitMessage(WriterCommitMessage):
     routes: list[int] = field(default_factory=list)
     skipped: int = 0
     replayed: int = 0
+    early_evictions: int = 0  # keys the window let go by capacity before its duration
     # (writer epoch, record) of each identified batch this attempt wrote in full in a log: the
     # driver marks them committed once Spark counts the task as succeeded (a task's input can
     # end early when the task fails upstream of the sink, so the task cannot tell by itself)
@@ -148,11 +166,14 @@ class TaskWriters:
         return n - len(payloads) + res.duplicate.count(1)
 
     def check_evictions(self, route: int) -> None:
+        """Without a batch identity, a key the window let go early is one a retry of this task
+        would write again: fail now. With one, a retry reads the log back instead: the keys are
+        only counted (and reported), as keys other batches will not be deduped against."""
         r = self._routes[route]
         w = r.writer
         assert w is not None
         early = w.window.early_evictions - r.evictions
-        if early:
+        if early and r.batch is None:
             raise EarlyEvictionError(
                 f"{early} keys of log {log_name(self._opts.log, route)} left the window by "
                 f"capacity (window_max_keys={w.window.max_keys}) before its duration while this "
@@ -163,6 +184,8 @@ class TaskWriters:
     def finish(self, msg: WoodpeckerCommitMessage) -> None:
         """Every row handed over was written: tell the driver which batch records to mark."""
         for r in self._routes.values():
+            if r.writer is not None:
+                msg.early_evictions += r.writer.window.early_evictions - r.evictions
             if r.batch is None:
                 continue
             if r.writer is not None and r.batch.txn is not None:
@@ -322,7 +345,10 @@ class WoodpeckerArrowWriter(DataSourceArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         done = [m for m in messages if isinstance(m, WoodpeckerCommitMessage)]
-        mark_committed(self.opts, done)  # the tasks that succeeded wrote their routes in full
+        if self.opts.job_scoped:
+            forget_job(self.opts)  # the job is over: no attempt of it comes again
+        else:
+            mark_committed(self.opts, done)  # the tasks that succeeded wrote their routes
         log.warning(
             "woodpecker write to %s aborted: %d tasks had finished (%d rows written); what was "
             "acknowledged stays, and re-running the job completes the log without duplicates",
@@ -330,6 +356,22 @@ class WoodpeckerArrowWriter(DataSourceArrowWriter):
             len(done),
             sum(m.written for m in done),
         )
+
+
+def forget_job(opts: SinkOptions) -> None:
+    """Drop the records of a job's own identity (see `SinkOptions.job_scoped`) from every log of
+    the group: they served its task retries, and the job is over."""
+    assert opts.batch_id is not None
+    client = opts.connect()
+    try:
+        for p in range(opts.partitions or 1):
+            try:
+                log_id = client.meta.get_log(log_name(opts.log, p)).log_id
+            except LogNotFoundError:
+                continue
+            client.meta.delete_txn(log_id, opts.batch_id.app_id)
+    finally:
+        client.close()
 
 
 def mark_committed(opts: SinkOptions, done: list[WoodpeckerCommitMessage]) -> int:
@@ -362,7 +404,11 @@ def report_commit(
     """Mark identified batches committed and sum the tasks' messages: rows in, written,
     duplicates suppressed, attempts seen."""
     done = [m for m in messages if isinstance(m, WoodpeckerCommitMessage)]
-    committed_logs = mark_committed(opts, done)
+    committed_logs = 0
+    if opts.job_scoped:
+        forget_job(opts)
+    else:
+        committed_logs = mark_committed(opts, done)
     report: dict[str, Any] = {
         "log": opts.log,
         "time_ms": int(time.time() * 1000),
@@ -374,11 +420,12 @@ def report_commit(
         "retried_tasks": sum(1 for m in done if m.attempt > 0),
         "skipped": sum(m.skipped for m in done),
         "replayed": sum(m.replayed for m in done),
+        "early_evictions": sum(m.early_evictions for m in done),
         "tasks_detail": [{k: v for k, v in asdict(m).items() if k != "txns"} for m in done],
     }
     if batch_id is not None:
         report["batch_id"] = batch_id
-    elif opts.batch_id is not None:
+    elif opts.batch_id is not None and not opts.job_scoped:
         report["txn_app_id"] = opts.batch_id.app_id
         report["txn_version"] = opts.batch_id.version
     if committed_logs:
@@ -393,6 +440,15 @@ def report_commit(
         report["attempts"],
         report["tasks"],
     )
+    if report["early_evictions"]:
+        log.warning(
+            "woodpecker commit %s: %d keys left their log's window by capacity (windowMaxKeys) "
+            "before its duration: this job wrote each once, but another batch delivering one of "
+            "them within windowDurationS will write it again; raise windowMaxKeys above the rows "
+            "one log receives within windowDurationS",
+            opts.log,
+            report["early_evictions"],
+        )
     if opts.report_file:
         with open(opts.report_file, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(report, sort_keys=True) + "\n")
@@ -424,53 +480,75 @@ class WoodpeckerStreamWriter(DataSourceStreamArrowWriter):
 
 
 class WoodpeckerReader(DataSourceReader):
-    """One Spark partition per log of the group: payload, key, segment, entry, timestamp."""
+    """One Spark partition per log of the group with entries between `startingOffsets`
+    (default earliest) and `endingOffsets` (default latest, as the log is when the read is
+    planned): payload, key, segment, entry, timestamp, log."""
 
-    def __init__(self, opts: SinkOptions):
+    def __init__(self, opts: SinkOptions, options: Any):
         self.opts = opts
+        self._starting = _option(options, "startingOffsets")
+        self._ending = _option(options, "endingOffsets")
 
     def partitions(self) -> list[InputPartition]:
         client = self.opts.connect()
         try:
-            group = client.meta.get_log_group(self.opts.log)
+            n = group_size(client, self.opts.log)
+            both = ("earliest", "latest")
+            start = parse_positions("startingOffsets", self._starting, "earliest", n, both)
+            end = parse_positions("endingOffsets", self._ending, "latest", n, ("latest",))
+            ranges = plan_ranges(
+                client,
+                self.opts.log,
+                resolve(client, self.opts.log, n, start),
+                resolve(client, self.opts.log, n, end),
+            )
         finally:
             client.close()
-        if group is None:
-            raise LogNotFoundError(f"no log group {self.opts.log!r}: nothing was written to it")
-        return [InputPartition(p) for p in range(group.partitions)]
+        return [InputPartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        import pyarrow as pa
+        return read_range(self.opts, partition.value)
 
-        schema = pa.schema(
-            [
-                ("payload", pa.binary()),
-                ("key", pa.binary()),
-                ("segment", pa.int64()),
-                ("entry", pa.int64()),
-                ("timestamp", pa.timestamp("us", tz="UTC")),
-            ]
+
+def _option(options: Any, name: str) -> str | None:
+    by_lower = {str(k).lower(): v for k, v in options.items()}
+    value = by_lower.get(name.lower())
+    return None if value is None or value == "" else str(value)
+
+
+def check_read_schema(schema: StructType) -> None:
+    """The source's columns are fixed: a user schema that differs is refused when the read is
+    planned (the payload is canonical JSON or bytes: parse it with from_json)."""
+    want = [(f.name, f.dataType.simpleString()) for f in read_struct().fields]
+    got = [(f.name, f.dataType.simpleString()) for f in schema.fields]
+    if got != want:
+        raise InvalidArgumentError(
+            f'format("woodpecker") reads the columns {READ_SCHEMA}, not '
+            f"{', '.join(f'{n} {t}' for n, t in got)}: leave .schema() out and parse the payload "
+            '(canonical JSON) with from_json(col("payload").cast("string"), your_schema)'
         )
-        client = self.opts.connect()
-        try:
-            reader = client.open_log(log_name(self.opts.log, partition.value)).open_reader()
-            try:
-                cols: list[list] = [[], [], [], [], []]
-                for m in reader:
-                    cols[0].append(m.payload)
-                    cols[1].append(m.idempotency_key)
-                    cols[2].append(m.message_id.segment_id)
-                    cols[3].append(m.message_id.entry_id)
-                    cols[4].append(m.timestamp_ms * 1000)
-                    if len(cols[0]) >= READ_BATCH_ROWS:
-                        yield pa.RecordBatch.from_arrays(cols, schema=schema)
-                        cols = [[], [], [], [], []]
-                if cols[0]:
-                    yield pa.RecordBatch.from_arrays(cols, schema=schema)
-            finally:
-                reader.close()
-        finally:
-            client.close()
+
+
+def read_struct() -> StructType:
+    from pyspark.sql.types import (
+        BinaryType,
+        IntegerType,
+        LongType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    return StructType(
+        [
+            StructField("payload", BinaryType()),
+            StructField("key", BinaryType()),
+            StructField("segment", LongType()),
+            StructField("entry", LongType()),
+            StructField("timestamp", TimestampType()),
+            StructField("log", IntegerType()),
+        ]
+    )
 
 
 class WoodpeckerDataSource(DataSource):
@@ -483,7 +561,7 @@ class WoodpeckerDataSource(DataSource):
     def schema(self) -> str:
         return READ_SCHEMA
 
-    def writer(self, schema: StructType, overwrite: bool) -> WoodpeckerArrowWriter:
+    def _write_options(self, schema: StructType, overwrite: bool) -> SinkOptions:
         if overwrite:
             raise InvalidArgumentError(
                 'mode("overwrite") is not supported: a log is append-only; use mode("append")'
@@ -502,10 +580,19 @@ class WoodpeckerDataSource(DataSource):
             ensure_log_group(client, opts.log, opts.partitions or 1)
         finally:
             client.close()
+        return opts
+
+    def writer(self, schema: StructType, overwrite: bool) -> WoodpeckerArrowWriter:
+        opts = self._write_options(schema, overwrite)
+        if opts.batch_id is None and opts.idempotent:
+            # A job that names no batch still has one for its own task retries: they read the
+            # log back from where the failed attempt began, whatever the window kept.
+            job = BatchId(f"{JOB_APP_PREFIX}{uuid.uuid4().hex}", 0)
+            opts = dataclasses.replace(opts, batch_id=job, job_scoped=True)
         return WoodpeckerArrowWriter(opts)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> WoodpeckerStreamWriter:  # noqa: N802
-        opts = self.writer(schema, overwrite).opts
+        opts = self._write_options(schema, overwrite)
         if opts.batch_id is not None:
             raise InvalidArgumentError(
                 'options "txnAppId" and "txnVersion" are for batch writes: a streaming query\'s '
@@ -515,4 +602,14 @@ class WoodpeckerDataSource(DataSource):
         return WoodpeckerStreamWriter(opts)
 
     def reader(self, schema: StructType) -> WoodpeckerReader:
-        return WoodpeckerReader(SinkOptions.parse(self.options, False, READ_OPTIONS))
+        check_read_schema(schema)
+        opts = SinkOptions.parse(self.options, False, BATCH_READ_OPTIONS)
+        return WoodpeckerReader(opts, self.options)
+
+    def streamReader(self, schema: StructType) -> Any:  # noqa: N802
+        check_read_schema(schema)
+        opts = SinkOptions.parse(self.options, False, STREAM_READ_OPTIONS)
+        max_entries = int_option(
+            "maxEntriesPerTrigger", _option(self.options, "maxEntriesPerTrigger"), 1
+        )
+        return stream_reader_class()(opts, _option(self.options, "startingOffsets"), max_entries)
