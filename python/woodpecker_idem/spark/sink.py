@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -43,7 +44,17 @@ from ..errors import (
     WriterFencedError,
 )
 from ..meta.base import TxnMeta
-from .batches import JOB_APP_PREFIX, BatchId, RouteBatch, begin, begin_done, task_batch_id
+from ..types import LogMessageId
+from . import kept as kept_writers
+from .batches import (
+    JOB_APP_PREFIX,
+    STREAM_APP_PREFIX,
+    BatchId,
+    RouteBatch,
+    begin,
+    begin_done,
+    task_batch_id,
+)
 from .options import (
     BATCH_READ_OPTIONS,
     STREAM_READ_OPTIONS,
@@ -66,10 +77,10 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
+    from ..client.client import WoodpeckerClient
     from ..client.log import LogHandle
     from ..client.writer import LogWriter
     from ..idempotency.writer import IdempotentLogWriter
-    from ..types import LogMessageId
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +117,8 @@ class _Route:
     writer: IdempotentLogWriter | None = None
     batch: RouteBatch | None = None
     evictions: int = 0
+    client: WoodpeckerClient | None = None  # the writer's own client, when it may be kept
+    tail: LogMessageId | None = None  # where the writer's next entry goes, once known
 
 
 class TaskWriters:
@@ -118,6 +131,8 @@ class TaskWriters:
         self._plain: dict[int, LogWriter] = {}
         self._writer_name = f"Spark partition {partition}"
         self._batch = batch if opts.idempotent else None
+        # a streaming query's writers stay open between its micro-batches
+        self._keep = batch is not None and batch.app_id.startswith(STREAM_APP_PREFIX)
 
     def _route(self, route: int) -> _Route:
         r = self._routes.get(route)
@@ -131,18 +146,25 @@ class TaskWriters:
                 # finished before: no take-over, no segment (begin() re-checks after one)
                 r.batch = begin_done(handle, self._batch, have, self._writer_name)
                 return r
-        w = handle.open_writer(idempotent=True, **self._opts.writer_options())
-        r.writer, r.evictions = w, w.window.early_evictions
+        kept = kept_writers.take(self._kept_key(route), self._client.meta) if self._keep else None
+        if kept is not None:  # the previous micro-batch's writer in this worker: no take-over
+            r.writer, r.client, r.tail = kept.writer, kept.client, kept.tail
+        elif self._keep:  # a client of its own, kept open with the writer after the task
+            r.client = self._opts.connect()
+            own = r.client.open_log(handle.name)
+            r.writer = own.open_writer(idempotent=True, **self._opts.writer_options())
+        else:
+            r.writer = handle.open_writer(idempotent=True, **self._opts.writer_options())
+        w = r.writer
+        r.evictions = w.window.early_evictions
         if self._batch is not None:
-            r.batch = begin(
-                self._client,
-                handle,
-                w.epoch,
-                self._batch,
-                self._writer_name,
-                _log_end(handle),
-            )
+            start = r.tail if r.tail is not None else _log_end(handle)
+            r.batch = begin(self._client, handle, w.epoch, self._batch, self._writer_name, start)
         return r
+
+    def _kept_key(self, route: int) -> tuple[object, ...]:
+        o = self._opts
+        return (o.log, route, o.data_dir, o.settings, o.window_max_keys, o.window_duration_s)
 
     def write(self, route: int, payloads: list[bytes], keys: bytes) -> int:
         """Write one route's rows; returns the rows not written because the log has them."""
@@ -162,6 +184,9 @@ class TaskWriters:
                 return n
         assert r.writer is not None  # a batch that is not DONE has its writer
         res = r.writer.write_keyed(payloads, keys)
+        last_new = res.duplicate.rfind(0)  # entries are given ids in row order
+        if last_new >= 0:
+            r.tail = LogMessageId(res.segment_ids[last_new], res.entry_ids[last_new] + 1)
         self.check_evictions(route)
         return n - len(payloads) + res.duplicate.count(1)
 
@@ -197,11 +222,22 @@ class TaskWriters:
     def routes(self) -> list[int]:
         return sorted({*self._routes, *self._plain})
 
-    def close(self) -> None:
+    def close(self, ok: bool = False) -> None:
+        """Close the writers; `ok` (the task wrote all it was given): a streaming task keeps
+        them open in this worker for the query's next micro-batch (see kept.py)."""
         try:
-            for r in self._routes.values():
-                if r.writer is not None:
+            for route, r in self._routes.items():
+                if r.writer is None:
+                    continue
+                if ok and self._keep and r.client is not None:
+                    kept = kept_writers.Kept(r.client, r.writer, r.tail, os.getpid())
+                    kept_writers.keep(self._kept_key(route), kept)
+                    continue
+                try:
                     r.writer.close()
+                finally:
+                    if r.client is not None:
+                        r.client.close()
             for plain in self._plain.values():
                 plain.close()
         finally:
@@ -287,6 +323,7 @@ def write_batches(
     """Write prepared Arrow batches through the writers of their routes, counting into `msg`."""
     partitions = opts.partitions or 1
     task = TaskWriters(opts, msg.partition, task_batch_id(opts.batch_id))
+    ok = False
     handed = 0  # rows handed to the write thread (msg.rows counts those written)
     try:
         writes = _WriteThread(task, msg)
@@ -320,8 +357,9 @@ def write_batches(
             writes.close()  # what was handed over is written before the task ends or fails
         task.finish(msg)
         msg.routes = task.routes
+        ok = True
     finally:
-        task.close()
+        task.close(ok)
 
 
 class WoodpeckerArrowWriter(DataSourceArrowWriter):
