@@ -224,3 +224,37 @@ def test_a_micro_batch_cut_short_and_replayed_after_the_window_is_written_once(s
         judge_group(client, "stream", order_keys(0, 1200), 2)
     finally:
         client.close()
+
+
+def test_a_batch_write_in_foreach_batch_keeps_the_identity_it_was_given(spark, tmp_path):  # noqa: F811
+    """Its tasks run with the micro-batch's properties; the write's own txnAppId still names it
+    (Delta's foreachBatch idiom: txnAppId = the query, txnVersion = the batch id)."""
+    import pyarrow.parquet as pq
+
+    source = tmp_path / "in"
+    source.mkdir()
+    for n in range(2):
+        ids = pa.array(range(n * 100, (n + 1) * 100), pa.int64())
+        pq.write_table(pa.table({"order_id": ids}), source / f"part-{n}.parquet")
+
+    def each(df, batch_id):
+        save(prepare(df, "order_id", P), tmp_path, txnAppId="fb", txnVersion=str(batch_id))
+
+    stream = spark.readStream.schema("order_id bigint").option("maxFilesPerTrigger", 1)
+    query = (
+        stream.parquet(str(source))
+        .writeStream.foreachBatch(each)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None
+    client = connect(tmp_path)
+    try:
+        records = [t for p in range(P) for t in client.meta.list_txns(
+            client.open_log(f"orders-{p}").log_id)]  # fmt: skip
+    finally:
+        client.close()
+    assert {(t.app_id, t.version, t.committed) for t in records} == {("fb", 1, True)}
+    judge(tmp_path, "orders", order_keys(0, 200))

@@ -64,19 +64,21 @@ def stream_batch_id(query_id: str | None, batch_id: str | None) -> BatchId | Non
 
 
 def task_batch_id(configured: BatchId | None) -> BatchId | None:
-    """The identity of this task's write: the streaming micro-batch it belongs to, else the
-    txnAppId / txnVersion options."""
+    """The identity of this task's write: the one the write was given (txnAppId / txnVersion,
+    or a batch job's own), else the streaming micro-batch the task belongs to. (A batch write
+    inside `foreachBatch` runs with the micro-batch's properties too: it keeps its own.)"""
+    if configured is not None:
+        return configured
     try:
         from pyspark import TaskContext
     except ImportError:  # plain Python: no Spark task
-        return configured
+        return None
     ctx = TaskContext.get()
     if ctx is None:
-        return configured
-    streaming = stream_batch_id(
+        return None
+    return stream_batch_id(
         ctx.getLocalProperty(QUERY_ID_PROPERTY), ctx.getLocalProperty(BATCH_ID_PROPERTY)
     )
-    return streaming or configured
 
 
 class RouteBatch:
