@@ -34,6 +34,7 @@ from woodpecker_idem.meta import (
     NodeInfo,
     SegmentMeta,
     SqliteMetadataStore,
+    TxnMeta,
     open_metadata_store,
 )
 from woodpecker_idem.types import LogMessageId, SegmentState
@@ -433,6 +434,72 @@ def test_log_groups(meta_store: MetadataStore) -> None:
     assert meta_store.get_log_group("g") == g
     with pytest.raises(InvalidArgumentError):
         meta_store.create_log_group("h", 0, NOW)
+
+
+# --- batch identities ----------------------------------------------------------------------------
+
+
+def test_txn_records_create_replace_and_list(meta_store: MetadataStore) -> None:
+    m = meta_store.create_log("a", NOW)
+    epoch = meta_store.take_over(m.log_id, "w", NOW, 1000)
+    assert meta_store.get_txn(m.log_id, "job") is None
+    assert meta_store.list_txns(m.log_id) == []
+    first = TxnMeta(m.log_id, "job", 3, LogMessageId(2, 7), writer="p0", updated_ms=NOW)
+    stored = meta_store.put_txn(epoch, first)
+    assert stored.revision > 0
+    assert meta_store.get_txn(m.log_id, "job") == stored
+    with pytest.raises(MetadataConflictError):  # revision 0: must be absent
+        meta_store.put_txn(epoch, first)
+    done = meta_store.put_txn(epoch, TxnMeta(**{**_fields(stored), "committed": True}))
+    assert done.committed and done.revision != stored.revision
+    with pytest.raises(MetadataConflictError):  # a stale revision: another writer moved first
+        meta_store.put_txn(epoch, TxnMeta(**{**_fields(stored), "version": 4}))
+    assert meta_store.get_txn(m.log_id, "job") == done
+    # app ids are free text (a query id, a name with slashes)
+    other = meta_store.put_txn(epoch, TxnMeta(m.log_id, "a/b c", 0, LogMessageId(0, 0)))
+    assert meta_store.list_txns(m.log_id) == [other, done]
+    meta_store.delete_txn(m.log_id, "a/b c")
+    meta_store.delete_txn(m.log_id, "a/b c")  # absent: nothing to do
+    assert meta_store.list_txns(m.log_id) == [done]
+
+
+def _fields(t: TxnMeta) -> dict[str, object]:
+    return {f: getattr(t, f) for f in TxnMeta.__slots__}
+
+
+def test_txn_records_are_fenced_per_log(meta_store: MetadataStore) -> None:
+    m = meta_store.create_log("a", NOW)
+    old = meta_store.take_over(m.log_id, "A", NOW, 1000)
+    new = meta_store.take_over(m.log_id, "B", NOW, 1000)
+    with pytest.raises(WriterFencedError):
+        meta_store.put_txn(old, TxnMeta(m.log_id, "job", 1, LogMessageId(0, 0)))
+    assert meta_store.get_txn(m.log_id, "job") is None
+    meta_store.put_txn(new, TxnMeta(m.log_id, "job", 1, LogMessageId(0, 0)))
+    b = meta_store.create_log("b", NOW)
+    assert meta_store.get_txn(b.log_id, "job") is None  # per log
+    with pytest.raises(LogNotFoundError):
+        meta_store.put_txn(new, TxnMeta(999, "job", 1, LogMessageId(0, 0)))
+
+
+def test_txn_records_refuse_bad_input(meta_store: MetadataStore) -> None:
+    m = meta_store.create_log("a", NOW)
+    epoch = meta_store.take_over(m.log_id, "w", NOW, 1000)
+    for bad in (
+        TxnMeta(m.log_id, "", 1, LogMessageId(0, 0)),
+        TxnMeta(m.log_id, "job", -1, LogMessageId(0, 0)),
+    ):
+        with pytest.raises(InvalidArgumentError):
+            meta_store.put_txn(epoch, bad)
+    assert meta_store.list_txns(m.log_id) == []
+
+
+def test_delete_log_removes_txn_records(meta_store: MetadataStore) -> None:
+    m = meta_store.create_log("a", NOW)
+    epoch = meta_store.take_over(m.log_id, "w", NOW, 1000)
+    meta_store.put_txn(epoch, TxnMeta(m.log_id, "job", 1, LogMessageId(0, 0)))
+    meta_store.delete_log("a")
+    assert meta_store.list_txns(m.log_id) == []
+    assert meta_store.get_txn(m.log_id, "job") is None
 
 
 # --- node registry -------------------------------------------------------------------------------

@@ -221,7 +221,7 @@ def test_a_group_keeps_its_partition_count(tmp_path):
         ({"partitions": "2", "dataDir": "/x"}, '"log" is required'),
         ({"log": "a", "partitions": "2"}, '"dataDir"'),
         ({"log": "a", "dataDir": "/x"}, '"partitions" is required'),
-        ({"log": "a", "dataDir": "/x", "partitions": "0"}, "partitions must be"),
+        ({"log": "a", "dataDir": "/x", "partitions": "0"}, '"partitions" must be an int 1..4096'),
         ({"log": "a", "dataDir": "/x", "partitions": "2", "windowMaxKeys": "many"}, "windowMax"),
     ],
 )

@@ -10,7 +10,7 @@ import os
 from collections.abc import Sequence
 
 from ..errors import ConfigError
-from .base import LogGroupMeta, LogMeta, MetadataStore, NodeInfo, SegmentMeta
+from .base import LogGroupMeta, LogMeta, MetadataStore, NodeInfo, SegmentMeta, TxnMeta
 from .sqlite import SqliteMetadataStore
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "NodeInfo",
     "SegmentMeta",
     "SqliteMetadataStore",
+    "TxnMeta",
     "open_metadata_store",
 ]
 

@@ -56,6 +56,23 @@ class LogGroupMeta:
     created_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class TxnMeta:
+    """The latest batch of one writing application in one log (a Spark job's `txnAppId`, or a
+    streaming query): its version (`txnVersion`, or the micro-batch id), where the batch's entries
+    start in the log, and whether all of them were written. A replay of an unfinished batch reads
+    back from `start` what its earlier attempts wrote; a finished one is not written again."""
+
+    log_id: int
+    app_id: str
+    version: int
+    start: LogMessageId  # every entry the batch wrote in this log is at or after it
+    committed: bool = False
+    writer: str = ""  # who writes it (a Spark partition): one writer per batch and log
+    updated_ms: int = 0
+    revision: int = 0  # assigned by the store; pass the one you read to replace it
+
+
 class MetadataStore(ABC):
     """Every method is atomic. Writer-issued changes carry the writer's epoch and fail with
     `WriterFencedError` when the log's epoch has moved on."""
@@ -156,6 +173,24 @@ class MetadataStore(ABC):
     def delete_log_group(self, name: str) -> LogGroupMeta | None:
         """Remove the group's record (not its logs: delete those first); returns what was
         removed, or None if there was no such group."""
+
+    # --- batch identities (exactly-once beyond the dedup window) ---
+    @abstractmethod
+    def put_txn(self, epoch: int, txn: TxnMeta) -> TxnMeta:
+        """Record `txn` for (log, app): created when `txn.revision` is 0 (`MetadataConflictError`
+        if a record exists), else replaced if the stored revision is still `txn.revision`;
+        conditioned on the writer epoch (`WriterFencedError`). Returns it with its new revision."""
+
+    @abstractmethod
+    def get_txn(self, log_id: int, app_id: str) -> TxnMeta | None: ...
+
+    @abstractmethod
+    def list_txns(self, log_id: int) -> list[TxnMeta]:
+        """The log's records, ordered by app id."""
+
+    @abstractmethod
+    def delete_txn(self, log_id: int, app_id: str) -> None:
+        """Forget one app's record in one log (absent: nothing to do). `delete_log` removes all."""
 
     # --- node registry ---
     @abstractmethod

@@ -16,6 +16,8 @@ of `/x/logs`.
     writers/{log_id}            the current writer's owner, attached to its etcd lease
     segments/{log_id}/{seg_id}  SegmentRecord; its mod revision is SegmentMeta.revision
     groups/{name}, nodes/{id}   LogGroupRecord, NodeRecord
+    txns/{log_id}/{app_id}      a batch identity's record (JSON, records.encode_txn); its mod
+                                revision is TxnMeta.revision
 
 Every change is one etcd transaction: a take-over bumps the epoch, the log record and the writer
 key together; a writer's write compares `epochs/{log_id}` in the same transaction that makes it.
@@ -43,7 +45,7 @@ from ..errors import (
 from ..retry import Backoff
 from ..types import LogMessageId
 from . import records as rec
-from .base import LogGroupMeta, LogMeta, MetadataStore, NodeInfo, SegmentMeta
+from .base import LogGroupMeta, LogMeta, MetadataStore, NodeInfo, SegmentMeta, TxnMeta
 from .etcd_client import (
     KV,
     NO_SECURITY,
@@ -275,7 +277,8 @@ class EtcdMetadataStore(MetadataStore):
                 "delete_log",
                 [same_mod(self._k("logs", i), meta.revision)],
                 [delete(self._k(key, i)) for key in ("logs", "epochs", "writers")]
-                + [delete(self._k("names", name)), delete(self._k("segments", i, ""), True)],
+                + [delete(self._k("names", name)), delete(self._k("segments", i, ""), True)]
+                + [delete(self._k("txns", i, ""), True)],
                 [],
             )
             if not out.get("succeeded"):
@@ -466,6 +469,52 @@ class EtcdMetadataStore(MetadataStore):
             return None
         log.info("deleted log group %r from etcd", name)
         return rec.decode_group(unb64(range_kvs(out["responses"][0])[0]["value"]))
+
+    # --- batch identities ---------------------------------------------------------------------
+
+    def put_txn(self, epoch: int, txn: TxnMeta) -> TxnMeta:
+        rec.check_txn(txn)
+        key = self._k("txns", txn.log_id, txn.app_id)
+        held = absent(key) if txn.revision == 0 else same_mod(key, txn.revision)
+        out = self._txn(
+            "put_txn",
+            [*self._guarded(epoch, txn.log_id), held],
+            [put(key, rec.encode_txn(txn))],
+            [get(self._k("epochs", txn.log_id)), get(self._k("logs", txn.log_id)), get(key)],
+        )
+        if not out.get("succeeded"):
+            responses = out["responses"]
+            self._explain_refusal("put_txn", txn.log_id, epoch, responses)
+            found = range_kvs(responses[2])
+            raise rec.txn_conflict(txn, int(found[0]["mod_revision"]) if found else 0)
+        return replace(txn, revision=int(out["header"]["revision"]))
+
+    def _txns(self, op: str, log_id: int, app_id: str | None) -> list[TxnMeta]:
+        if app_id is None:
+            kvs = self._range(op, self._k("txns", log_id, ""), prefix=True)
+        else:
+            kvs = self._range(op, self._k("txns", log_id, app_id))
+        head = len(self._k("txns", log_id, ""))
+        out = [
+            rec.decode_txn(
+                log_id,
+                unb64(kv["key"]).decode()[head:],
+                unb64(kv["value"]),
+                int(kv["mod_revision"]),
+            )
+            for kv in kvs
+        ]
+        return sorted(out, key=lambda t: t.app_id)
+
+    def get_txn(self, log_id: int, app_id: str) -> TxnMeta | None:
+        found = self._txns("get_txn", log_id, app_id)
+        return found[0] if found else None
+
+    def list_txns(self, log_id: int) -> list[TxnMeta]:
+        return self._txns("list_txns", log_id, None)
+
+    def delete_txn(self, log_id: int, app_id: str) -> None:
+        self._txn("delete_txn", [], [delete(self._k("txns", log_id, app_id))], [])
 
     def register_node(self, node: NodeInfo) -> None:
         rec.check_name("node_id", node.node_id)

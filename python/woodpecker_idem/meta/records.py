@@ -7,13 +7,20 @@ version must read back the same, so neither lives in a backend module.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import TypeVar
 
 from .._proto import meta_pb2 as pb
-from ..errors import CorruptEntryError, InvalidArgumentError, InvalidTypeError, WriterFencedError
+from ..errors import (
+    CorruptEntryError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    MetadataConflictError,
+    WriterFencedError,
+)
 from ..types import LogMessageId, SegmentState
-from .base import LogGroupMeta, LogMeta, NodeInfo, SegmentMeta
+from .base import LogGroupMeta, LogMeta, NodeInfo, SegmentMeta, TxnMeta
 
 M = TypeVar("M")
 
@@ -30,6 +37,24 @@ def check_group(group: object) -> str:
     if not isinstance(group, str):
         raise InvalidTypeError(f"group must be a str, got {type(group).__name__}")
     return group
+
+
+def check_txn(txn: object) -> TxnMeta:
+    if not isinstance(txn, TxnMeta):
+        raise InvalidTypeError(f"txn must be a TxnMeta, got {type(txn).__name__}")
+    check_name("txn app id", txn.app_id)
+    for what, value in (("version", txn.version), ("revision", txn.revision)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidArgumentError(f"txn {what} must be an int >= 0, got {value!r}")
+    return txn
+
+
+def txn_conflict(txn: TxnMeta, have: int) -> MetadataConflictError:
+    now = "it does not exist" if have == 0 else f"it is at revision {have}"
+    want = "it to be absent" if txn.revision == 0 else f"revision {txn.revision}"
+    return MetadataConflictError(
+        f"batch record of app {txn.app_id!r} in log id {txn.log_id}: expected {want} but {now}"
+    )
 
 
 def check_partitions(partitions: object) -> int:
@@ -182,3 +207,41 @@ def decode_group(data: bytes) -> LogGroupMeta:
 def _decode_group(data: bytes) -> LogGroupMeta:
     r = pb.LogGroupRecord.FromString(data)
     return LogGroupMeta(r.name, r.partitions, r.created_ms)
+
+
+# A batch identity's record is JSON, not a protobuf message: it is read only by this package, and
+# JSON needs no generated code. Its fields are TxnMeta's (without log id, app id and revision,
+# which are in the key and the store).
+
+
+def encode_txn(t: TxnMeta) -> bytes:
+    return json.dumps(
+        {
+            "version": t.version,
+            "start": [t.start.segment_id, t.start.entry_id],
+            "committed": t.committed,
+            "writer": t.writer,
+            "updated_ms": t.updated_ms,
+        },
+        sort_keys=True,
+    ).encode()
+
+
+def decode_txn(log_id: int, app_id: str, data: bytes, revision: int) -> TxnMeta:
+    return parse(
+        f"batch identity {app_id!r}", data, lambda d: _decode_txn(log_id, app_id, d, revision)
+    )
+
+
+def _decode_txn(log_id: int, app_id: str, data: bytes, revision: int) -> TxnMeta:
+    r = json.loads(data)
+    return TxnMeta(
+        log_id=log_id,
+        app_id=app_id,
+        version=int(r["version"]),
+        start=LogMessageId(*r["start"]),
+        committed=bool(r["committed"]),
+        writer=str(r.get("writer", "")),
+        updated_ms=int(r.get("updated_ms", 0)),
+        revision=revision,
+    )

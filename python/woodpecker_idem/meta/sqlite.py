@@ -9,6 +9,7 @@ ones: SQLite connections must never cross a fork.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -36,13 +37,15 @@ from ..errors import (
 from ..retry import Backoff, retry_call
 from ..types import LogMessageId, SegmentState
 from . import records as rec
-from .base import LogGroupMeta, LogMeta, MetadataStore, NodeInfo, SegmentMeta
+from .base import LogGroupMeta, LogMeta, MetadataStore, NodeInfo, SegmentMeta, TxnMeta
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BUSY_TIMEOUT_MS = 10_000
 
-# 2: the store has an identity (`store_identity`); objects live under it.
+# 2: the store has an identity (`store_identity`); objects live under it. Tables added since
+# (txns) are created by any writable open (CREATE IF NOT EXISTS); a read-only open of a file
+# without them reads them as empty.
 _SCHEMA_VERSION = 2
 
 _SCHEMA = """
@@ -87,6 +90,18 @@ CREATE TABLE IF NOT EXISTS log_groups (
     partitions INTEGER NOT NULL,
     created_ms INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS txns (
+    log_id INTEGER NOT NULL,
+    app_id TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    start_segment_id INTEGER NOT NULL,
+    start_entry_id INTEGER NOT NULL,
+    committed INTEGER NOT NULL,
+    writer TEXT NOT NULL,
+    updated_ms INTEGER NOT NULL,
+    revision INTEGER NOT NULL,
+    PRIMARY KEY (log_id, app_id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS nodes (
     node_id TEXT PRIMARY KEY,
     address TEXT NOT NULL,
@@ -103,6 +118,25 @@ _SEG_COLUMNS = (
     "log_id, segment_id, state, nodes, es, wq, aq, created_ms, last_entry_id, completed_ms, "
     "size_bytes, revision"
 )
+
+
+_TXN_COLUMNS = (
+    "log_id, app_id, version, start_segment_id, start_entry_id, committed, writer, updated_ms, "
+    "revision"
+)
+
+
+def _row_to_txn(row: tuple[Any, ...]) -> TxnMeta:
+    return TxnMeta(
+        log_id=row[0],
+        app_id=row[1],
+        version=row[2],
+        start=LogMessageId(row[3], row[4]),
+        committed=bool(row[5]),
+        writer=row[6],
+        updated_ms=row[7],
+        revision=row[8],
+    )
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -503,6 +537,7 @@ class SqliteMetadataStore(MetadataStore):
             if row is None:
                 raise LogNotFoundError(f"log {name!r} does not exist")
             conn.execute("DELETE FROM segments WHERE log_id = ?", (row[0],))
+            conn.execute("DELETE FROM txns WHERE log_id = ?", (row[0],))
             conn.execute("DELETE FROM logs WHERE log_id = ?", (row[0],))
         log.info("deleted log %r (id %d)", name, row[0])
         return _row_to_log(row)
@@ -676,6 +711,62 @@ class SqliteMetadataStore(MetadataStore):
             conn.execute("DELETE FROM log_groups WHERE name = ?", (name,))
         log.info("deleted log group %r", name)
         return LogGroupMeta(*row)
+
+    # --- batch identities ---------------------------------------------------------------------
+
+    def put_txn(self, epoch: int, txn: TxnMeta) -> TxnMeta:
+        rec.check_txn(txn)
+        fields = (
+            txn.version,
+            txn.start.segment_id,
+            txn.start.entry_id,
+            int(txn.committed),
+            txn.writer,
+            txn.updated_ms,
+        )
+        with self._write("put_txn") as conn:
+            self._check_epoch_in(conn, txn.log_id, epoch, "put_txn")
+            found = conn.execute(
+                "SELECT revision FROM txns WHERE log_id = ? AND app_id = ?",
+                (txn.log_id, txn.app_id),
+            ).fetchone()
+            have = 0 if found is None else found[0]
+            if have != txn.revision:
+                raise rec.txn_conflict(txn, have)
+            conn.execute(
+                f"INSERT INTO txns({_TXN_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?) "
+                "ON CONFLICT(log_id, app_id) DO UPDATE SET version = excluded.version, "
+                "start_segment_id = excluded.start_segment_id, "
+                "start_entry_id = excluded.start_entry_id, committed = excluded.committed, "
+                "writer = excluded.writer, updated_ms = excluded.updated_ms, "
+                "revision = excluded.revision",
+                (txn.log_id, txn.app_id, *fields, have + 1),
+            )
+        return dataclasses.replace(txn, revision=have + 1)
+
+    def _read_txns(self, op: str, where: str, args: tuple[Any, ...]) -> list[TxnMeta]:
+        try:
+            rows = self._read(
+                op, f"SELECT {_TXN_COLUMNS} FROM txns WHERE {where} ORDER BY app_id", args
+            )
+        except StorageUnavailableError:
+            if self._read_only and not self._read(
+                op, "SELECT 1 FROM sqlite_master WHERE name = 'txns'"
+            ):
+                return []  # a read-only file from before batch identities: none recorded
+            raise
+        return [_row_to_txn(r) for r in rows]
+
+    def get_txn(self, log_id: int, app_id: str) -> TxnMeta | None:
+        found = self._read_txns("get_txn", "log_id = ? AND app_id = ?", (log_id, app_id))
+        return found[0] if found else None
+
+    def list_txns(self, log_id: int) -> list[TxnMeta]:
+        return self._read_txns("list_txns", "log_id = ?", (log_id,))
+
+    def delete_txn(self, log_id: int, app_id: str) -> None:
+        with self._write("delete_txn") as conn:
+            conn.execute("DELETE FROM txns WHERE log_id = ? AND app_id = ?", (log_id, app_id))
 
     # --- node registry ------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Spark integration (needs the `spark` extra: pyspark >= 4 and pyarrow; docs/spark.md).
 
-from woodpecker_idem.spark import prepare, register
-register(spark)                                     # format("woodpecker")
+from woodpecker_idem.spark import prepare       # format("woodpecker") needs no register:
+                                                # Spark finds the pyspark_woodpecker module
 (prepare(df, "order_id", 4).write.format("woodpecker").option("log", "orders")
     .option("idempotencyKey", "order_id").option("partitions", 4)
     .option("dataDir", "/shared/woodpecker-data").mode("append").save())
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .batches import batch_records, forget_batches
 from .routing import ROUTE_COLUMN, prepare
 
 
@@ -34,4 +35,12 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(WoodpeckerDataSource)
 
 
-__all__ = ["ROUTE_COLUMN", "idempotency_key", "prepare", "register", "write_partition"]
+__all__ = [
+    "ROUTE_COLUMN",
+    "batch_records",
+    "forget_batches",
+    "idempotency_key",
+    "prepare",
+    "register",
+    "write_partition",
+]

@@ -41,11 +41,14 @@ def write_partition(
     window_max_keys: int | None = None,
     window_duration_s: float | None = None,
     chunk_rows: int = 4096,
+    txn_app_id: str | None = None,
+    txn_version: int | None = None,
 ) -> WoodpeckerCommitMessage:
     """Write one partition of rows prepared by `prepare(df, key, partitions)` (Spark Rows, dicts
     or Arrow batches) with the sink's guarantees; for `df.foreachPartition(lambda rows:
     write_partition(rows, log=..., ...))`. `config`: a config file, or a mapping of dotted config
-    keys (`{"meta.type": "etcd", ...}`). Returns what it did (rows, written, duplicates)."""
+    keys (`{"meta.type": "etcd", ...}`). `txn_app_id` / `txn_version`: the batch's identity, as
+    the sink's txnAppId / txnVersion options. Returns what it did (rows, written, duplicates)."""
     raw: dict[str, Any] = {
         "log": log,
         "partitions": str(partitions),
@@ -55,6 +58,8 @@ def write_partition(
         "config": None if isinstance(config, Mapping) else config,
         "windowMaxKeys": None if window_max_keys is None else str(window_max_keys),
         "windowDurationS": None if window_duration_s is None else str(window_duration_s),
+        "txnAppId": txn_app_id,
+        "txnVersion": None if txn_version is None else str(txn_version),
     }
     if isinstance(config, Mapping):
         raw.update(config)

@@ -103,12 +103,25 @@ def route_column(df: DataFrame, key: str | None, partitions: int, payload: str |
                 "binary or integer"
             )
         digest = F.md5(F.concat(F.lit(bytearray(EXPLICIT_DOMAIN)), raw))
-        return _route_of_md5_hex(digest, partitions)
+        return _refuse_null(key, "key", _route_of_md5_hex(digest, partitions))
     if payload is not None:
         if payload not in df.columns:
             raise InvalidArgumentError(f"no column {payload!r} in the DataFrame ({df.columns})")
-        return _route_of_md5_hex(F.md5(F.col(payload).cast("binary")), partitions)
+        route = _route_of_md5_hex(F.md5(F.col(payload).cast("binary")), partitions)
+        return _refuse_null(payload, "payload", route)
     return None
+
+
+def _refuse_null(column: str, what: str, route: Column) -> Column:
+    """The route, or the job fails on the first null: in prepare()'s stage, which runs before
+    the sink's (it feeds a shuffle), so no task has written anything yet."""
+    from pyspark.sql import functions as F
+
+    message = (
+        f"woodpecker: a row has a null {what} column {column!r}: every row needs one (its "
+        "idempotency key); drop or fill those rows before prepare(). The job wrote nothing"
+    )
+    return F.when(F.col(column).isNull(), F.raise_error(F.lit(message))).otherwise(route)
 
 
 def _json_routes(partitions: int, exclude: list[str]):

@@ -13,11 +13,14 @@ or with a wrong one are refused before anything of their batch is written.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -36,26 +39,60 @@ from ..errors import (
     EarlyEvictionError,
     InvalidArgumentError,
     LogNotFoundError,
+    MetadataConflictError,
     RowsNotPreparedError,
+    WriterFencedError,
 )
-from .options import SinkOptions, ensure_log_group, log_name
+from ..meta.base import TxnMeta
+from ..types import LogMessageId
+from . import kept as kept_writers
+from .batches import (
+    JOB_APP_PREFIX,
+    STREAM_APP_PREFIX,
+    BatchId,
+    RouteBatch,
+    begin,
+    begin_done,
+    task_batch_id,
+)
+from .options import (
+    BATCH_READ_OPTIONS,
+    STREAM_READ_OPTIONS,
+    SinkOptions,
+    ensure_log_group,
+    int_option,
+    log_name,
+)
 from .routing import ROUTE_COLUMN
+from .source import (
+    group_size,
+    parse_positions,
+    plan_ranges,
+    read_range,
+    resolve,
+    stream_reader_class,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
+    from ..client.client import WoodpeckerClient
+    from ..client.log import LogHandle
     from ..writer.api import IdempotentLogWriter, LogWriter
 
 log = logging.getLogger(__name__)
 
-READ_SCHEMA = "payload binary, key binary, segment bigint, entry bigint, timestamp timestamp"
-READ_BATCH_ROWS = 8192
+READ_SCHEMA = (
+    "payload binary, key binary, segment bigint, entry bigint, timestamp timestamp, log int"
+)
 
 
 @dataclass
 class WoodpeckerCommitMessage(WriterCommitMessage):
-    """What one task attempt did (sent to the driver's commit)."""
+    """What one task attempt did (sent to the driver's commit). `duplicates` counts every row not
+    written because the log has it: found in the key window, or of an identified batch that was
+    committed already (`skipped`) or that an earlier attempt had written (`replayed`)."""
 
     partition: int
     attempt: int
@@ -63,45 +100,104 @@ class WoodpeckerCommitMessage(WriterCommitMessage):
     written: int = 0
     duplicates: int = 0
     routes: list[int] = field(default_factory=list)
+    skipped: int = 0
+    replayed: int = 0
+    early_evictions: int = 0  # keys the window let go by capacity before its duration
+    # (writer epoch, record) of each identified batch this attempt wrote in full in a log: the
+    # driver marks them committed once Spark counts the task as succeeded (a task's input can
+    # end early when the task fails upstream of the sink, so the task cannot tell by itself)
+    txns: list[tuple[int, TxnMeta]] = field(default_factory=list)
+
+
+@dataclass
+class _Route:
+    """One route's writer in a task, and the identified batch it writes (if any)."""
+
+    writer: IdempotentLogWriter | None = None
+    batch: RouteBatch | None = None
+    evictions: int = 0
+    client: WoodpeckerClient | None = None  # the writer's own client, when it may be kept
+    tail: LogMessageId | None = None  # where the writer's next entry goes, once known
 
 
 class TaskWriters:
     """The writers of one task attempt, one per route it meets, opened after the fork."""
 
-    def __init__(self, opts: SinkOptions):
+    def __init__(self, opts: SinkOptions, partition: int = -1, batch: BatchId | None = None):
         self._opts = opts
         self._client = opts.connect()
-        self._writers: dict[int, IdempotentLogWriter] = {}
+        self._routes: dict[int, _Route] = {}
         self._plain: dict[int, LogWriter] = {}
-        self._evictions: dict[int, int] = {}
+        self._writer_name = f"Spark partition {partition}"
+        self._batch = batch if opts.idempotent else None
+        # a streaming query's writers stay open between its micro-batches
+        self._keep = batch is not None and batch.app_id.startswith(STREAM_APP_PREFIX)
 
-    def writer(self, route: int) -> IdempotentLogWriter:
-        w = self._writers.get(route)
-        if w is None:
-            handle = self._client.open_log(log_name(self._opts.log, route))
-            w = handle.open_writer(idempotent=True, **self._opts.writer_options())
-            self._writers[route] = w
-            self._evictions[route] = w.window.early_evictions
-        return w
+    def _route(self, route: int) -> _Route:
+        r = self._routes.get(route)
+        if r is not None:
+            return r
+        r = self._routes[route] = _Route()
+        handle = self._client.open_log(log_name(self._opts.log, route))
+        if self._batch is not None:
+            have = self._client.meta.get_txn(handle.log_id, self._batch.app_id)
+            if have is not None and have.committed and have.version >= self._batch.version:
+                # finished before: no take-over, no segment (begin() re-checks after one)
+                r.batch = begin_done(handle, self._batch, have, self._writer_name)
+                return r
+        kept = kept_writers.take(self._kept_key(route), self._client.meta) if self._keep else None
+        if kept is not None:  # the previous micro-batch's writer in this worker: no take-over
+            r.writer, r.client, r.tail = kept.writer, kept.client, kept.tail
+        elif self._keep:  # a client of its own, kept open with the writer after the task
+            r.client = self._opts.connect()
+            own = r.client.open_log(handle.name)
+            r.writer = own.open_writer(idempotent=True, **self._opts.writer_options())
+        else:
+            r.writer = handle.open_writer(idempotent=True, **self._opts.writer_options())
+        w = r.writer
+        r.evictions = w.window.early_evictions
+        if self._batch is not None:
+            start = r.tail if r.tail is not None else _log_end(handle)
+            r.batch = begin(self._client, handle, w.epoch, self._batch, self._writer_name, start)
+        return r
+
+    def _kept_key(self, route: int) -> tuple[object, ...]:
+        o = self._opts
+        return (o.log, route, o.data_dir, o.settings, o.window_max_keys, o.window_duration_s)
 
     def write(self, route: int, payloads: list[bytes], keys: bytes) -> int:
-        """Write one route's rows; returns the duplicates suppressed."""
-        if self._opts.idempotent:
-            res = self.writer(route).write_keyed(payloads, keys)
-            self.check_evictions(route)
-            return res.duplicate.count(1)
-        w = self._plain.get(route)
-        if w is None:
-            w = self._plain[route] = self._client.open_log(
-                log_name(self._opts.log, route)
-            ).open_writer()
-        w.write_many(payloads)  # the same batch lane as write_keyed, without the window
-        return 0
+        """Write one route's rows; returns the rows not written because the log has them."""
+        if not self._opts.idempotent:
+            plain = self._plain.get(route)
+            if plain is None:
+                plain = self._plain[route] = self._client.open_log(
+                    log_name(self._opts.log, route)
+                ).open_writer()
+            plain.write_many(payloads)  # the same batch lane as write_keyed, without the window
+            return 0
+        r = self._route(route)
+        n = len(payloads)
+        if r.batch is not None:
+            payloads, keys = r.batch.filter(payloads, keys)
+            if not payloads:
+                return n
+        assert r.writer is not None  # a batch that is not DONE has its writer
+        res = r.writer.write_keyed(payloads, keys)
+        last_new = res.duplicate.rfind(0)  # entries are given ids in row order
+        if last_new >= 0:
+            r.tail = LogMessageId(res.segment_ids[last_new], res.entry_ids[last_new] + 1)
+        self.check_evictions(route)
+        return n - len(payloads) + res.duplicate.count(1)
 
     def check_evictions(self, route: int) -> None:
-        w = self._writers[route]
-        early = w.window.early_evictions - self._evictions[route]
-        if early:
+        """Without a batch identity, a key the window let go early is one a retry of this task
+        would write again: fail now. With one, a retry reads the log back instead: the keys are
+        only counted (and reported), as keys other batches will not be deduped against."""
+        r = self._routes[route]
+        w = r.writer
+        assert w is not None
+        early = w.window.early_evictions - r.evictions
+        if early and r.batch is None:
             raise EarlyEvictionError(
                 f"{early} keys of log {log_name(self._opts.log, route)} left the window by "
                 f"capacity (window_max_keys={w.window.max_keys}) before its duration while this "
@@ -109,18 +205,51 @@ class TaskWriters:
                 "above the rows one route receives within windowDurationS"
             )
 
+    def finish(self, msg: WoodpeckerCommitMessage) -> None:
+        """Every row handed over was written: tell the driver which batch records to mark."""
+        for r in self._routes.values():
+            if r.writer is not None:
+                msg.early_evictions += r.writer.window.early_evictions - r.evictions
+            if r.batch is None:
+                continue
+            if r.writer is not None and r.batch.txn is not None:
+                msg.txns.append((r.writer.epoch, r.batch.txn))
+            msg.skipped += r.batch.skipped
+            msg.replayed += r.batch.replayed
+
     @property
     def routes(self) -> list[int]:
-        return sorted({*self._writers, *self._plain})
+        return sorted({*self._routes, *self._plain})
 
-    def close(self) -> None:
+    def close(self, ok: bool = False) -> None:
+        """Close the writers; `ok` (the task wrote all it was given): a streaming task keeps
+        them open in this worker for the query's next micro-batch (see kept.py)."""
         try:
-            for w in self._writers.values():
-                w.close()
+            for route, r in self._routes.items():
+                if r.writer is None:
+                    continue
+                if ok and self._keep and r.client is not None:
+                    kept = kept_writers.Kept(r.client, r.writer, r.tail, os.getpid())
+                    kept_writers.keep(self._kept_key(route), kept)
+                    continue
+                try:
+                    r.writer.close()
+                finally:
+                    if r.client is not None:
+                        r.client.close()
             for plain in self._plain.values():
                 plain.close()
         finally:
             self._client.close()
+
+
+def _log_end(handle: LogHandle) -> LogMessageId:
+    """Where the next entry of the log goes, as its writer (just opened) finds it."""
+    reader = handle.open_reader("latest")
+    try:
+        return reader.position
+    finally:
+        reader.close()
 
 
 def _split_by_route(
@@ -192,7 +321,8 @@ def write_batches(
 ) -> None:
     """Write prepared Arrow batches through the writers of their routes, counting into `msg`."""
     partitions = opts.partitions or 1
-    task = TaskWriters(opts)
+    task = TaskWriters(opts, msg.partition, task_batch_id(opts.batch_id))
+    ok = False
     handed = 0  # rows handed to the write thread (msg.rows counts those written)
     try:
         writes = _WriteThread(task, msg)
@@ -224,9 +354,11 @@ def write_batches(
                 handed += batch.num_rows
         finally:
             writes.close()  # what was handed over is written before the task ends or fails
+        task.finish(msg)
         msg.routes = task.routes
+        ok = True
     finally:
-        task.close()
+        task.close(ok)
 
 
 class WoodpeckerArrowWriter(DataSourceArrowWriter):
@@ -250,6 +382,10 @@ class WoodpeckerArrowWriter(DataSourceArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         done = [m for m in messages if isinstance(m, WoodpeckerCommitMessage)]
+        if self.opts.job_scoped:
+            forget_job(self.opts)  # the job is over: no attempt of it comes again
+        else:
+            mark_committed(self.opts, done)  # the tasks that succeeded wrote their routes
         log.warning(
             "woodpecker write to %s aborted: %d tasks had finished (%d rows written); what was "
             "acknowledged stays, and re-running the job completes the log without duplicates",
@@ -259,11 +395,57 @@ class WoodpeckerArrowWriter(DataSourceArrowWriter):
         )
 
 
+def forget_job(opts: SinkOptions) -> None:
+    """Drop the records of a job's own identity (see `SinkOptions.job_scoped`) from every log of
+    the group: they served its task retries, and the job is over."""
+    assert opts.batch_id is not None
+    client = opts.connect()
+    try:
+        for p in range(opts.partitions or 1):
+            try:
+                log_id = client.meta.get_log(log_name(opts.log, p)).log_id
+            except LogNotFoundError:
+                continue
+            client.meta.delete_txn(log_id, opts.batch_id.app_id)
+    finally:
+        client.close()
+
+
+def mark_committed(opts: SinkOptions, done: list[WoodpeckerCommitMessage]) -> int:
+    """Mark the identified batches the succeeded tasks wrote as committed, each in its log, as
+    the epoch of the writer that wrote it: a record another attempt has taken over since is
+    left as it is (a replay then reads the log back, which is as exact, only slower)."""
+    txns = [t for m in done for t in m.txns]
+    if not txns:
+        return 0
+    client = opts.connect()
+    marked = 0
+    try:
+        for epoch, txn in txns:
+            try:
+                client.meta.put_txn(
+                    epoch,
+                    dataclasses.replace(txn, committed=True, updated_ms=client.clock.now_ms()),
+                )
+                marked += 1
+            except (WriterFencedError, MetadataConflictError) as exc:
+                log.info("batch record %s of log id %d left open: %s", txn.app_id, txn.log_id, exc)
+    finally:
+        client.close()
+    return marked
+
+
 def report_commit(
     opts: SinkOptions, messages: list[WriterCommitMessage | None], batch_id: int | None
 ) -> dict[str, Any]:
-    """Sum the tasks' messages: rows in, written, duplicates suppressed, attempts seen."""
+    """Mark identified batches committed and sum the tasks' messages: rows in, written,
+    duplicates suppressed, attempts seen."""
     done = [m for m in messages if isinstance(m, WoodpeckerCommitMessage)]
+    committed_logs = 0
+    if opts.job_scoped:
+        forget_job(opts)
+    else:
+        committed_logs = mark_committed(opts, done)
     report: dict[str, Any] = {
         "log": opts.log,
         "time_ms": int(time.time() * 1000),
@@ -273,10 +455,18 @@ def report_commit(
         "duplicates": sum(m.duplicates for m in done),
         "attempts": sum(m.attempt + 1 for m in done),
         "retried_tasks": sum(1 for m in done if m.attempt > 0),
-        "tasks_detail": [asdict(m) for m in done],
+        "skipped": sum(m.skipped for m in done),
+        "replayed": sum(m.replayed for m in done),
+        "early_evictions": sum(m.early_evictions for m in done),
+        "tasks_detail": [{k: v for k, v in asdict(m).items() if k != "txns"} for m in done],
     }
     if batch_id is not None:
         report["batch_id"] = batch_id
+    elif opts.batch_id is not None and not opts.job_scoped:
+        report["txn_app_id"] = opts.batch_id.app_id
+        report["txn_version"] = opts.batch_id.version
+    if committed_logs:
+        report["committed_logs"] = committed_logs
     log.info(
         "woodpecker commit %s: %d rows, %d written, %d duplicates suppressed, %d attempts of %d "
         "tasks",
@@ -287,6 +477,15 @@ def report_commit(
         report["attempts"],
         report["tasks"],
     )
+    if report["early_evictions"]:
+        log.warning(
+            "woodpecker commit %s: %d keys left their log's window by capacity (windowMaxKeys) "
+            "before its duration: this job wrote each once, but another batch delivering one of "
+            "them within windowDurationS will write it again; raise windowMaxKeys above the rows "
+            "one log receives within windowDurationS",
+            opts.log,
+            report["early_evictions"],
+        )
     if opts.report_file:
         with open(opts.report_file, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(report, sort_keys=True) + "\n")
@@ -308,6 +507,7 @@ class WoodpeckerStreamWriter(DataSourceStreamArrowWriter):
         report_commit(self.opts, messages, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        mark_committed(self.opts, [m for m in messages if isinstance(m, WoodpeckerCommitMessage)])
         log.warning(
             "woodpecker micro-batch %d to %s aborted; restarting the query replays it and the "
             "log keeps every key once",
@@ -317,53 +517,75 @@ class WoodpeckerStreamWriter(DataSourceStreamArrowWriter):
 
 
 class WoodpeckerReader(DataSourceReader):
-    """One Spark partition per log of the group: payload, key, segment, entry, timestamp."""
+    """One Spark partition per log of the group with entries between `startingOffsets`
+    (default earliest) and `endingOffsets` (default latest, as the log is when the read is
+    planned): payload, key, segment, entry, timestamp, log."""
 
-    def __init__(self, opts: SinkOptions):
+    def __init__(self, opts: SinkOptions, options: Any):
         self.opts = opts
+        self._starting = _option(options, "startingOffsets")
+        self._ending = _option(options, "endingOffsets")
 
     def partitions(self) -> list[InputPartition]:
         client = self.opts.connect()
         try:
-            group = client.meta.get_log_group(self.opts.log)
+            n = group_size(client, self.opts.log)
+            both = ("earliest", "latest")
+            start = parse_positions("startingOffsets", self._starting, "earliest", n, both)
+            end = parse_positions("endingOffsets", self._ending, "latest", n, ("latest",))
+            ranges = plan_ranges(
+                client,
+                self.opts.log,
+                resolve(client, self.opts.log, n, start),
+                resolve(client, self.opts.log, n, end),
+            )
         finally:
             client.close()
-        if group is None:
-            raise LogNotFoundError(f"no log group {self.opts.log!r}: nothing was written to it")
-        return [InputPartition(p) for p in range(group.partitions)]
+        return [InputPartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        import pyarrow as pa
+        return read_range(self.opts, partition.value)
 
-        schema = pa.schema(
-            [
-                ("payload", pa.binary()),
-                ("key", pa.binary()),
-                ("segment", pa.int64()),
-                ("entry", pa.int64()),
-                ("timestamp", pa.timestamp("us", tz="UTC")),
-            ]
+
+def _option(options: Any, name: str) -> str | None:
+    by_lower = {str(k).lower(): v for k, v in options.items()}
+    value = by_lower.get(name.lower())
+    return None if value is None or value == "" else str(value)
+
+
+def check_read_schema(schema: StructType) -> None:
+    """The source's columns are fixed: a user schema that differs is refused when the read is
+    planned (the payload is canonical JSON or bytes: parse it with from_json)."""
+    want = [(f.name, f.dataType.simpleString()) for f in read_struct().fields]
+    got = [(f.name, f.dataType.simpleString()) for f in schema.fields]
+    if got != want:
+        raise InvalidArgumentError(
+            f'format("woodpecker") reads the columns {READ_SCHEMA}, not '
+            f"{', '.join(f'{n} {t}' for n, t in got)}: leave .schema() out and parse the payload "
+            '(canonical JSON) with from_json(col("payload").cast("string"), your_schema)'
         )
-        client = self.opts.connect()
-        try:
-            reader = client.open_log(log_name(self.opts.log, partition.value)).open_reader()
-            try:
-                cols: list[list] = [[], [], [], [], []]
-                for m in reader:
-                    cols[0].append(m.payload)
-                    cols[1].append(m.idempotency_key)
-                    cols[2].append(m.message_id.segment_id)
-                    cols[3].append(m.message_id.entry_id)
-                    cols[4].append(m.timestamp_ms * 1000)
-                    if len(cols[0]) >= READ_BATCH_ROWS:
-                        yield pa.RecordBatch.from_arrays(cols, schema=schema)
-                        cols = [[], [], [], [], []]
-                if cols[0]:
-                    yield pa.RecordBatch.from_arrays(cols, schema=schema)
-            finally:
-                reader.close()
-        finally:
-            client.close()
+
+
+def read_struct() -> StructType:
+    from pyspark.sql.types import (
+        BinaryType,
+        IntegerType,
+        LongType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    return StructType(
+        [
+            StructField("payload", BinaryType()),
+            StructField("key", BinaryType()),
+            StructField("segment", LongType()),
+            StructField("entry", LongType()),
+            StructField("timestamp", TimestampType()),
+            StructField("log", IntegerType()),
+        ]
+    )
 
 
 class WoodpeckerDataSource(DataSource):
@@ -376,7 +598,7 @@ class WoodpeckerDataSource(DataSource):
     def schema(self) -> str:
         return READ_SCHEMA
 
-    def writer(self, schema: StructType, overwrite: bool) -> WoodpeckerArrowWriter:
+    def _write_options(self, schema: StructType, overwrite: bool) -> SinkOptions:
         if overwrite:
             raise InvalidArgumentError(
                 'mode("overwrite") is not supported: a log is append-only; use mode("append")'
@@ -395,10 +617,36 @@ class WoodpeckerDataSource(DataSource):
             ensure_log_group(client, opts.log, opts.partitions or 1)
         finally:
             client.close()
+        return opts
+
+    def writer(self, schema: StructType, overwrite: bool) -> WoodpeckerArrowWriter:
+        opts = self._write_options(schema, overwrite)
+        if opts.batch_id is None and opts.idempotent:
+            # A job that names no batch still has one for its own task retries: they read the
+            # log back from where the failed attempt began, whatever the window kept.
+            job = BatchId(f"{JOB_APP_PREFIX}{uuid.uuid4().hex}", 0)
+            opts = dataclasses.replace(opts, batch_id=job, job_scoped=True)
         return WoodpeckerArrowWriter(opts)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> WoodpeckerStreamWriter:  # noqa: N802
-        return WoodpeckerStreamWriter(self.writer(schema, overwrite).opts)
+        opts = self._write_options(schema, overwrite)
+        if opts.batch_id is not None:
+            raise InvalidArgumentError(
+                'options "txnAppId" and "txnVersion" are for batch writes: a streaming query\'s '
+                "micro-batches are identified by the query's id and the batch id (kept in its "
+                "checkpoint)"
+            )
+        return WoodpeckerStreamWriter(opts)
 
     def reader(self, schema: StructType) -> WoodpeckerReader:
-        return WoodpeckerReader(SinkOptions.parse(self.options, need_partitions=False))
+        check_read_schema(schema)
+        opts = SinkOptions.parse(self.options, False, BATCH_READ_OPTIONS)
+        return WoodpeckerReader(opts, self.options)
+
+    def streamReader(self, schema: StructType) -> Any:  # noqa: N802
+        check_read_schema(schema)
+        opts = SinkOptions.parse(self.options, False, STREAM_READ_OPTIONS)
+        max_entries = int_option(
+            "maxEntriesPerTrigger", _option(self.options, "maxEntriesPerTrigger"), 1
+        )
+        return stream_reader_class()(opts, _option(self.options, "startingOffsets"), max_entries)

@@ -1,0 +1,77 @@
+"""Writers kept open in a Python worker between a streaming query's micro-batches.
+
+Spark reuses its Python workers (`spark.python.worker.reuse`, on by default), and a worker runs
+one task at a time. A micro-batch's task that wrote a route hands its writer back here when it
+ends well; the next micro-batch's task for that route in this worker takes it again instead of
+taking the log over, which would seal the writer's segment and open a new one (a segment per log
+per micro-batch). A kept writer is used again only while it still holds the log's writer epoch:
+when another attempt or another worker has taken the log over since, it is closed and the task
+takes the log over itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import WoodpeckerError, WriterFencedError
+from ..types import LogMessageId
+
+if TYPE_CHECKING:
+    from ..client.client import WoodpeckerClient
+    from ..writer.api import IdempotentLogWriter
+    from ..meta.base import MetadataStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Kept:
+    client: WoodpeckerClient  # the writer's own client, kept open with it
+    writer: IdempotentLogWriter
+    tail: LogMessageId | None  # where its next entry goes (after its last acknowledged write)
+    pid: int
+
+
+_KEPT: dict[Hashable, Kept] = {}
+
+
+def take(key: Hashable, meta: MetadataStore) -> Kept | None:
+    """The writer kept under `key` if it may still write its log (None otherwise)."""
+    kept = _KEPT.pop(key, None)
+    if kept is None:
+        return None
+    if kept.pid != os.getpid():  # inherited across a fork: never touched here
+        return None
+    try:
+        if kept.writer.fenced:
+            raise WriterFencedError("fenced")
+        meta.check_epoch(kept.writer.log_id, kept.writer.epoch)
+    except WriterFencedError:
+        log.info("a kept writer of log id %d was taken over: closing it", kept.writer.log_id)
+        discard(kept)
+        return None
+    return kept
+
+
+def keep(key: Hashable, kept: Kept) -> None:
+    old = _KEPT.pop(key, None)
+    if old is not None:
+        discard(old)
+    _KEPT[key] = kept
+
+
+def discard(kept: Kept) -> None:
+    try:
+        kept.writer.close()
+    except WoodpeckerError:  # fenced or closed: nothing of ours is in flight
+        log.debug("closing a kept writer failed", exc_info=True)
+    finally:
+        kept.client.close()
+
+
+def kept_count() -> int:
+    return len(_KEPT)
