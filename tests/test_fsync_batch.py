@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from drain import Drain
+from segfile_util import batches
 
 import woodpecker_idem as wp
 from woodpecker_idem._core import encode_entry
@@ -186,46 +187,39 @@ def test_a_failed_background_fdatasync_refuses_later_appends(tmp_path, caplog):
 # --- a process crash loses nothing ---------------------------------------------------------------
 
 
-def test_sigkill_right_after_acks_loses_no_acknowledged_write(tmp_path):
-    """A child acknowledges writes with batch_ms:60000 (no fdatasync before the kill) and is
-    SIGKILLed while writing; every acknowledgement it printed is in the log read back by a new
-    client, at the id it printed."""
-    data_dir = tmp_path / "data"
+def run_child(data_dir: Path, *args: str, kill_when) -> list[list[str]]:
+    """Run tests/fsyncproc.py; SIGKILL it once `kill_when(lines so far)`; every whole line it
+    printed, split (the pipe is read to its end after the kill)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT, env.get("PYTHONPATH", "")])
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "fsyncproc.py"), str(data_dir), str(NEVER)],
+        [sys.executable, str(HERE / "fsyncproc.py"), str(data_dir), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
     )
     assert proc.stdout is not None and proc.stderr is not None
     stderr = Drain(proc.stderr)
-    acks: dict[int, tuple[int, int]] = {}
-    syncs_at_kill = last_syncs = -1
+    lines: list[list[str]] = []
     buf = b""
     fd = proc.stdout.fileno()
     killed = False
     try:
         while True:
-            if not killed and len(acks) >= 300:
+            if not killed and kill_when(lines):
                 os.kill(proc.pid, signal.SIGKILL)
                 killed = True
-                syncs_at_kill = last_syncs
+                lines.append(["killed"])
             ready, _, _ = select.select([fd], [], [], 1.0)
             if not ready:
-                assert proc.poll() is None or killed, f"writer died: {stderr.text()[-2000:]}"
+                assert proc.poll() is None or killed, f"child died: {stderr.text()[-2000:]}"
                 continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 break  # EOF: every line the child printed was read
             buf += chunk
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                parts = line.decode().split()
-                if parts[0] == "A":
-                    i, seg, entry, last_syncs = map(int, parts[1:])
-                    acks[i] = (seg, entry)
+            *whole, buf = buf.split(b"\n")
+            lines += [line.decode().split() for line in whole]
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
@@ -233,7 +227,22 @@ def test_sigkill_right_after_acks_loses_no_acknowledged_write(tmp_path):
         stderr.close()
         proc.stdout.close()
     assert killed and proc.returncode == -signal.SIGKILL
-    assert syncs_at_kill == 0, "the kill came after an fdatasync: it proves nothing"
+    return lines
+
+
+def test_sigkill_right_after_acks_loses_no_acknowledged_write(tmp_path):
+    """A child acknowledges writes with batch_ms:60000 (no fdatasync before the kill) and is
+    SIGKILLed while writing; every acknowledgement it printed is in the log read back by a new
+    client, at the id it printed."""
+    data_dir = tmp_path / "data"
+    lines = run_child(
+        data_dir, str(NEVER), kill_when=lambda lines: sum(p[0] == "A" for p in lines) >= 300
+    )
+    before_kill = lines[: lines.index(["killed"])]
+    assert before_kill[-1][0] == "A" and before_kill[-1][4] == "0", (
+        "the kill came after an fdatasync: it proves nothing"
+    )
+    acks = {int(p[1]): (int(p[2]), int(p[3])) for p in lines if p[0] == "A"}
     client = wp.connect(data_dir)
     try:
         log = client.open_log("fsync")
@@ -246,3 +255,43 @@ def test_sigkill_right_after_acks_loses_no_acknowledged_write(tmp_path):
     for i, at in acks.items():
         assert held.get(at) == f"payload {i}".encode(), f"acknowledged write {i} at {at} lost"
     assert len(held) >= len(acks)
+
+
+def test_a_snapshot_that_outlived_lost_acks_does_not_answer_their_retries(tmp_path):
+    """What a power loss under batch_ms:N leaves: the last acknowledged entries are gone, but a
+    dedup snapshot written after their acks (synced on its own) is not. Simulated: the writer
+    process is killed before any fdatasync of its segment, then the file is cut back at a batch
+    boundary (as the page cache lost it). The next writer's window leaves the lost entries' keys
+    out, so their retries write them again instead of answering with ids of missing entries."""
+    data_dir = tmp_path / "data"
+    n = 60
+    lines = run_child(
+        data_dir,
+        str(NEVER),
+        "idem",
+        str(n),
+        kill_when=lambda ls: bool(ls) and ls[-1][0] == "snapshot",
+    )
+    assert ["snapshot", "0"] in lines  # every ack and the snapshot, no fdatasync of the segment
+    acks = {int(p[1]): (int(p[2]), int(p[3])) for p in lines if p[0] == "A"}
+    assert len(acks) == n
+    segment = acks[0][0]
+    (data,) = [p for p in data_dir.rglob("data") if p.parent.name == str(segment)]
+    offset, lost_from, _ = next(b for b in batches(data) if b[1] <= n // 2 < b[1] + b[2])
+    with open(data, "r+b") as f:
+        f.truncate(offset)
+    client = wp.connect(data_dir)
+    try:
+        log = client.open_log("fsync")
+        writer = log.open_writer(idempotent=True)
+        retries = [writer.write(f"payload {i}".encode(), idempotency_id=f"k-{i}") for i in range(n)]
+        for i, r in enumerate(retries):
+            if i < lost_from:
+                assert r.duplicate and (r.message_id.segment_id, r.message_id.entry_id) == acks[i]
+            else:
+                assert not r.duplicate, f"k-{i}: answered with the id of a lost entry"
+        writer.close()
+        payloads = [m.payload for m in log.open_reader()]
+    finally:
+        client.close()
+    assert sorted(payloads) == sorted(f"payload {i}".encode() for i in range(n))
