@@ -2,17 +2,25 @@
 
 Run by benches/bench_core.py (one subprocess per measurement, so nothing else is in the heap):
 
+    python benches/mem_probe.py writer 1000000
     python benches/mem_probe.py core 1000000
     python benches/mem_probe.py python 1000000
 
-``core``: a ``_core.DedupWindow(N, ...)`` loaded through ``add_committed_many`` from N*16 random
-key bytes and three int64 buffers; ``python``: the naive model (a dict key -> (segment, entry, ts)
-plus a deque of keys in commit order), loaded from the same buffers. The input buffers are freed
-before the final reading. Prints one JSON object: ``n``, ``impl``, ``rss_delta``, ``rss_per_key``
-and, for the core window, ``memory_bytes`` and ``memory_bytes_per_key``.
+``writer``: a ``_core.DedupWindow(N, ...)`` filled the way an idempotent writer fills it: keys
+arrive in batches of ``WRITER_BATCH`` new keys, each batch is reserved (``reserve_many``: the
+intake) and committed (``commit_through``) once ``WRITER_INFLIGHT`` batches are in flight behind it
+(the acks of the default ``append.max_inflight_entries``), segments roll every
+``WRITER_SEGMENT_ENTRIES`` entries (``segment.max_entries``'s default). Run it without malloc
+tuning: this is what a user's process sees. ``core``: loaded in one bulk call
+(``add_committed_many``, as a window rebuild does) from N*16 random key bytes and three int64
+buffers; ``python``: the naive model (a dict key -> (segment, entry, ts) plus a deque of keys in
+commit order), loaded from the same buffers. The input buffers are freed before the final reading.
+Prints one JSON object: ``n``, ``impl``, ``rss_delta``, ``rss_per_key`` and, for the core window,
+``memory_bytes`` and ``memory_bytes_per_key``.
 
-Start it with ``MALLOC_MMAP_THRESHOLD_=131072`` in the environment (the bench does) so glibc keeps
-serving the large input buffers with mmap and returns them to the OS when freed.
+Start ``core`` and ``python`` with ``MALLOC_MMAP_THRESHOLD_=131072`` in the environment (the bench
+does) so glibc keeps serving their large input buffers with mmap and returns them to the OS when
+freed (``writer`` has no large input buffer).
 """
 
 from __future__ import annotations
@@ -26,6 +34,9 @@ from collections import deque
 from typing import Any
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+WRITER_BATCH = 1000  # append.max_batch_entries' default
+WRITER_INFLIGHT = 10  # batches in flight: append.max_inflight_entries' default (10,000)
+WRITER_SEGMENT_ENTRIES = 1_000_000  # segment.max_entries' default
 
 
 def rss_bytes() -> int:
@@ -58,6 +69,35 @@ def load_core(n: int, inputs: tuple[bytes, array, array, array]) -> Any:
     return window
 
 
+def load_writer(n: int) -> Any:
+    """Reserve then commit, batch after batch, with WRITER_INFLIGHT batches awaiting their ack."""
+    from woodpecker_idem import _core
+
+    window = _core.DedupWindow(n, 3_600_000)
+    in_flight: deque[tuple[int, int]] = deque()  # (segment, last entry id) reserved, not acked
+    segment, entry = 1, 0
+    ts = 1_700_000_000_000
+    for lo in range(0, n, WRITER_BATCH):
+        count = min(WRITER_BATCH, n - lo)
+        if entry + count > WRITER_SEGMENT_ENTRIES:  # roll: the old segment's acks arrive first
+            while in_flight:
+                window.commit_through(*in_flight.popleft())
+            segment, entry = segment + 1, 0
+        status, _, _ = window.reserve_many(
+            os.urandom(16 * count), array("q", [ts] * count), segment, entry
+        )
+        assert status.count(0) == count  # every key new
+        entry += count
+        ts += 1
+        in_flight.append((segment, entry - 1))
+        if len(in_flight) > WRITER_INFLIGHT:
+            window.commit_through(*in_flight.popleft())
+    while in_flight:
+        window.commit_through(*in_flight.popleft())
+    assert window.pending_count == 0
+    return window
+
+
 def load_python(n: int, inputs: tuple[bytes, array, array, array]) -> Any:
     keys, segments, entries, timestamps = inputs
     index: dict[bytes, tuple[int, int, int]] = {}
@@ -73,13 +113,16 @@ def load_python(n: int, inputs: tuple[bytes, array, array, array]) -> Any:
 
 def main(argv: list[str]) -> int:
     impl, n = argv[1], int(argv[2])
-    if impl == "core":
+    if impl in ("core", "writer"):
         from woodpecker_idem import _core  # noqa: F401  (import cost outside the delta)
     gc.collect()
     before = rss_bytes()
-    inputs = make_inputs(n)
-    window = load_core(n, inputs) if impl == "core" else load_python(n, inputs)
-    del inputs
+    if impl == "writer":
+        window = load_writer(n)
+    else:
+        inputs = make_inputs(n)
+        window = load_core(n, inputs) if impl == "core" else load_python(n, inputs)
+        del inputs
     gc.collect()
     after = rss_bytes()
     out: dict[str, Any] = {
@@ -88,7 +131,7 @@ def main(argv: list[str]) -> int:
         "rss_delta": after - before,
         "rss_per_key": (after - before) / n,
     }
-    if impl == "core":
+    if impl != "python":
         out["memory_bytes"] = window.memory_bytes()
         out["memory_bytes_per_key"] = window.memory_bytes() / n
         assert len(window) == n

@@ -226,7 +226,13 @@ KEYS: tuple[Key, ...] = (
         "how often a client applies retention to the logs it writes",
     ),
     Key("storage.type", "choice", "object", "LogStore mode", choices=("object", "staged")),
-    Key("storage.fsync", "fsync", "always", "when LogStore writes fsync (local dir, staged)"),
+    Key(
+        "storage.fsync",
+        "fsync",
+        "always",
+        "local segment files: always (ack after fdatasync), batch_ms:N (ack once written; "
+        "fdatasync every N ms in the background: a power loss may lose N ms of acks) or never",
+    ),
     Key("objectstore.type", "choice", "local", "object storage backend", choices=("local", "s3")),
     _opt("objectstore.path", "local directory; null: <data_dir>/objects"),
     _opt("objectstore.endpoint_url", "S3 endpoint URL; null: the AWS default", _check_url),

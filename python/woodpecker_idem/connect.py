@@ -172,13 +172,22 @@ def connect(
         ) from exc
     if transport is None:
         es = cfg.quorum.es
-        fsync = parse_fsync(cfg.storage.fsync).mode != "never"
+        policy = parse_fsync(cfg.storage.fsync)
+        fsync = policy.mode != "never"
+        interval = policy.batch_ms if policy.mode == "batch" else 0
         if es == 1:
-            engines = {"node-0": LogStoreEngine(segment_storage(objects, fsync=fsync), "node-0")}
+            engines = {
+                "node-0": LogStoreEngine(
+                    segment_storage(objects, fsync=fsync, sync_interval_ms=interval), "node-0"
+                )
+            }
         else:
             engines = {
                 f"node-{i}": LogStoreEngine(
-                    segment_storage(objects.child(f"nodes/node-{i}"), fsync=fsync), f"node-{i}"
+                    segment_storage(
+                        objects.child(f"nodes/node-{i}"), fsync=fsync, sync_interval_ms=interval
+                    ),
+                    f"node-{i}",
                 )
                 for i in range(es)
             }

@@ -1,8 +1,8 @@
 //! `woodpecker_idem._core`: the Rust core of woodpecker_idem — idempotency keys, the dedup window,
 //! the dedup snapshot codec, LogStore record encoding and the local store's durable put. The
-//! pure-Rust modules (`keys`, `hasher`, `window`, `snapshot`, `entry`, `fileput`) have
-//! no Python dependency and are unit-tested with `cargo test`; `py` (one file per class), `args` and
-//! `errors` are the PyO3 layer. The contract is `docs/core-api.md`.
+//! pure-Rust modules (`keys`, `hasher`, `window` with its `slot_index` and `pending`, `snapshot`,
+//! `entry`, `fileput`) have no Python dependency and are unit-tested with `cargo test`; `py` (one
+//! file per class), `args` and `errors` are the PyO3 layer. The contract is `docs/core-api.md`.
 
 #![deny(unsafe_code)] // three exceptions, each proven sound where it is: md5x::digest_many, py::arrow (Arrow C data interface import), py::tuples::new_tuple_of (a NamedTuple built in place) and untrack
 
@@ -14,8 +14,10 @@ mod fileput;
 mod hasher;
 mod keys;
 mod md5x;
+mod pending;
 mod py;
 mod segfile;
+mod slot_index;
 mod snapshot;
 mod window;
 

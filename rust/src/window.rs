@@ -1,9 +1,10 @@
 //! The dedup window: pending keys in a small side table, committed keys in a preallocated ring
-//! kept in commit order and indexed by a `HashTable<u32>` of ring slot numbers, which grows with
-//! the keys as a hash table does (doubling while the window fills).
+//! kept in commit order and indexed by a [`SlotIndex`] of ring slot numbers, which grows with the
+//! keys (doubling, at most to what `max_keys` keys need).
 //!
-//! Layout per committed key: one 32-byte [`Record`] in the ring plus one `u32` slot number and one
-//! control byte in the index (~ 32 + 5 * 8/7 .. 32 + 5 * 16/7 bytes, i.e. 37.7..43.5 bytes).
+//! Layout per committed key: one 32-byte [`Record`] in the ring plus one `u32` cell in the index
+//! (32 + 4 * 4/3 = 37.3 bytes in a full window, up to 32 + 4 * 8/3 = 42.7 in a growing one). The
+//! pending table holds the writes in flight and is released when they are all acknowledged.
 //!
 //! A key written again after its window expired (or a newer occurrence met during recovery)
 //! replaces its old record: the old slot leaves the index and stays in the ring as a *dead* slot
@@ -13,9 +14,9 @@
 use std::collections::{HashMap, TryReserveError, VecDeque};
 use std::hash::BuildHasher;
 
-use hashbrown::HashTable;
-
 use crate::keys::{Key, KEY_LEN};
+use crate::pending::Pending;
+use crate::slot_index::SlotIndex;
 
 /// Largest accepted `max_keys`: ring slots are addressed by `u32`.
 pub const MAX_KEYS_LIMIT: u64 = u32::MAX as u64;
@@ -73,10 +74,10 @@ pub struct Window {
     head: usize,
     len: usize,
     /// Ring slot numbers, hashed on the key of the record in that slot.
-    index: HashTable<u32>,
+    index: SlotIndex,
     /// Slots in `[head, head + len)` that the index no longer points at.
     dead: usize,
-    pending: HashTable<Record>,
+    pending: Pending,
     /// The pending keys of each segment, in entry order (ties in insertion order), so a quorum
     /// ack commits a prefix of a segment by position ([`Window::commit_through`]).
     pending_order: HashMap<u32, VecDeque<(u32, Key)>>,
@@ -104,6 +105,25 @@ fn key_hash(seed: u64, key: &Key) -> u64 {
     fmix64(fmix64(lo ^ seed) ^ hi)
 }
 
+/// Take the entry whose slot satisfies `eq` out of `index` (slots of `ring`); whether there was
+/// one.
+fn unindex(
+    index: &mut SlotIndex,
+    ring: &[Record],
+    seed: u64,
+    h: u64,
+    eq: impl FnMut(u32) -> bool,
+) -> bool {
+    let hash_of = |s: u32| ring.get(s as usize).map_or(0, |r| key_hash(seed, &r.key));
+    match index.find(h, eq, &hash_of) {
+        Some(pos) => {
+            index.remove_at(pos, &hash_of);
+            true
+        }
+        None => false,
+    }
+}
+
 /// Add a pending record to its segment's order queue, which stays sorted by entry id.
 fn push_ordered(order: &mut VecDeque<(u32, Key)>, rec: &Record) {
     match order.back() {
@@ -128,9 +148,10 @@ fn age(now_ms: i64, ts_ms: i64) -> i128 {
 
 impl Window {
     /// A window for at most `max_keys` committed keys (1..=[`MAX_KEYS_LIMIT`]) and `window_ms`
-    /// (>= 1). The ring is reserved for `max_keys` now (address space: pages are touched as
-    /// records land), so an impossible size fails here; the index grows with the keys, so a
-    /// window far from full costs, and copies ([`Window::clone_committed`]), what it holds.
+    /// (>= 1). The ring and the index are reserved for `max_keys` now (address space: pages are
+    /// touched as records land and as the index grows), so an impossible size fails here; the
+    /// index grows with the keys, so a window far from full costs, and copies
+    /// ([`Window::clone_committed`]), what it holds.
     pub fn new(max_keys: usize, window_ms: i64) -> Result<Self, TryReserveError> {
         Self::with_seed(max_keys, window_ms, random_seed())
     }
@@ -139,6 +160,8 @@ impl Window {
         debug_assert!(max_keys >= 1 && max_keys as u64 <= MAX_KEYS_LIMIT && window_ms >= 1);
         let mut ring = Vec::new();
         ring.try_reserve_exact(max_keys)?;
+        let mut index = SlotIndex::new(max_keys);
+        index.reserve_address_space()?;
         Ok(Self {
             max_keys,
             window_ms,
@@ -146,9 +169,9 @@ impl Window {
             ring,
             head: 0,
             len: 0,
-            index: HashTable::new(),
+            index,
             dead: 0,
-            pending: HashTable::new(),
+            pending: Pending::default(),
             pending_order: HashMap::new(),
             counters: Counters::default(),
         })
@@ -170,7 +193,8 @@ impl Window {
         self.counters
     }
 
-    /// Heap bytes owned: ring capacity, index, pending table and pending order allocations.
+    /// Heap bytes owned: ring capacity, the index's table in use, pending table and pending order
+    /// allocations.
     pub fn memory_bytes(&self) -> usize {
         self.ring.capacity() * std::mem::size_of::<Record>()
             + self.index.allocation_size()
@@ -195,16 +219,21 @@ impl Window {
     #[inline]
     fn find_committed(&self, key: &Key, hash: u64) -> Option<&Record> {
         let ring = &self.ring;
+        let seed = self.seed;
+        let hash_of = |s: u32| ring.get(s as usize).map_or(0, |r| key_hash(seed, &r.key));
         self.index
-            .find(hash, |&s| {
-                ring.get(s as usize).is_some_and(|r| r.key == *key)
-            })
-            .and_then(|&s| ring.get(s as usize))
+            .find(
+                hash,
+                |s| ring.get(s as usize).is_some_and(|r| r.key == *key),
+                &hash_of,
+            )
+            .and_then(|pos| ring.get(self.index.slot_at(pos) as usize))
     }
 
     #[inline]
     fn find_pending(&self, key: &Key, hash: u64) -> Option<&Record> {
-        self.pending.find(hash, |r| r.key == *key)
+        let seed = self.seed;
+        self.pending.find(key, hash, |k| key_hash(seed, k))
     }
 
     /// Uncounted lookup. With `now_ms`, a committed entry at least `window_ms` old is absent.
@@ -262,8 +291,7 @@ impl Window {
     /// The pending table's half of [`Window::insert_pending`] (a batch keeps the order queue).
     fn insert_pending_record(&mut self, rec: Record, h: u64) {
         let seed = self.seed;
-        self.pending
-            .insert_unique(h, rec, |r| key_hash(seed, &r.key));
+        self.pending.insert(rec, h, |k| key_hash(seed, k));
     }
 
     /// Commit the pending keys of `segment_id` whose entry ids are at most `last_entry_id`, in
@@ -291,8 +319,8 @@ impl Window {
             order.pop_front();
             let h = key_hash(self.seed, &key);
             // The queue holds exactly the segment's pending keys (take_pending keeps it so).
-            if let Ok(found) = self.pending.find_entry(h, |r| r.key == key) {
-                let rec = found.remove().0;
+            let seed = self.seed;
+            if let Some(rec) = self.pending.remove(&key, h, |k| key_hash(seed, k)) {
                 debug_assert!(rec.segment_id == segment_id && rec.entry_id == entry_id);
                 if commit {
                     self.push_committed(rec, h);
@@ -303,15 +331,13 @@ impl Window {
         if !order.is_empty() {
             self.pending_order.insert(segment_id, order);
         }
+        self.pending.release_if_drained();
         n
     }
 
     fn take_pending(&mut self, key: &Key, h: u64) -> Option<Record> {
-        let rec = self
-            .pending
-            .find_entry(h, |r| r.key == *key)
-            .ok()
-            .map(|e| e.remove().0)?;
+        let seed = self.seed;
+        let rec = self.pending.remove(key, h, |k| key_hash(seed, k))?;
         // Usually at the front (keys go in entry order); anywhere else costs a shift, which only
         // API callers taking keys one by one pay, never the writer.
         if let Some(order) = self.pending_order.get_mut(&rec.segment_id) {
@@ -326,6 +352,7 @@ impl Window {
                 self.pending_order.remove(&rec.segment_id);
             }
         }
+        self.pending.release_if_drained();
         Some(rec)
     }
 
@@ -368,11 +395,10 @@ impl Window {
     /// Take a committed key out of the index; its ring slot becomes dead.
     fn kill(&mut self, key: &Key, h: u64) {
         let ring = &self.ring;
-        if let Ok(e) = self
-            .index
-            .find_entry(h, |&s| ring.get(s as usize).is_some_and(|r| r.key == *key))
-        {
-            e.remove();
+        let found = unindex(&mut self.index, ring, self.seed, h, |s| {
+            ring.get(s as usize).is_some_and(|r| r.key == *key)
+        });
+        if found {
             self.dead += 1;
         }
     }
@@ -380,7 +406,12 @@ impl Window {
     /// Whether the index points at `slot` (holding `rec`).
     fn is_live(&self, slot: usize, rec: &Record) -> bool {
         let h = key_hash(self.seed, &rec.key);
-        self.index.find(h, |&s| s as usize == slot).is_some()
+        let ring = &self.ring;
+        let seed = self.seed;
+        let hash_of = |s: u32| ring.get(s as usize).map_or(0, |r| key_hash(seed, &r.key));
+        self.index
+            .find(h, |s| s as usize == slot, &hash_of)
+            .is_some()
     }
 
     /// Append a record known to be absent, evicting the oldest when the ring is full.
@@ -402,10 +433,24 @@ impl Window {
         self.len += 1;
         let ring = &self.ring;
         let seed = self.seed;
+        let hash_of = |s: u32| ring.get(s as usize).map_or(0, |r| key_hash(seed, &r.key));
+        if self.dead == 0 {
+            if let Some(cells) = self.index.growth() {
+                // every older slot is indexed: rehash them in ring order (sequential reads)
+                let (head, max_keys) = (self.head, self.max_keys);
+                let indexed = (0..self.len - 1).map(|nth| {
+                    let s = if head + nth >= max_keys {
+                        head + nth - max_keys
+                    } else {
+                        head + nth
+                    };
+                    (s as u32, hash_of(s as u32))
+                });
+                self.index.rebuild(cells, indexed, &hash_of);
+            }
+        }
         // max_keys <= u32::MAX, so every slot number fits.
-        self.index.insert_unique(h, slot as u32, |&s| {
-            ring.get(s as usize).map_or(0, |r| key_hash(seed, &r.key))
-        });
+        self.index.insert(h, slot as u32, &hash_of);
     }
 
     /// The oldest committed record.
@@ -426,13 +471,9 @@ impl Window {
         let slot = self.head;
         let rec = *self.ring.get(slot)?;
         let h = key_hash(self.seed, &rec.key);
-        let live = match self.index.find_entry(h, |&s| s as usize == slot) {
-            Ok(e) => {
-                e.remove();
-                true
-            }
-            Err(_) => false,
-        };
+        let live = unindex(&mut self.index, &self.ring, self.seed, h, |s| {
+            s as usize == slot
+        });
         self.head = self.slot(1);
         self.len -= 1;
         if live {
@@ -499,7 +540,7 @@ impl Window {
             len: self.len,
             index: self.index.clone(),
             dead: self.dead,
-            pending: HashTable::new(),
+            pending: Pending::default(),
             pending_order: HashMap::new(),
             counters: Counters::default(),
         })
@@ -660,7 +701,7 @@ impl Window {
         // Only a speed-up: if the memory is not there, inserts grow the index as they go.
         let _ = self
             .index
-            .try_reserve(want.saturating_sub(self.index.len()), |&s| {
+            .try_reserve(want.saturating_sub(self.index.len()), &|s: u32| {
                 ring.get(s as usize).map_or(0, |r| key_hash(seed, &r.key))
             });
     }
@@ -1068,7 +1109,7 @@ mod tests {
                 w.add_committed(rec(i, 0));
             }
             let per_key = w.memory_bytes() as f64 / n as f64;
-            assert!(per_key <= 44.0, "{n}: {per_key} bytes per key");
+            assert!(per_key <= 37.5, "{n}: {per_key} bytes per key");
         }
     }
 

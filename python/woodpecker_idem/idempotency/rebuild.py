@@ -120,7 +120,7 @@ def rebuild_window(
     backfilled = sum(
         _replay(window, transport, objects, span, on_corrupt, newest) for span in before
     )
-    loaded = snap.load_into(window) if snap is not None else 0
+    loaded = _load_snapshot(window, snap, segments) if snap is not None else 0
     replayed = backfilled + sum(
         _replay(window, transport, objects, span, on_corrupt, newest) for span in after
     )
@@ -164,6 +164,36 @@ def rebuild_window(
         len(report.corrupt_replicas),
     )
     return report, covered
+
+
+def _load_snapshot(window: DedupWindow, snap: Snapshot, segments: list[SegmentMeta]) -> int:
+    """Load the snapshot, leaving out entries past the end their segment was completed at.
+
+    Such entries were acknowledged, then lost before they reached the disk (a power loss under
+    `storage.fsync: batch_ms:N`, which acknowledges before the fdatasync) while the snapshot,
+    synced on its own, outlived them. Their keys must not stay: a retry would be answered with
+    the id of an entry that is not in the log, instead of writing it again."""
+    ends = {s.segment_id: s.last_entry_id for s in segments}
+    lost = {
+        seg: ends[seg] for seg, mark in snap.watermarks.items() if seg in ends and mark > ends[seg]
+    }
+    if not lost:
+        return snap.load_into(window)
+    kept = [e for e in snap.entries() if e[1] not in lost or e[2] <= lost[e[1]]]
+    log.warning(
+        "log %s: the snapshot names %d entries past the end of their segments (%s: segment -> "
+        "last entry); they were acknowledged but did not survive on the LogStore nodes, so "
+        "their keys are left out of the window and a retry writes them again",
+        snap.log_id,
+        len(snap) - len(kept),
+        lost,
+    )
+    return window.add_committed_many(
+        b"".join(e[0] for e in kept),
+        array("q", [e[1] for e in kept]),
+        array("q", [e[2] for e in kept]),
+        array("q", [e[3] for e in kept]),
+    )
 
 
 def _plan(

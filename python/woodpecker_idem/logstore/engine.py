@@ -278,6 +278,10 @@ class LogStoreEngine:
             with self._segments_lock:
                 self._segments.pop((log_id, segment_id), None)
 
+    def close(self) -> None:
+        """Sync what the storage deferred (`storage.fsync: batch_ms:N`) and stop its thread."""
+        self.storage.close()
+
     def delete_log(self, log_id: int) -> None:
         with self._segments_lock:
             gone = [self._segments.pop(k) for k in list(self._segments) if k[0] == log_id]

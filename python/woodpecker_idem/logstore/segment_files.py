@@ -9,16 +9,20 @@ CRC32C of the header) and the frame exactly as the writer built it (records of
 
 Why fencing is as strong as create-if-absent block keys (docs/architecture.md, "Fencing"):
 
-- The writer appends a batch (one `write` with O_APPEND), `fdatasync`s, THEN checks that `fence`
+- The writer appends a batch (one `write` with O_APPEND), `fdatasync`s (`storage.fsync: always`;
+  with `batch_ms:N` the sync is left to a background thread, see below), THEN checks that `fence`
   does not exist, and only then acks. If it exists, the add fails (`SegmentFencedError`); the
   bytes stay in the file, unacknowledged.
 - The fencer creates `fence` create-if-absent and durably (`put_file`: temp + fsync + link +
-  directory fsync), THEN reads the data file's length L, and records it create-if-absent in
-  `fence-at` (the first fencer's L wins; a later one reads it). The segment is the batches wholly
-  within [0, L) plus the recovery file; bytes past L are ignored by every process, forever.
-- Every acked batch is within L: its append preceded its fdatasync, which preceded its check; the
-  check saw no `fence`, so it preceded the fence's creation, which preceded reading L. So the
-  append happened before L was read, and O_APPEND put its bytes below L.
+  directory fsync), THEN reads the data file's length L, `fdatasync`s the data file (so every
+  byte below L is on disk before L is), and records L create-if-absent in `fence-at` (the first
+  fencer's L wins; a later one reads it). The segment is the batches wholly within [0, L) plus
+  the recovery file; bytes past L are ignored by every process, forever.
+- Every acked batch is within L: its append returned (its bytes are in the file for every
+  process from then on, synced or not) before its check, in the writer's thread; the check saw
+  no `fence`, so it preceded the fence's creation, which preceded reading L. So the append
+  happened before L was read, and O_APPEND put its bytes below L. The fdatasync between append
+  and check is for durability across power loss only; the order does not depend on it.
 - Nothing appended after the fence is read: a writer appending after the fence exists finds it
   on its check and refuses; its bytes land at or past the end that the fencer's read of L will
   see, unless they land before that read, which only bytes unacked at the fence can do. Those
@@ -43,7 +47,17 @@ file and offset. A writer
 whose write or fdatasync failed refuses every later append to that file, so a partial batch is
 always the tail (and pages a failed fdatasync dropped are never assumed durable).
 
-One add is one native call (write, fdatasync, fence check) that releases the GIL once. The adds
+Durability of an ack (`storage.fsync`): `always` acks a batch after its fdatasync; `batch_ms:N`
+acks it once `write` returned (in the kernel's page cache: a killed process loses nothing) and a
+background thread fdatasyncs the files written since its last round at most every N ms, so a
+power loss may lose the acks of the last N ms (NATS's and Kafka's default trade); `never` does
+not sync. Under `batch_ms` the fence (above) and the footer (`complete`) still fdatasync the data
+file first: a footer never vouches for bytes that are not on disk. Recovery copies are always
+synced before their ack. A background fdatasync that fails leaves the file refusing appends, as
+an inline one does.
+
+One add is one native call (write, fdatasync unless deferred, fence check) that releases the GIL
+once. The adds
 of one segment are serial (the engine holds the segment's lock through the call), so a fence in
 the same process always sees every acknowledged batch; group commit happens one level up, where
 a writer collects the entries that arrive while its previous add is syncing into the next batch
@@ -59,6 +73,7 @@ import logging
 import os
 import shutil
 import struct
+import threading
 
 from .._core import SegmentAppender, crc32c, put_file, segfile_read, segfile_scan
 from ..errors import (
@@ -89,6 +104,8 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC
 _temp_seq = itertools.count()
 
+log = logging.getLogger(__name__)
+
 
 def encode_batch_header(first: int, count: int, frame_len: int, lac: int) -> bytes:
     header = BATCH.pack(BATCH_MAGIC, BATCH_VERSION, 0, first, count, frame_len, lac)
@@ -107,11 +124,26 @@ def decode_batch_header(buf, pos: int) -> tuple[int, int, int, int] | None:
 
 
 class FileSegmentStorage(SegmentStorage):
-    """Segments as append-only files below `root` (a local directory)."""
+    """Segments as append-only files below `root` (a local directory).
 
-    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True):
+    `fsync=False` never syncs (`storage.fsync: never`). With `fsync` and `sync_interval_ms` > 0
+    (`batch_ms:N`) a data batch is acknowledged once written and a background thread fdatasyncs
+    the written files at most every N ms; otherwise (`always`) each add fdatasyncs before its ack.
+    `data_syncs` counts the fdatasyncs of data files by their appenders (inline and background).
+    """
+
+    def __init__(
+        self, root: str | os.PathLike[str], *, fsync: bool = True, sync_interval_ms: int = 0
+    ):
+        if sync_interval_ms < 0:
+            raise ValueError(f"sync_interval_ms must be >= 0, not {sync_interval_ms}")
         self.root = os.path.abspath(os.fspath(root))
         self.fsync = fsync
+        self.data_syncs = 0
+        self._count_lock = threading.Lock()
+        self.syncer = (
+            _Syncer(self, sync_interval_ms / 1000) if fsync and sync_interval_ms > 0 else None
+        )
         # segment files found damaged (`SegmentDamagedError`), each counted once per process
         self.damaged = 0
         self._damaged_seen: set[tuple[str, int]] = set()
@@ -127,6 +159,32 @@ class FileSegmentStorage(SegmentStorage):
 
     def __repr__(self) -> str:
         return f"FileSegmentStorage({self.root!r})"
+
+    def counted_sync(self, count: int = 1) -> None:
+        with self._count_lock:
+            self.data_syncs += count
+
+    def sync_file(self, path: str) -> None:
+        """fdatasync `path` if it exists (the fence and the footer: what they vouch for is on
+        disk before they are)."""
+        if not self.fsync:
+            return
+        try:
+            fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    def flush(self) -> None:
+        """fdatasync now every file a deferred sync is pending for."""
+        if self.syncer is not None:
+            self.syncer.flush()
+
+    def close(self) -> None:
+        self.flush()
 
     def open(self, log_id: int, segment_id: int, node_id: str) -> SegmentHandle:
         return _FileHandle(self, log_id, segment_id, node_id)
@@ -177,9 +235,69 @@ class FileSegmentStorage(SegmentStorage):
         shutil.rmtree(os.path.join(self.root, str(log_id)), ignore_errors=True)
 
 
+class _Syncer:
+    """`batch_ms:N`: fdatasyncs the files written since its last round, at most every N ms, on a
+    thread of its own that lives while some written file waits for its sync.
+
+    It holds the native appender of each file written (not the `_Appender`'s current one), so a
+    file closed before its round stays open until it is synced."""
+
+    def __init__(self, storage: FileSegmentStorage, interval_s: float):
+        self._storage = storage
+        self._interval = interval_s
+        self._lock = threading.Lock()
+        self._pending: dict[_Appender, SegmentAppender] = {}
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+
+    def written(self, appender: _Appender, native: SegmentAppender) -> None:
+        with self._lock:
+            self._pending[appender] = native
+            if self._thread is None:
+                self._wake.clear()  # a flush's wake-up is not this thread's round
+                self._thread = threading.Thread(
+                    target=self._run, name="woodpecker-fdatasync", daemon=True
+                )
+                self._thread.start()
+
+    def pending(self) -> int:
+        """Files written since their last sync."""
+        with self._lock:
+            return len(self._pending)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            with self._lock:
+                due, self._pending = self._pending, {}
+                if not due:
+                    self._thread = None
+                    return
+            self._sync(due)
+
+    def _sync(self, due: dict[_Appender, SegmentAppender]) -> None:
+        for appender, native in due.items():
+            try:
+                native.sync(True, None)
+            except OSError as exc:
+                appender.failed(f"background fdatasync failed ({exc})", exc)
+            else:
+                self._storage.counted_sync()
+
+    def flush(self) -> None:
+        """Sync every pending file in the caller's thread; the thread, woken, finds none and
+        ends (a later write starts another)."""
+        with self._lock:
+            due, self._pending = self._pending, {}
+        self._sync(due)
+        self._wake.set()
+
+
 class _Appender:
     """One append-only file of this process (a native `SegmentAppender`): each batch is one
-    O_APPEND write, then `fdatasync`, then the fence check, in one call without the GIL."""
+    O_APPEND write, then `fdatasync` (unless deferred to the storage's `_Syncer`), then the fence
+    check, in one call without the GIL."""
 
     def __init__(self, storage: FileSegmentStorage, path: str):
         self._storage = storage
@@ -195,17 +313,34 @@ class _Appender:
             storage.sync_dir(directory)  # the new name survives a crash
         self._broken: str | None = None
 
-    def append(self, header: bytes, frame: bytes, fence_path: str | None) -> tuple[int, bool]:
-        """Append one batch durably; returns (its offset, whether `fence_path` existed after the
-        sync). A failed write or sync leaves the file refusing appends: a partial batch must stay
-        the tail, and a failed fdatasync may have dropped pages the kernel will not write again."""
-        if self._broken is not None or self._native is None:
+    def append(
+        self, header: bytes, frame: bytes, fence_path: str | None, defer: bool
+    ) -> tuple[int, bool]:
+        """Append one batch, synced unless `defer` (then the storage's syncer syncs it within its
+        interval); returns (its offset, whether `fence_path` existed after the sync). A failed
+        write or sync leaves the file refusing appends: a partial batch must stay the tail, and a
+        failed fdatasync may have dropped pages the kernel will not write again."""
+        native = self._native
+        if self._broken is not None or native is None:
             raise StorageUnavailableError(self._broken or f"{self.path}: closed")
+        storage = self._storage
+        syncer = storage.syncer if defer else None
+        sync = storage.fsync and syncer is None
         try:
-            return self._native.append_sync(header, frame, self._storage.fsync, fence_path)
+            result = native.append_sync(header, frame, sync, fence_path)
         except OSError as exc:
-            self._broken = f"{self.path}: append failed ({exc})"
-            raise StorageUnavailableError(self._broken) from exc
+            self.failed(f"append failed ({exc})", exc)
+            raise StorageUnavailableError(f"{self.path}: append failed ({exc})") from exc
+        if sync:
+            storage.counted_sync()
+        elif syncer is not None:
+            syncer.written(self, native)
+        return result
+
+    def failed(self, why: str, exc: OSError) -> None:
+        if self._broken is None:
+            self._broken = f"{self.path}: {why}"
+            log.error("%s; the file takes no more appends", self._broken, exc_info=exc)
 
     def close(self) -> None:
         self._native = None  # the file closes with the native object
@@ -330,7 +465,9 @@ class _FileHandle(SegmentHandle):
         file = RECOVERY if recovery else DATA
         header = encode_batch_header(first, count, len(frame), lac)
         fence = None if recovery else self._fence
-        offset, fenced = self._appender(file).append(header, frame, fence)
+        # recovery copies are synced before their ack in every mode: a takeover is rare, and the
+        # footer written after them vouches for them
+        offset, fenced = self._appender(file).append(header, frame, fence, defer=not recovery)
         if fenced:
             raise SegmentFencedError(
                 f"{self.where} is fenced; the add at {FILE_NAMES[file]}@{offset} is not part of it"
@@ -345,7 +482,9 @@ class _FileHandle(SegmentHandle):
             self._storage.make_dirs(self._dir)
             self._storage.put_new(self._fence, b"")  # durable before L is read
             self._fenced = True
-            body = struct.pack("<4sq", FENCE_MAGIC, _size(self._paths[DATA]))
+            length = _size(self._paths[DATA])
+            self._storage.sync_file(self._paths[DATA])  # bytes below L on disk before L is
+            body = struct.pack("<4sq", FENCE_MAGIC, length)
             self._storage.put_new(self._fence_at, body + struct.pack("<I", crc32c(body)))
             self._fence_state()  # ours, or the first fencer's
         self._close_appender(DATA)
@@ -355,6 +494,7 @@ class _FileHandle(SegmentHandle):
         self._storage.make_dirs(self._dir)
         self._completed = True
         self._close_appender(DATA)
+        self._storage.sync_file(self._paths[DATA])  # the footer vouches for these bytes
         if self._storage.put_new(self._footer, encode_footer(last_entry_id, [])):
             self._completed_last = last_entry_id
             return None
@@ -413,9 +553,12 @@ def _size(path: str) -> int:
         return 0
 
 
-def segment_storage(store: ObjectStore, *, fsync: bool = True) -> SegmentStorage:
+def segment_storage(
+    store: ObjectStore, *, fsync: bool = True, sync_interval_ms: int = 0
+) -> SegmentStorage:
     """The layout for a node on `store`: files in its directory for a local store (the same
-    per-store namespace its objects use), blocks on it otherwise (S3)."""
+    per-store namespace its objects use), blocks on it otherwise (S3, where every put is durable
+    when it returns: `fsync` and `sync_interval_ms` apply to local files only)."""
     if isinstance(store, LocalObjectStore):
-        return FileSegmentStorage(store.root, fsync=fsync)
+        return FileSegmentStorage(store.root, fsync=fsync, sync_interval_ms=sync_interval_ms)
     return ObjectSegmentStorage(store)

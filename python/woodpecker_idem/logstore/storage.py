@@ -6,7 +6,8 @@ recovery copies, completion) once; a `SegmentStorage` only lays batches out and 
 - `objects` (`ObjectSegmentStorage`, this module): one create-if-absent block object per batch on
   an `ObjectStore` (S3, or any store without local files);
 - `files` (`FileSegmentStorage`, `segment_files.py`): on a local directory, a segment is an
-  append-only file, one `fdatasync` per add.
+  append-only file, one `fdatasync` per add (`storage.fsync: always`) or one per file every N ms
+  in the background (`batch_ms:N`).
 
 A batch's location (`loc`) is an int only its storage interprets (a block number, a file offset).
 Every `SegmentHandle` method but `read` is called with the engine's per-segment lock held: the
@@ -99,6 +100,9 @@ class SegmentStorage(ABC):
 
     @abstractmethod
     def delete_log(self, log_id: int) -> None: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Make every acknowledged add durable now (a deferred sync) and stop background work."""
 
 
 def segment_prefix(log_id: int, segment_id: int) -> str:

@@ -105,6 +105,11 @@ class InProcessTransport(LogStoreTransport):
     def delete_log(self, node_id, log_id):
         self._engine(node_id).delete_log(log_id)
 
+    def close(self) -> None:
+        """Each engine syncs what it deferred (`storage.fsync: batch_ms:N`); they stay usable."""
+        for engine in self.engines.values():
+            engine.close()
+
 
 class FaultInjectingTransport(LogStoreTransport):
     """Wraps a transport and breaks it on request: a failed node answers nothing, a dropped ack is
@@ -199,3 +204,6 @@ class FaultInjectingTransport(LogStoreTransport):
     def delete_log(self, node_id, log_id):
         self._before(node_id, "delete_log")
         self.inner.delete_log(node_id, log_id)
+
+    def close(self) -> None:
+        self.inner.close()

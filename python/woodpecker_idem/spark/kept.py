@@ -22,8 +22,8 @@ from ..types import LogMessageId
 
 if TYPE_CHECKING:
     from ..client.client import WoodpeckerClient
-    from ..writer.api import IdempotentLogWriter
     from ..meta.base import MetadataStore
+    from ..writer.api import IdempotentLogWriter
 
 log = logging.getLogger(__name__)
 
