@@ -7,6 +7,7 @@ corrected history that must PASS. One test runs the checker over a real log as w
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 
@@ -317,18 +318,48 @@ def test_unknown_start_is_weaker_not_wrong():
 
 
 def test_history_is_thread_safe():
+    """Threads record while another judges: no attempt is lost or recorded twice, and each
+    judgement sees a consistent prefix of what was recorded. The interpreter switches threads
+    every microsecond here, so an unlocked read-modify-write of the record loses attempts."""
     h = History()
+    threads, per_thread = 8, 1500
+    start = threading.Barrier(threads + 1)
+    stop = threading.Event()
+    seen: list[int] = []
+    errors: list[BaseException] = []
 
-    def go(n: int) -> None:
-        for i in range(500):
+    def record(n: int) -> None:
+        start.wait()
+        for i in range(per_thread):
             h.call(K(f"{n}-{i}"), b"p", lambda n=n, i=i: WriteResult(LogMessageId(n, i)))
 
-    ts = [threading.Thread(target=go, args=(n,)) for n in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert len(h.attempts) == 2000
+    def judge_while_recording() -> None:
+        start.wait()
+        try:
+            while not stop.is_set():
+                v = h.check([], WINDOW_MS, 100)  # every acknowledged attempt is lost here
+                assert len(v.problems) == v.attempts, "a judgement saw a half-made record"
+                seen.append(v.attempts)
+        except BaseException as exc:  # noqa: BLE001 - judged below
+            errors.append(exc)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        ts = [threading.Thread(target=record, args=(n,)) for n in range(threads)]
+        judge = threading.Thread(target=judge_while_recording)
+        for t in [*ts, judge]:
+            t.start()
+        for t in ts:
+            t.join()
+        stop.set()
+        judge.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert errors == []
+    assert seen == sorted(seen), "a later judgement saw fewer attempts than an earlier one"
+    ids = sorted(a.message_id for a in h.attempts)
+    assert ids == sorted(LogMessageId(n, i) for n in range(threads) for i in range(per_thread))
 
 
 def test_call_records_failures_and_reraises():
