@@ -15,7 +15,7 @@ been answered for yet to its writer and not seen its outcome (evidence from its 
 
 - `test_two_processes_race_the_same_keys`: two workers, repeated takeovers, no other fault.
 - `test_fault_campaign_smoke`: the campaign for WP_CAMPAIGN_SMOKE_S seconds (default 20).
-- `test_fault_campaign` (slow): WP_CAMPAIGN_S seconds (default 600).
+- `test_fault_campaign` (slow): WP_CAMPAIGN_S seconds (default 600; 45 with WP_SLOW_PROFILE=ci).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 from drain import Drain
+from slowprofile import size
 
 import woodpecker_idem as wp
 from woodpecker_idem import LogMessageId, WriteResult, explicit_key
@@ -429,15 +430,19 @@ def test_fault_campaign_smoke(tmp_path: Path) -> None:
     _no_hangs(_campaign(tmp_path, float(os.environ.get("WP_CAMPAIGN_SMOKE_S", "20"))))
 
 
+CAMPAIGN_S = float(os.environ.get("WP_CAMPAIGN_S", size(600, 45)))
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(float(os.environ.get("WP_CAMPAIGN_S", "600")) + 900)
+@pytest.mark.timeout(CAMPAIGN_S + 900)
 def test_fault_campaign(tmp_path: Path) -> None:
-    seconds = float(os.environ.get("WP_CAMPAIGN_S", "600"))
+    seconds = CAMPAIGN_S
     report = _campaign(tmp_path, seconds)
     for kind in ("node_down", "ack_lost", "meta_down"):
         assert report.evidence[kind] > 0, f"no call refused by {kind}: {report.lines()}"
-    # a long run must keep its faults busy: most kills land, and every kind meets many writes
+    # a long run must keep its faults busy: most kills land, and every kind meets new writes
+    # all along (at least one per minute of the run on average)
     assert report.landed_kills * 2 >= report.kills, report.lines()
     for kind in MET_KINDS:
-        assert report.met[kind] >= 10, f"{kind} met few new writes: {report.lines()}"
+        assert report.met[kind] >= seconds // 60, f"{kind} met few new writes: {report.lines()}"
     _no_hangs(report)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from drain import Drain
+from slowprofile import size
 
 import woodpecker_idem as wp
 from woodpecker_idem import LogMessageId, WriteResult, explicit_key
@@ -203,7 +204,12 @@ def run_round(
 
 PROFILES = [
     pytest.param(800, 11, id="default"),
-    pytest.param(6000, 100, id="slow", marks=[pytest.mark.slow, pytest.mark.timeout(1800)]),
+    pytest.param(
+        size(6000, 1500),
+        size(100, 25),  # the CI slice (tests/slowprofile.py): 25 landed kills
+        id="slow",
+        marks=[pytest.mark.slow, pytest.mark.timeout(1800)],
+    ),
 ]
 
 

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from slowprofile import size
 
 import woodpecker_idem as wp
 from woodpecker_idem import (
@@ -292,7 +293,8 @@ class IdempotencyMachine(RuleBasedStateMachine):
 SETTINGS = settings(
     max_examples=12, stateful_step_count=25, deadline=None, suppress_health_check=list(HealthCheck)
 )
-SLOW = settings(SETTINGS, max_examples=100, stateful_step_count=50)
+# the CI slice (tests/slowprofile.py) runs fewer examples of the same length
+SLOW = settings(SETTINGS, max_examples=size(100, 12), stateful_step_count=50)
 
 
 class Es1Machine(IdempotencyMachine):
