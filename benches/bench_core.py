@@ -500,3 +500,56 @@ def test_snapshot_decode(benchmark: Any, snapshot_data: Any) -> None:
         parse_only_speedup=round(med["naive"] / med["ours_parse_only"], 1),
     )
     assert speedup >= SNAPSHOT_SPEEDUP
+
+
+# --- concat and the GIL (moved from tests/test_core_entry.py: a timing claim) -----------------
+
+
+def _other_thread_ran_during(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list]:
+    """How far a spinning thread got during each call, the calls interleaved for `rounds`
+    rounds (it also gets the GIL at the interpreter's forced switches around a call, so never
+    quite 0)."""
+    import threading
+
+    counter = [0]
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            counter[0] += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    ran: dict[str, list] = {name: [] for name in calls}
+    try:
+        for _ in range(rounds):
+            for name, call in calls.items():
+                before = counter[0]
+                call()
+                ran[name].append(counter[0] - before)
+    finally:
+        stop.set()
+        t.join()
+    return ran
+
+
+CONCAT_PARTS = [bytes(1 << 20)] * 48  # 48 MiB: a copy of several milliseconds
+
+
+def test_concat_keeps_the_gil_where_bytes_join_lets_go(benchmark: Any) -> None:
+    """bytes.join releases the GIL for results of 1 MiB or more; winning it back from a busy
+    thread costs up to 5 ms per frame or block. concat copies with the GIL held: a thread
+    spinning next to it gets at most half as far during concat as during join (medians of 9
+    interleaved rounds; the spinner runs only at forced switches around concat, but all through
+    join's copy)."""
+    ran = _other_thread_ran_during(
+        {
+            "concat": lambda: _core.concat(CONCAT_PARTS),
+            "join": lambda: b"".join(CONCAT_PARTS),
+        },
+        9,
+    )
+    benchmark.pedantic(_core.concat, args=(CONCAT_PARTS,), rounds=3, iterations=1)
+    held, released = statistics.median(ran["concat"]), statistics.median(ran["join"])
+    record(benchmark, spinner_during_concat=held, spinner_during_join=released)
+    assert 2 * held < released, ran

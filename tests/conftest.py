@@ -121,8 +121,11 @@ def wp_connect() -> Iterator[object]:
         return client
 
     yield factory
+    errors: list[str] = []
     for client in reversed(opened):
         try:
             client.close()
-        except Exception:  # noqa: BLE001 - best effort at teardown
-            pass
+        except Exception as exc:  # noqa: BLE001 - every client is closed, then the test fails
+            errors.append(f"{type(exc).__name__}: {exc}")
+    if errors:
+        pytest.fail("client.close() failed at teardown:\n  " + "\n  ".join(errors))

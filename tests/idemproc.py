@@ -9,6 +9,7 @@ before a kill; only a last line cut by the kill can be partial):
     ready                                             the idempotent writer is open
     B <lo> <hi> <new> <start_ms> <start_ns>           about to send k-lo..k-(hi-1); <new> of them
                                                       are not in the window (new writes)
+    S <lo>                                            the burst's bytes were handed to the writer
     A <key> <segment> <entry> <dup> <end_ms> <end_ns> one acknowledged write
     done                                              every write acknowledged, writer closed
 
@@ -47,6 +48,8 @@ def main() -> None:
         out.write(f"B {lo} {hi} {new} {SYSTEM_CLOCK.now_ms()} {time.monotonic_ns()}\n")
         out.flush()
         futures = [writer.write_async(f"payload of {k}".encode(), idempotency_id=k) for k in names]
+        out.write(f"S {lo}\n")
+        out.flush()
         for name, fut in zip(names, futures, strict=True):
             r = fut.result(60)
             out.write(

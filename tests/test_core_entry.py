@@ -90,42 +90,6 @@ def test_concat_accepts_buffers_and_names_bad_parts() -> None:
         concat(b"ab")
 
 
-def _other_thread_ran_during(call) -> list[int]:
-    """How far a spinning thread got during each of 5 calls (it also gets the GIL at the
-    interpreter's forced switches, so never quite 0)."""
-    import threading
-
-    counter = [0]
-    stop = threading.Event()
-
-    def spin() -> None:
-        while not stop.is_set():
-            counter[0] += 1
-
-    t = threading.Thread(target=spin)
-    t.start()
-    deltas = []
-    try:
-        for _ in range(5):
-            before = counter[0]
-            call()
-            deltas.append(counter[0] - before)
-    finally:
-        stop.set()
-        t.join()
-    return deltas
-
-
-def test_concat_keeps_the_gil_where_bytes_join_lets_go() -> None:
-    """bytes.join releases the GIL for results of 1 MiB or more; winning it back from a busy
-    thread costs up to 5 ms per frame or block. concat copies with the GIL held."""
-    parts = [bytes(1 << 20)] * 48  # 48 MiB: a copy of several milliseconds
-    held = _other_thread_ran_during(lambda: concat(parts))
-    released = _other_thread_ran_during(lambda: b"".join(parts))
-    # the spinner runs only at forced switches around concat, but all through join's copy
-    assert 2 * sorted(held)[2] < sorted(released)[2], (held, released)
-
-
 def _protobuf_entry(seg, entry, ts, payload, props, key, unknown) -> bytes:
     """A LogEntry as protobuf serializes it, with a field this version does not know if
     `unknown` (a newer writer may add one)."""

@@ -1,12 +1,21 @@
 """Several processes (tests/campaignproc.py) write the same keys to one log at once, taking it
 over from each other, while faults land: SIGKILLs from here, and inside each worker es=3 nodes
-down, acks dropped, storage (every node) and metadata outages. Every line a worker printed is read
-(to the end of its pipe, also after a SIGKILL), every attempt goes into one History with its own
-times, and the checker judges the whole log at the end.
+down, acks dropped, storage (every node) and metadata outages. Each worker runs several producer
+threads (write_async, write_many and sync writes mixed) into small in-flight bounds, so they wait
+on backpressure all the time; new keys keep arriving for the whole run (a frontier every worker
+shares moves on every second). Every line a worker printed is read (to the end of its pipe, also
+after a SIGKILL), every attempt goes into one History with its own times, and the checker judges
+the entries the nodes store (read around the LogReader) at the end.
+
+Faults must meet new writes, or the campaign proves nothing: each worker counts the new writes
+(entries sent to a node for the first time) each fault kind met, and the campaign asserts every
+kind it injected met some, that new entries were created in every quarter of the run, and that
+SIGKILLs landed: a kill lands when the killed worker had handed a write of a key nobody had
+been answered for yet to its writer and not seen its outcome (evidence from its own lines).
 
 - `test_two_processes_race_the_same_keys`: two workers, repeated takeovers, no other fault.
 - `test_fault_campaign_smoke`: the campaign for WP_CAMPAIGN_SMOKE_S seconds (default 20).
-- `test_fault_campaign` (slow): WP_CAMPAIGN_S seconds (default 600).
+- `test_fault_campaign` (slow): WP_CAMPAIGN_S seconds (default 600; 45 with WP_SLOW_PROFILE=ci).
 """
 
 from __future__ import annotations
@@ -24,11 +33,13 @@ from pathlib import Path
 
 import pytest
 from drain import Drain
+from slowprofile import size
 
 import woodpecker_idem as wp
 from woodpecker_idem import LogMessageId, WriteResult, explicit_key
 from woodpecker_idem.clock import SYSTEM_CLOCK
 from woodpecker_idem.history import DUPLICATE, LOST, History, Stamp, Verdict
+from woodpecker_idem.history_store import read_stored
 
 PACKAGE_ROOT = str(Path(wp.__file__).resolve().parent.parent)
 HERE = Path(__file__).resolve().parent
@@ -64,6 +75,7 @@ class Worker:
         )
         self.lines: list[str] = []
         self.killed_at: Stamp | None = None
+        self.in_flight: list[str] = []  # handed to the writer, no outcome (set by _absorb)
         assert self.proc.stderr is not None
         self._stderr = Drain(self.proc.stderr)  # a full stderr pipe would block the worker
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -116,6 +128,9 @@ class Report:
     fenced_by_worker: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
     evidence: Counter[str] = field(default_factory=Counter)
+    met: Counter[str] = field(default_factory=Counter)  # new writes each fault kind met
+    landed_kills: int = 0
+    created_by_quarter: list[int] = field(default_factory=list)
     hangs: list[str] = field(default_factory=list)
     verdict: Verdict | None = None
 
@@ -130,7 +145,9 @@ class Report:
             f"faults injected: SIGKILL {self.kills}, takeovers {self.takeovers} "
             f"({self.fenced_writes} writes failed fenced, {self.takeovers_failed} takeovers "
             f"failed and retried), {dict(self.faults)}\n"
-            f"evidence they landed (calls refused): {dict(self.evidence)}\n"
+            f"evidence they landed (calls refused): {dict(self.evidence)}; new writes each "
+            f"met: {dict(self.met)}; SIGKILLs with new writes in flight {self.landed_kills}\n"
+            f"new entries created in each quarter of the run: {self.created_by_quarter}\n"
             f"hangs {len(self.hangs)}; duplicates in window {dups}; acknowledged writes lost "
             f"{lost}\nchecker: {v.summary()}"
         )
@@ -138,41 +155,49 @@ class Report:
 
 def _absorb(worker: Worker, history: History, report: Report) -> None:
     """Turn a finished worker's lines into attempts (sent, never answered: failed at its end)."""
-    pending: list[tuple[str, Stamp]] = []
+    pending: dict[str, list[str]] = {}  # burst -> its names without an outcome yet
+    starts: dict[str, Stamp] = {}
+    handed: set[str] = set()
     evidence: dict[str, int] = {}
+    met: dict[str, int] = {}
     end = worker.killed_at or _stamp()
 
-    def take(name: str) -> Stamp:
-        for i, (n, start) in enumerate(pending):
-            if n == name:
-                del pending[i]
-                return start
-        raise AssertionError(f"worker {worker.tag}: an outcome for {name} that was never sent")
+    def take(burst: str, name: str) -> Stamp:
+        names = pending.get(burst, [])
+        if name not in names:
+            raise AssertionError(
+                f"worker {worker.tag}: an outcome for {name} that burst {burst} never sent"
+            )
+        names.remove(name)
+        return starts[burst]
 
     for line in worker.lines:
         kind, _, rest = line.partition(" ")
         parts = rest.split()
         if kind == "B":
-            start = Stamp(int(parts[0]), int(parts[1]))
-            pending.extend((name, start) for name in parts[2].split(","))
+            burst = parts[0]
+            starts[burst] = Stamp(int(parts[1]), int(parts[2]))
+            pending[burst] = parts[3].split(",")
+        elif kind == "S":
+            handed.add(parts[0])
         elif kind == "A":
-            name, seg, entry, dup, ms, ns = parts
+            burst, name, seg, entry, dup, ms, ns = parts
             result = WriteResult(LogMessageId(int(seg), int(entry)), dup == "1")
             history.ok(
                 explicit_key(name),
                 f"{worker.tag}:{name}".encode(),
                 result,
-                take(name),
+                take(burst, name),
                 Stamp(int(ms), int(ns)),
             )
             report.acknowledged += 1
         elif kind == "F":
-            name, timed_out, ms, ns, error = parts
+            burst, name, timed_out, ms, ns, error = parts
             history.failed(
                 explicit_key(name),
                 f"{worker.tag}:{name}".encode(),
                 error,
-                take(name),
+                take(burst, name),
                 Stamp(int(ms), int(ns)),
                 timed_out == "1",
             )
@@ -187,11 +212,46 @@ def _absorb(worker: Worker, history: History, report: Report) -> None:
             report.faults[parts[0]] += 1
         elif kind == "E":
             evidence = {k: int(v) for k, v in (p.split("=") for p in parts)}
+        elif kind == "M":
+            met = {k: int(v) for k, v in (p.split("=") for p in parts)}
         elif kind == "H":
             report.hangs.append(f"{worker.tag}: {parts[0]} pending after close()")
-    for name, start in pending:
-        history.failed(explicit_key(name), f"{worker.tag}:{name}".encode(), "SIGKILL", start, end)
+    for burst, names in pending.items():
+        for name in names:
+            history.failed(
+                explicit_key(name), f"{worker.tag}:{name}".encode(), "SIGKILL", starts[burst], end
+            )
+            if burst in handed:
+                worker.in_flight.append(name)
     report.evidence.update(evidence)
+    report.met.update(met)
+
+
+def _landed_kills(killed: list[Worker], history: History) -> int:
+    """Kills that found a new write in flight: a key the killed worker had handed to its writer
+    (its `S` line was read) with no outcome, and nobody had been answered for before the kill."""
+    first_answer: dict[bytes | None, int] = {}
+    for a in history.attempts:
+        if a.ok:
+            first_answer[a.key] = min(first_answer.get(a.key, a.end.ns), a.end.ns)
+    landed = 0
+    for w in killed:
+        assert w.killed_at is not None
+        kill_ns = w.killed_at.ns
+        landed += any(
+            first_answer.get(explicit_key(name), kill_ns) >= kill_ns for name in w.in_flight
+        )
+    return landed
+
+
+def _created_by_quarter(msgs: list, start_ms: int, end_ms: int) -> list[int]:
+    """Keyed entries created in each quarter of [start_ms, end_ms) (by their timestamps)."""
+    quarters = [0, 0, 0, 0]
+    span = max(1, end_ms - start_ms)
+    for m in msgs:
+        if m.idempotency_key and start_ms <= m.timestamp_ms < end_ms:
+            quarters[(m.timestamp_ms - start_ms) * 4 // span] += 1
+    return quarters
 
 
 def run_campaign(
@@ -205,9 +265,14 @@ def run_campaign(
     kill_every: float | None,
     takeover_every: float,
     seed: int,
+    producers: int = 1,
+    new_keys_per_s: float = 0.0,
 ) -> Report:
     rng = random.Random(seed)
+    start_ms = SYSTEM_CLOCK.now_ms()
     extra = ["--es", str(es), "--takeover-every", str(takeover_every)]
+    extra += ["--producers", str(producers), "--epoch-ns", str(time.monotonic_ns())]
+    extra += ["--new-keys-per-s", str(new_keys_per_s)]
     extra += ["--faults"] if faults else []
     deadline = time.monotonic() + seconds
     incarnation = Counter()
@@ -228,15 +293,23 @@ def run_campaign(
     live = {slot: start(slot) for slot in range(workers)}
     done: list[Worker] = []
     next_kill = time.monotonic() + (rng.uniform(0.5, 1.5) * kill_every if kill_every else 1e18)
+    aim: tuple[int, int] | None = None  # (slot, lines read when aiming began)
     while time.monotonic() < deadline - 2:
-        time.sleep(0.1)
-        if time.monotonic() >= next_kill:
+        time.sleep(0.02)
+        if aim is None and time.monotonic() >= next_kill:
             slot = rng.randrange(workers)
-            live[slot].kill()
-            report.kills += 1
-            done.append(live[slot])
-            live[slot] = start(slot)
-            next_kill = time.monotonic() + rng.uniform(0.5, 1.5) * kill_every
+            aim = (slot, len(live[slot].lines))
+        if aim is not None:
+            # kill once the worker hands writes to its writer again: a kill during start-up or
+            # a takeover would meet no write (those moments are covered by the takeovers)
+            slot, seen = aim
+            if any(line.startswith("S ") for line in live[slot].lines[seen:]):
+                live[slot].kill()
+                report.kills += 1
+                done.append(live[slot])
+                live[slot] = start(slot)
+                aim = None
+                next_kill = time.monotonic() + rng.uniform(0.5, 1.5) * kill_every
     done.extend(live.values())
     for w in done:
         err = w.finish(timeout=max(5.0, deadline - time.monotonic()) + 60)
@@ -245,15 +318,18 @@ def run_campaign(
                 f"worker {w.tag} failed (rc {w.proc.returncode}): {err}"
             )
         _absorb(w, history, report)
+    end_ms = SYSTEM_CLOCK.now_ms()
     report.attempts = len(history.attempts)
+    report.landed_kills = _landed_kills([w for w in done if w.killed_at], history)
     client = wp.connect(data_dir, {"quorum.es": es})
     try:
         log = client.open_log("campaign")
         log.open_writer().close()  # complete whatever a killed worker left
-        msgs = list(log.open_reader())
+        report.verdict = history.check_log(log, 3_600_000, 1_000_000)
+        msgs = read_stored(client, log).messages
     finally:
         client.close()
-    report.verdict = history.check(msgs, 3_600_000, 1_000_000)
+    report.created_by_quarter = _created_by_quarter(msgs, start_ms, end_ms)
     keyed = [m.idempotency_key for m in msgs if m.idempotency_key]
     assert len(keyed) == len(set(keyed)), "a key appears twice in the log"
     return report
@@ -320,12 +396,17 @@ def test_two_processes_race_the_same_keys(tmp_path: Path) -> None:
 
 CAMPAIGN = {
     "workers": 3,
-    "keys": 20_000,
+    "keys": 2_000,  # at the start; then `new_keys_per_s` more every second, for the whole run
+    "new_keys_per_s": 150.0,
+    "producers": 4,
     "es": 3,
     "faults": True,
     "kill_every": 4.0,
     "takeover_every": 3.0,
 }
+# the fault kinds a worker injects (campaignproc.inject) and the takeovers: each must meet new
+# writes in every run, or the campaign did not test them
+MET_KINDS = ("node_down", "storage_down", "acks_dropped", "meta_down", "takeover")
 
 
 def _campaign(tmp_path: Path, seconds: float) -> Report:
@@ -334,6 +415,14 @@ def _campaign(tmp_path: Path, seconds: float) -> Report:
     report = run_campaign(tmp_path, seconds, seed=seed, **CAMPAIGN)
     _judge(report)
     assert report.kills >= 1 and report.takeovers > report.kills, report.lines()
+    for kind in MET_KINDS[:-1]:
+        assert report.faults[kind] > 0, f"no {kind} fault injected: {report.lines()}"
+    for kind in MET_KINDS:
+        assert report.met[kind] > 0, f"{kind} met no new write: {report.lines()}"
+    assert report.landed_kills >= 1, f"no SIGKILL found a new write in flight: {report.lines()}"
+    assert all(report.created_by_quarter), (
+        f"new keys did not keep arriving for the whole run: {report.lines()}"
+    )
     return report
 
 
@@ -341,13 +430,19 @@ def test_fault_campaign_smoke(tmp_path: Path) -> None:
     _no_hangs(_campaign(tmp_path, float(os.environ.get("WP_CAMPAIGN_SMOKE_S", "20"))))
 
 
+CAMPAIGN_S = float(os.environ.get("WP_CAMPAIGN_S", size(600, 45)))
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(float(os.environ.get("WP_CAMPAIGN_S", "600")) + 900)
+@pytest.mark.timeout(CAMPAIGN_S + 900)
 def test_fault_campaign(tmp_path: Path) -> None:
-    seconds = float(os.environ.get("WP_CAMPAIGN_S", "600"))
+    seconds = CAMPAIGN_S
     report = _campaign(tmp_path, seconds)
-    for kind in ("node_down", "acks_dropped", "meta_down", "storage_down"):
-        assert report.faults[kind] > 0, f"no {kind} fault injected: {report.lines()}"
     for kind in ("node_down", "ack_lost", "meta_down"):
         assert report.evidence[kind] > 0, f"no call refused by {kind}: {report.lines()}"
+    # a long run must keep its faults busy: most kills land, and every kind meets new writes
+    # all along (at least one per minute of the run on average)
+    assert report.landed_kills * 2 >= report.kills, report.lines()
+    for kind in MET_KINDS:
+        assert report.met[kind] >= seconds // 60, f"{kind} met few new writes: {report.lines()}"
     _no_hangs(report)

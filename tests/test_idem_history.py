@@ -7,6 +7,7 @@ corrected history that must PASS. One test runs the checker over a real log as w
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 
@@ -319,18 +320,47 @@ def test_unknown_start_is_weaker_not_wrong():
 
 
 def test_history_is_thread_safe():
+    """Threads record at once and none of their attempts is lost or recorded twice: the
+    interpreter switches threads every microsecond here, so an unlocked read-modify-write of the
+    record loses attempts (the old form of this test, 4 threads of 500 calls at the default
+    interval, could not fail)."""
     h = History()
+    threads, per_thread = 8, 1500
+    start = threading.Barrier(threads)
 
-    def go(n: int) -> None:
-        for i in range(500):
+    def record(n: int) -> None:
+        start.wait()
+        for i in range(per_thread):
             h.call(K(f"{n}-{i}"), b"p", lambda n=n, i=i: WriteResult(LogMessageId(n, i)))
 
-    ts = [threading.Thread(target=go, args=(n,)) for n in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert len(h.attempts) == 2000
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        ts = [threading.Thread(target=record, args=(n,)) for n in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    ids = sorted(a.message_id for a in h.attempts)
+    assert ids == sorted(LogMessageId(n, i) for n in range(threads) for i in range(per_thread))
+
+
+def test_a_judgement_sees_the_record_as_it_was_when_it_began():
+    """Attempts recorded while a judgement runs (by another thread, here by the log being read)
+    are not judged by it: it works on a snapshot, or it would judge a record changing under it."""
+    h = History()
+    ok(h, K("a"), 0, 0)
+
+    def log_read_while_recording():
+        yield msg(0, 0, K("a"))
+        ok(h, K("b"), 0, 1, t=(2, 3))  # recorded mid-judgement: b's entry is not in this log
+        ok(h, K("c"), 0, 2, t=(2, 3))
+
+    v = h.check(log_read_while_recording(), WINDOW_MS, 100)
+    assert v.ok and v.attempts == 1, v.summary()
+    assert LOST in judge(h, [msg(0, 0, K("a"))]).kinds  # the next judgement sees b and c
 
 
 def test_call_records_failures_and_reraises():

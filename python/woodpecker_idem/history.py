@@ -11,10 +11,13 @@ read the whole log back, then `History.check` lists every violation it can prove
         history.failed(explicit_key("order-7"), payload, exc, start)
     else:
         history.ok(explicit_key("order-7"), payload, result, start)
-    verdict = history.check(list(log.open_reader()), window_ms, window_max_keys)
+    verdict = history.check_log(log, window_ms, window_max_keys)
     assert verdict.ok, verdict.summary()
 
-(`history.call(key, payload, fn)` does the same in one line.) A plain write is recorded with key
+(`history.call(key, payload, fn)` does the same in one line.) `check_log` judges the entries the
+log's nodes store, read around the LogReader (`history_store.py`), so a reader bug cannot hide a
+violation; it also holds a LogReader's read of the log to those entries. `check(messages, ...)`
+judges any list of messages. A plain write is recorded with key
 None. The attempts' own times decide what happened before what; the timestamps the log stores are
 themselves checked against them, never trusted. The rules are in `history_rules.py`.
 """
@@ -75,6 +78,8 @@ DUPLICATE = "duplicate in window"
 UNKEYED_COPY = "unkeyed copy"
 INVENTED = "invented entry"
 TIMESTAMP = "timestamp"
+REPLICAS = "replicas"  # the nodes' copies break the log's rules (history_store.py)
+READER = "reader"  # a LogReader's read differs from the stored entries
 KINDS = (
     LOST,
     WRONG_ID,
@@ -85,6 +90,8 @@ KINDS = (
     UNKEYED_COPY,
     INVENTED,
     TIMESTAMP,
+    REPLICAS,
+    READER,
 )
 
 
@@ -188,6 +195,56 @@ class History:
         with self._lock:
             attempts = list(self.attempts)
         return check_history(attempts, messages, window_ms, window_max_keys)
+
+    def check_log(
+        self, log: object, window_ms: int, window_max_keys: int, *, reader: bool = True
+    ) -> Verdict:
+        """Judge the entries `log` (a LogHandle of an embedded client) has on its nodes, read
+        without a LogReader (`history_store.read_stored`). With `reader`, a LogReader's read of
+        the whole log must return exactly those entries (call it once every writer is closed:
+        a reader stops at the confirmed tail of an open segment)."""
+        from .history_store import read_stored
+
+        stored = read_stored(log.client, log)  # type: ignore[attr-defined]
+        verdict = self.check(stored.messages, window_ms, window_max_keys)
+        extra = list(stored.problems)
+        if reader:
+            read = list(log.open_reader())  # type: ignore[attr-defined]
+            extra += reader_problems(stored.messages, read)
+        if extra:
+            verdict.problems[:0] = extra
+            verdict.ok = False
+        return verdict
+
+
+def reader_problems(stored: list[LogMessage], read: list[LogMessage]) -> list[str]:
+    """How a reader's read of a whole log differs from the entries its nodes store."""
+    problems: list[str] = []
+    by_id = {m.message_id: m for m in stored}
+    shown = {m.message_id for m in read}
+    for m in read:
+        if m.message_id not in by_id:
+            problems.append(
+                f"{READER}: the LogReader returned {m.message_id}, which is not a committed "
+                f"entry of the log"
+            )
+        elif m != by_id[m.message_id]:
+            problems.append(
+                f"{READER}: the LogReader returned {m.message_id} with other contents than "
+                f"the nodes store"
+            )
+    missed = [m.message_id for m in stored if m.message_id not in shown]
+    if missed:
+        problems.append(
+            f"{READER}: the LogReader skipped {len(missed)} committed entries, first {missed[0]}"
+        )
+    if len(shown) < len(read):
+        problems.append(
+            f"{READER}: the LogReader returned {len(read) - len(shown)} entries more than once"
+        )
+    elif not problems and [m.message_id for m in read] != [m.message_id for m in stored]:
+        problems.append(f"{READER}: the LogReader returned the entries out of log order")
+    return problems
 
 
 def check_history(
