@@ -1,14 +1,19 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures. The tests are in a folder per layer (core, logstore, writer, client,
+idempotency, meta, objectstore, spark, e2e); their shared helpers (servers started by PID,
+fault gates, child processes) are in `support/`, importable by name from every test."""
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# --- object storage (tests/s3server.py, python/woodpecker_idem/objectstore) ----------------------
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+
+# --- object storage (tests/support/s3server.py, python/woodpecker_idem/objectstore) ----------------------
 
 S3_TEST_ACCESS_KEY = "testing"
 S3_TEST_SECRET_KEY = "testing"
@@ -51,7 +56,7 @@ def object_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[obj
         store.close()
 
 
-# --- etcd (tests/etcdserver.py, python/woodpecker_idem/meta/etcd.py) ------------------------------
+# --- etcd (tests/support/etcdserver.py, python/woodpecker_idem/meta/etcd.py) ------------------------------
 
 
 @pytest.fixture(scope="session")

@@ -248,7 +248,7 @@ mod tests {
     }
 
     /// The exact bytes of a record reaching a 10-byte varint (a negative int64), a 6-byte one
-    /// and a two-byte length prefix; `tests/test_core_golden.py` pins the same bytes.
+    /// and a two-byte length prefix; `tests/core/test_core_golden.py` pins the same bytes.
     #[test]
     fn golden_bytes() {
         let long_key = [b'x'; 200];

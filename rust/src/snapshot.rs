@@ -421,7 +421,7 @@ mod tests {
     }
 
     /// The exact bytes of a snapshot reaching every varint width the format uses (10-byte
-    /// uvarints, negative zigzag deltas, int64 extremes); `tests/test_core_golden.py` pins the
+    /// uvarints, negative zigzag deltas, int64 extremes); `tests/core/test_core_golden.py` pins the
     /// same bytes through Python.
     const GOLDEN_HEX: &str = concat!(
         "5750445301000000db00000025ddfb9d080110ffffffffffffffffff01180320fbd095ffbc3128e80730e0d403",

@@ -1,7 +1,7 @@
 """The metadata contract: logs, segments, writer epochs, nodes — every change a compare-and-swap.
 
 Backends: SQLite (embedded default, safe across processes) and etcd (service mode). One contract
-suite (`tests/test_meta_contract.py`) runs against each.
+suite (`tests/meta/test_meta_contract.py`) runs against each.
 """
 
 from __future__ import annotations

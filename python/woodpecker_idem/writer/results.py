@@ -11,7 +11,7 @@
   a future nobody waits on is one object for the garbage collector, not four. A queued write
   cannot be withdrawn (it may be on the nodes already), so `cancel()` returns False, as Kafka's
   producer futures do. It relies on Future's private fields, unchanged since Python 3.2;
-  tests/test_write_future.py pins the behaviour.
+  tests/writer/test_write_future.py pins the behaviour.
 - `FutureRun`: the one waiter of a run of entries made from queued writes.
 - `BatchCompletion`, `RunRows`, `RowJoiner`: a batch call's rows, no future per row; the call
   waits once and fails exactly the rows a failure concerns (`finish`).

@@ -1,4 +1,4 @@
-"""etcd specifics of the metadata store (the shared contract is tests/test_meta_contract.py):
+"""etcd specifics of the metadata store (the shared contract is tests/meta/test_meta_contract.py):
 deadlines against a frozen or stopped etcd, coming back by itself, the writer's etcd lease, the
 store identity, closing and pickling. Fault tests start their own etcd (stopped by PID)."""
 

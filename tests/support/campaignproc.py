@@ -1,6 +1,6 @@
-"""One worker of the fault campaign and of the two-process race (tests/test_idem_campaign.py).
+"""One worker of the fault campaign and of the two-process race (tests/e2e/test_idem_campaign.py).
 
-    python tests/campaignproc.py DATA_DIR TAG KEYS SECONDS SEED [--es N] [--faults]
+    python tests/support/campaignproc.py DATA_DIR TAG KEYS SECONDS SEED [--es N] [--faults]
                                  [--takeover-every S] [--producers N] [--epoch-ns NS]
                                  [--new-keys-per-s R]
 

@@ -1,6 +1,6 @@
-"""A producer process for tests/test_idem_sigkill.py: writes k-0..k-{N-1} with explicit ids.
+"""A producer process for tests/e2e/test_idem_sigkill.py: writes k-0..k-{N-1} with explicit ids.
 
-    python tests/idemproc.py DATA_DIR N [CHUNK]
+    python tests/support/idemproc.py DATA_DIR N [CHUNK]
 
 Writes go out with write_async in chunks of CHUNK, so several are in flight whenever the process
 is killed. Output lines (each written whole and flushed, so a reader sees every line printed

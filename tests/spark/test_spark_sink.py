@@ -152,7 +152,7 @@ def test_a_different_partition_count_is_refused_with_what_to_do(spark, tmp_path)
 
 
 def test_rows_without_a_route_are_refused_before_any_task(spark, tmp_path):  # noqa: F811
-    """(Rows with a wrong route fail their task: tests/test_spark_tasks.py.)"""
+    """(Rows with a wrong route fail their task: tests/spark/test_spark_tasks.py.)"""
     with pytest.raises(Exception, match="_woodpecker_route column: call woodpecker_idem.spark"):
         save(orders(spark, 10), tmp_path, idempotencyKey="order_id")
 

@@ -1,7 +1,7 @@
 """One log, two hosts: etcd for metadata, S3 (moto) for entries and snapshots, and two processes
 with their own data directories (nothing shared on disk).
 
-Host A (tests/hostproc.py, a separate process) writes with ids and is SIGKILLed mid-stream. Host B
+Host A (tests/support/hostproc.py, a separate process) writes with ids and is SIGKILLed mid-stream. Host B
 (this process) takes the log over, recovers the window from A's snapshot and log, resends every one
 of A's writes (acknowledged or not) and writes its own. The history checker then proves every key
 is in the log once and nothing acknowledged was lost; A's acknowledged writes come back to B as
@@ -27,7 +27,7 @@ import woodpecker_idem as wp
 from woodpecker_idem import LogMessageId, WriteResult, explicit_key
 from woodpecker_idem.history import History
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent / "support"
 PACKAGE_ROOT = str(Path(wp.__file__).resolve().parent.parent)
 N_A = 400
 KILL_AFTER = 150

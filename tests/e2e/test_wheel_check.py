@@ -12,7 +12,7 @@ import pytest
 
 import woodpecker_idem._core as core
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "wheel_check.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "wheel_check.py"
 spec = importlib.util.spec_from_file_location("wheel_check", SCRIPT)
 assert spec is not None and spec.loader is not None
 wheel_check = importlib.util.module_from_spec(spec)

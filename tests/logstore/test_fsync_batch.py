@@ -28,7 +28,7 @@ from woodpecker_idem.logstore import segment_files
 from woodpecker_idem.logstore.engine import LogStoreEngine
 from woodpecker_idem.logstore.segment_files import FileSegmentStorage
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent / "support"
 PACKAGE_ROOT = str(Path(wp.__file__).resolve().parent.parent)
 LOG, SEG = 7, 3
 NEVER = 60_000  # a batch_ms no test waits for: no background sync happens during the test
@@ -188,7 +188,7 @@ def test_a_failed_background_fdatasync_refuses_later_appends(tmp_path, caplog):
 
 
 def run_child(data_dir: Path, *args: str, kill_when) -> list[list[str]]:
-    """Run tests/fsyncproc.py; SIGKILL it once `kill_when(lines so far)`; every whole line it
+    """Run tests/support/fsyncproc.py; SIGKILL it once `kill_when(lines so far)`; every whole line it
     printed, split (the pipe is read to its end after the kill)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT, env.get("PYTHONPATH", "")])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "python" / "woodpecker_idem"
 # where a bare or partial path is looked up besides the citing file's own folder
 BASES = [
@@ -20,6 +20,7 @@ BASES = [
     ROOT / "rust" / "src",
     ROOT / "rust" / "src" / "py",
     ROOT / "tests",
+    ROOT / "tests" / "support",
     ROOT / "docs",
     ROOT / "scripts",
 ]
@@ -27,11 +28,12 @@ NAME = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.(?:md|py|pyi|rs|proto|toml
 # names of files not in the repository on purpose (written at run time, or the user's)
 ELSEWHERE = {
     "wp_bench_naive_snapshot.proto",  # written by benches/bench_core.py at run time
-    "user_code.py",  # written by tests/test_typing.py at run time
+    "user_code.py",  # written by tests/e2e/test_typing.py at run time
+    "test_probe.py",  # written by tests/e2e/test_harness.py at run time
     "job.py",  # the user's own Spark job in the README's spark-submit example
 }
 # files whose text names missing files on purpose (the self-tests of these rules)
-EXAMPLES = {"tests/test_references.py", "tests/test_readme.py"}
+EXAMPLES = {"tests/e2e/test_references.py", "tests/e2e/test_readme.py"}
 SOURCES = sorted(
     p
     for pattern in ("*.py", "*.pyi", "*.rs", "*.md", "*.proto")

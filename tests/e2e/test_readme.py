@@ -11,7 +11,7 @@ import pytest
 
 from woodpecker_idem.config import config_table_markdown
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 

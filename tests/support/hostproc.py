@@ -1,7 +1,7 @@
-"""A producer on "host A" for tests/test_shared_etcd_s3.py: its own data directory, the shared etcd
+"""A producer on "host A" for tests/e2e/test_shared_etcd_s3.py: its own data directory, the shared etcd
 and S3 given in a JSON config.
 
-    python tests/hostproc.py DATA_DIR CONFIG_JSON N
+    python tests/support/hostproc.py DATA_DIR CONFIG_JSON N
 
 Prints `ready` once its idempotent writer is open, then `key segment entry duplicate` per
 acknowledged write (flushed each time). Writes go out with write_async in chunks of 8, so several

@@ -11,7 +11,7 @@ import pytest
 import woodpecker_idem
 from woodpecker_idem import _core, errors
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Real crashes: a producer process (tests/idemproc.py) is SIGKILLed round after round while it
+"""Real crashes: a producer process (tests/support/idemproc.py) is SIGKILLed round after round while it
 has NEW writes in flight; each new process retries every key. The log must hold every key exactly
 once, at the id every acknowledgement printed, judged by the history checker.
 
@@ -36,7 +36,7 @@ from woodpecker_idem.history import History, Stamp
 from woodpecker_idem.history_store import read_stored
 
 PACKAGE_ROOT = str(Path(wp.__file__).resolve().parent.parent)
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent / "support"
 TIMED = 0.15  # share of rounds killed at a random time instead of aimed at new writes
 
 
@@ -208,7 +208,7 @@ PROFILES = [
     pytest.param(1100, 11, id="default"),
     pytest.param(
         size(10_000, 2500),
-        size(100, 25),  # the CI slice (tests/slowprofile.py): 25 landed kills
+        size(100, 25),  # the CI slice (tests/support/slowprofile.py): 25 landed kills
         id="slow",
         marks=[pytest.mark.slow, pytest.mark.timeout(1800)],
     ),

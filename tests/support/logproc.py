@@ -1,6 +1,6 @@
-"""A writer in its own process, for the other-process and SIGKILL tests (tests/test_log_fencing.py).
+"""A writer in its own process, for the other-process and SIGKILL tests (tests/writer/test_log_fencing.py).
 
-    python tests/logproc.py DATA_DIR LOG_NAME COUNT [--config JSON] [--inflight K] [--tag TAG]
+    python tests/support/logproc.py DATA_DIR LOG_NAME COUNT [--config JSON] [--inflight K] [--tag TAG]
 
 Opens the log's writer (taking it over) and writes COUNT records `TAG-<i>` (i = 0, 1, ...), keeping
 up to K writes in flight. For every acknowledged record it prints `ACK <i> <segment> <entry>` and

@@ -17,7 +17,7 @@ import pytest
 import woodpecker_idem
 from woodpecker_idem.connect import connect
 
-EXITPROC = Path(__file__).with_name("exitproc.py")
+EXITPROC = Path(__file__).resolve().parent.parent / "support" / "exitproc.py"
 PYTHONPATH = str(Path(woodpecker_idem.__file__).resolve().parent.parent)
 RUNS = 3
 CASES = [pytest.param(False, 1, id="plain-es1"), pytest.param(True, 3, id="idempotent-es3")]

@@ -1,4 +1,4 @@
-"""Several processes (tests/campaignproc.py) write the same keys to one log at once, taking it
+"""Several processes (tests/support/campaignproc.py) write the same keys to one log at once, taking it
 over from each other, while faults land: SIGKILLs from here, and inside each worker es=3 nodes
 down, acks dropped, storage (every node) and metadata outages. Each worker runs several producer
 threads (write_async, write_many and sync writes mixed) into small in-flight bounds, so they wait
@@ -42,7 +42,7 @@ from woodpecker_idem.history import DUPLICATE, LOST, History, Stamp, Verdict
 from woodpecker_idem.history_store import read_stored
 
 PACKAGE_ROOT = str(Path(wp.__file__).resolve().parent.parent)
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent / "support"
 
 
 def _stamp() -> Stamp:

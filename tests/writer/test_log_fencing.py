@@ -26,7 +26,7 @@ from woodpecker_idem.objectstore.local import LocalObjectStore
 from woodpecker_idem.types import LogMessageId, SegmentState
 from woodpecker_idem.writer.recovery import recover_segment
 
-LOGPROC = Path(__file__).with_name("logproc.py")
+LOGPROC = Path(__file__).resolve().parent.parent / "support" / "logproc.py"
 # the child imports the same woodpecker_idem as this process (the installed wheel in CI)
 PYTHONPATH = str(Path(woodpecker_idem.__file__).resolve().parent.parent)
 
@@ -146,7 +146,7 @@ def test_takeover_during_streaming_from_another_client(tmp_path, wp_connect):
 
 
 class Child:
-    """tests/logproc.py in a subprocess; stdout lines collected by a thread; stopped by PID."""
+    """tests/support/logproc.py in a subprocess; stdout lines collected by a thread; stopped by PID."""
 
     def __init__(self, data_dir, log_name, count, config=None, inflight=1, tag="child"):
         env = dict(os.environ, PYTHONPATH=PYTHONPATH)

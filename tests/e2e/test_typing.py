@@ -11,7 +11,7 @@ import pytest
 import woodpecker_idem as wp
 from woodpecker_idem import InvalidArgumentError
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent / "support"
 
 
 def test_user_code_type_checks_strictly(tmp_path: Path) -> None:
@@ -29,7 +29,7 @@ def test_user_code_type_checks_strictly(tmp_path: Path) -> None:
             str(tmp_path / "mypy-cache"),
             str(HERE / "typecheck" / "user_code.py"),
         ],
-        cwd=HERE.parent,
+        cwd=HERE.parent.parent,
         capture_output=True,
         text=True,
         timeout=240,

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent  # tests/: its conftest.py holds the fixtures
 ROOT = HERE.parent
 
 

@@ -1,8 +1,8 @@
-"""A writer process for tests/test_fsync_batch.py: sync write() after write() with
+"""A writer process for tests/logstore/test_fsync_batch.py: sync write() after write() with
 `storage.fsync: batch_ms:N`, printing each acknowledgement as it arrives.
 
-    python tests/fsyncproc.py DATA_DIR BATCH_MS          plain writes until killed
-    python tests/fsyncproc.py DATA_DIR BATCH_MS idem N   k-0..k-{N-1} through an idempotent
+    python tests/support/fsyncproc.py DATA_DIR BATCH_MS          plain writes until killed
+    python tests/support/fsyncproc.py DATA_DIR BATCH_MS idem N   k-0..k-{N-1} through an idempotent
                                                          writer, then a dedup snapshot taken
                                                          after the last ack; then it waits
 

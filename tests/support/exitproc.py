@@ -1,6 +1,6 @@
-"""A writer process that exits without closing its writer, for tests/test_log_exit.py.
+"""A writer process that exits without closing its writer, for tests/writer/test_log_exit.py.
 
-    python tests/exitproc.py DATA_DIR MODE IDEMPOTENT ES [N]
+    python tests/support/exitproc.py DATA_DIR MODE IDEMPOTENT ES [N]
 
 MODE `queued`: queue N writes with write_async and fall off the end of the script (the writer is
 never closed, the futures never waited on). MODE `burst`: write_async without end until

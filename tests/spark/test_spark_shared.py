@@ -3,7 +3,7 @@ etcd, entries and snapshots in S3 (moto), no data directory (tests/conftest.py s
 
 One job with a task failure (partition 2's first attempt fails after 150 rows) racing a
 duplicate attempt of partition 0. Spark only launches speculative copies on another host, so the
-copy is a separate process running the task's write (as tests/test_spark_tasks.py does): it
+copy is a separate process running the task's write (as tests/spark/test_spark_tasks.py does): it
 writes 200 rows of partition 0 and pauses; Spark's attempt takes the log over, finds those 200
 as duplicates and writes the rest; the copy, resumed, is fenced. The history checker reads the
 group back (every key once, nothing lost), and so does the data source's read side.

@@ -293,7 +293,7 @@ class IdempotencyMachine(RuleBasedStateMachine):
 SETTINGS = settings(
     max_examples=12, stateful_step_count=25, deadline=None, suppress_health_check=list(HealthCheck)
 )
-# the CI slice (tests/slowprofile.py) runs fewer examples of the same length
+# the CI slice (tests/support/slowprofile.py) runs fewer examples of the same length
 SLOW = settings(SETTINGS, max_examples=size(100, 12), stateful_step_count=50)
 
 

@@ -246,7 +246,7 @@ def test_takeover_by_another_data_dir_on_s3(
         "OBJECTSTORE_SECRET_ACCESS_KEY": "testing",
         "META_PATH": str(tmp_path / "shared-meta.sqlite"),
     }
-    for name, value in shared.items():  # the producers (tests/idemproc.py) read these
+    for name, value in shared.items():  # the producers (tests/support/idemproc.py) read these
         monkeypatch.setenv(f"WOODPECKER_{name}", value)
 
     host_a = run_round(tmp_path / "host-a", n, kill_after_new=n // 3, kill_delay=None, timeout=120)
