@@ -502,7 +502,7 @@ def test_snapshot_decode(benchmark: Any, snapshot_data: Any) -> None:
     assert speedup >= SNAPSHOT_SPEEDUP
 
 
-# --- concat and the GIL (moved from tests/core/test_core_entry.py: a timing claim) -----------------
+# --- concat and the GIL (moved from core/test_core_entry.py: a timing claim) -----------------
 
 
 def _other_thread_ran_during(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list]:

@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
-# --- object storage (tests/support/s3server.py, python/woodpecker_idem/objectstore) ----------------------
+# --- object storage (support/s3server.py, python/woodpecker_idem/objectstore) ---------------------
 
 S3_TEST_ACCESS_KEY = "testing"
 S3_TEST_SECRET_KEY = "testing"
@@ -56,7 +56,7 @@ def object_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[obj
         store.close()
 
 
-# --- etcd (tests/support/etcdserver.py, python/woodpecker_idem/meta/etcd.py) ------------------------------
+# --- etcd (support/etcdserver.py, python/woodpecker_idem/meta/etcd.py) ----------------------------
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Several processes (tests/support/campaignproc.py) write the same keys to one log at once, taking it
+"""Several processes (support/campaignproc.py) write the same keys to one log at once, taking it
 over from each other, while faults land: SIGKILLs from here, and inside each worker es=3 nodes
 down, acks dropped, storage (every node) and metadata outages. Each worker runs several producer
 threads (write_async, write_many and sync writes mixed) into small in-flight bounds, so they wait

@@ -1,4 +1,4 @@
-"""Real crashes: a producer process (tests/support/idemproc.py) is SIGKILLed round after round while it
+"""Real crashes: a producer process (support/idemproc.py) is SIGKILLed round after round while it
 has NEW writes in flight; each new process retries every key. The log must hold every key exactly
 once, at the id every acknowledgement printed, judged by the history checker.
 

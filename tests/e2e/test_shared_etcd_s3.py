@@ -1,7 +1,7 @@
 """One log, two hosts: etcd for metadata, S3 (moto) for entries and snapshots, and two processes
 with their own data directories (nothing shared on disk).
 
-Host A (tests/support/hostproc.py, a separate process) writes with ids and is SIGKILLed mid-stream. Host B
+Host A (support/hostproc.py, a separate process) writes with ids and is SIGKILLed mid-stream. Host B
 (this process) takes the log over, recovers the window from A's snapshot and log, resends every one
 of A's writes (acknowledged or not) and writes its own. The history checker then proves every key
 is in the log once and nothing acknowledged was lost; A's acknowledged writes come back to B as

@@ -103,7 +103,7 @@ class Env:
             pytest.fail("close() failed at teardown:\n  " + "\n  ".join(errors))
 
 
-# Representative cases also run with meta.type etcd (a real etcd server, tests/support/etcdserver.py),
+# Representative cases also run with meta.type etcd (a real etcd server, support/etcdserver.py),
 # with local objects and in the shared deployment (etcd and the moto S3 server).
 ALSO_ON_ETCD = pytest.mark.parametrize(
     "meta_config", ["sqlite", "etcd", pytest.param("etcd+s3", marks=pytest.mark.s3)], indirect=True

@@ -188,7 +188,7 @@ def test_a_failed_background_fdatasync_refuses_later_appends(tmp_path, caplog):
 
 
 def run_child(data_dir: Path, *args: str, kill_when) -> list[list[str]]:
-    """Run tests/support/fsyncproc.py; SIGKILL it once `kill_when(lines so far)`; every whole line it
+    """Run support/fsyncproc.py; SIGKILL it once `kill_when(lines so far)`; every whole line it
     printed, split (the pipe is read to its end after the kill)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT, env.get("PYTHONPATH", "")])

@@ -1,4 +1,4 @@
-"""A producer on "host A" for tests/e2e/test_shared_etcd_s3.py: its own data directory, the shared etcd
+"""A producer on "host A" for e2e/test_shared_etcd_s3.py: its own data directory, the shared etcd
 and S3 given in a JSON config.
 
     python tests/support/hostproc.py DATA_DIR CONFIG_JSON N

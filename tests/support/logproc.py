@@ -1,6 +1,7 @@
-"""A writer in its own process, for the other-process and SIGKILL tests (tests/writer/test_log_fencing.py).
+"""A writer in its own process, for the other-process and SIGKILL tests
+(writer/test_log_fencing.py).
 
-    python tests/support/logproc.py DATA_DIR LOG_NAME COUNT [--config JSON] [--inflight K] [--tag TAG]
+    python support/logproc.py DATA_DIR LOG_NAME COUNT [--config JSON] [--inflight K] [--tag TAG]
 
 Opens the log's writer (taking it over) and writes COUNT records `TAG-<i>` (i = 0, 1, ...), keeping
 up to K writes in flight. For every acknowledged record it prints `ACK <i> <segment> <entry>` and

@@ -215,7 +215,8 @@ def test_a_tail_reader_in_another_client_shows_no_entry_only_one_node_holds(
     """Guards the reader's LAC rule (es=3, aq=2): while the acks of two nodes are held, the
     entry lies on one node only and is not committed; a reader in another client must not show
     it (with the rule dropped it would trust what one node holds). The history checker reads
-    the log around the reader, so it does not share such a bug (tests/idempotency/test_history_store.py)."""
+    the log around the reader, so it does not share such a bug
+    (idempotency/test_history_store.py)."""
     writer_client = wp_connect(tmp_path, ES3)
     gated = NodeGate(writer_client.transport, {"node-1", "node-2"})
     writer_client.transport = gated

@@ -146,7 +146,7 @@ def test_takeover_during_streaming_from_another_client(tmp_path, wp_connect):
 
 
 class Child:
-    """tests/support/logproc.py in a subprocess; stdout lines collected by a thread; stopped by PID."""
+    """support/logproc.py in a subprocess; stdout lines collected by a thread; stopped by PID."""
 
     def __init__(self, data_dir, log_name, count, config=None, inflight=1, tag="child"):
         env = dict(os.environ, PYTHONPATH=PYTHONPATH)

@@ -1,4 +1,4 @@
-"""User code as a type checker sees it: `tests/e2e/test_typing.py` runs `mypy --strict` over this file.
+"""User code as a type checker sees it: `e2e/test_typing.py` runs `mypy --strict` over this file.
 
 Not collected by pytest and never run: it only has to type-check (every `type: ignore` below must
 be needed, or mypy's `warn_unused_ignores` fails the check).
