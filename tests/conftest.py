@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+# Helpers by name from every test (`from gate import gate`); a few tests also take helpers of
+# another test module (`from test_store_namespaces import s3_config`), so every folder is on the
+# path, as when the tests were one folder (test module names are unique across folders).
+_HERE = Path(__file__).resolve().parent
+for _folder in sorted(p for p in _HERE.iterdir() if p.is_dir() and p.name.isidentifier()):
+    sys.path.insert(0, str(_folder))
+sys.path.insert(0, str(_HERE / "support"))
 
 # --- object storage (support/s3server.py, python/woodpecker_idem/objectstore) ---------------------
 
