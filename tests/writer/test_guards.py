@@ -258,7 +258,7 @@ def _writer_key(prefix: str, server, log_id: int) -> dict | None:
     import json
     import urllib.request
 
-    key = f"{prefix}/writers/{log_id:020d}".encode()  # the documented key layout
+    key = f"{prefix}/#/writers/{log_id:020d}".encode()  # the documented key layout
     body = json.dumps({"key": base64.b64encode(key).decode()}).encode()
     req = urllib.request.Request(f"http://{server.endpoint}/v3/kv/range", data=body)
     with urllib.request.urlopen(req, timeout=30) as resp:

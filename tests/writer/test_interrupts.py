@@ -13,6 +13,15 @@ import pytest
 from woodpecker_idem.writer.lifecycle import HOLD_INTERRUPTS
 
 
+@pytest.fixture(autouse=True)
+def python_sigint_handler():
+    """Python's own SIGINT handler for each test (a local Spark started earlier in the same
+    process installs its own), put back as it was afterwards."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _interrupt_self() -> None:
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(0.02)  # Python runs its handler at the next bytecode: well inside this window
