@@ -93,22 +93,13 @@ def test_a_killed_driver_rerun_after_the_window_writes_exactly_the_missing_rows(
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    family = [driver.pid]  # the driver, its JVM, Spark's Python daemon and workers
     try:
         wait = Backoff(0.2, 1.0, budget_s=600)
         while entries(tmp_path) < 2000 and driver.poll() is None and wait.wait():
             pass
         assert driver.poll() is None, "the job ended before it could be killed"
-        family += [c.pid for c in psutil.Process(driver.pid).children(recursive=True)]
     finally:
-        procs = [p for p in map(_proc, family) if p is not None]
-        for proc in procs:
-            try:
-                proc.send_signal(signal.SIGKILL)
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(procs, timeout=60)
-        driver.wait(60)
+        kill_family(driver)
     assert b"FINISHED" not in (driver.stdout.read() if driver.stdout else b"")
     before = entries(tmp_path)
     assert 2000 <= before < ROWS
@@ -136,6 +127,25 @@ def test_a_killed_driver_rerun_after_the_window_writes_exactly_the_missing_rows(
         judge_group(client, "orders", order_keys(0, ROWS), P)
     finally:
         client.close()
+
+
+def kill_family(driver: subprocess.Popen) -> None:
+    """SIGKILL the driver, its JVM, Spark's Python daemon and workers (by PID), and wait."""
+    family = [driver.pid]
+    proc = _proc(driver.pid)
+    if proc is not None:
+        try:
+            family += [c.pid for c in proc.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    procs = [p for p in map(_proc, family) if p is not None]
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=60)
+    driver.wait(60)
 
 
 def _proc(pid: int) -> psutil.Process | None:

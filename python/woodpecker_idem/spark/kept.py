@@ -71,7 +71,3 @@ def discard(kept: Kept) -> None:
         log.debug("closing a kept writer failed", exc_info=True)
     finally:
         kept.client.close()
-
-
-def kept_count() -> int:
-    return len(_KEPT)
