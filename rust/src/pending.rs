@@ -20,6 +20,15 @@ const FIRST_SLOT_LIMIT: usize = 1 << 16;
 /// threshold, so releasing it never raises that threshold (see slot_index.rs).
 const KEEP_BYTES: usize = 64 << 10;
 
+/// What [`Pending::find_or_insert`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reserved {
+    /// The key was pending already, with this record.
+    Held(Record),
+    /// The record was added at this slab position.
+    Added(u32),
+}
+
 #[derive(Debug)]
 pub struct Pending {
     slab: Vec<Record>,
@@ -73,8 +82,8 @@ impl Pending {
         slab.get(self.index.slot_at(pos) as usize)
     }
 
-    /// Add `rec` (hash `h`), known not to be pending.
-    pub fn insert(&mut self, rec: Record, h: u64, hash: impl Fn(&Key) -> u64) {
+    /// Add `rec` (hash `h`), known not to be pending; returns its slab position.
+    pub fn insert(&mut self, rec: Record, h: u64, hash: impl Fn(&Key) -> u64) -> u32 {
         if self.slab.capacity() == 0 && self.peak > 0 {
             self.presize(&hash);
         }
@@ -98,10 +107,54 @@ impl Pending {
         self.index.insert(h, at, &|s: u32| {
             slab.get(s as usize).map_or(0, |r| hash(&r.key))
         });
+        at
     }
 
-    /// Take the pending record of `key` (hash `h`) out.
-    pub fn remove(&mut self, key: &Key, h: u64, hash: impl Fn(&Key) -> u64) -> Option<Record> {
+    /// The pending record of `rec.key` (hash `h`) if there is one; otherwise `rec` is added, in
+    /// the same walk of the index.
+    pub fn find_or_insert(&mut self, rec: Record, h: u64, hash: impl Fn(&Key) -> u64) -> Reserved {
+        if self.slab.capacity() == 0 && self.peak > 0 {
+            self.presize(&hash);
+        }
+        if self.free.is_empty() && self.slab.len() >= self.slot_limit {
+            self.widen(&hash);
+        }
+        // the position `rec` takes if it is added (not in the slab yet: nothing reads it before)
+        let at = match self.free.last() {
+            Some(&f) => f,
+            None => self.slab.len() as u32,
+        };
+        let slab = &self.slab;
+        let hash_of = |s: u32| slab.get(s as usize).map_or(0, |r| hash(&r.key));
+        let key = rec.key;
+        let found = self.index.find_or_insert(
+            h,
+            |s| slab.get(s as usize).is_some_and(|r| r.key == key),
+            at,
+            &hash_of,
+        );
+        if let Some(pos) = found {
+            let held = self.slab.get(self.index.slot_at(pos) as usize).copied();
+            return Reserved::Held(held.unwrap_or(rec));
+        }
+        if self.free.last() == Some(&at) {
+            self.free.pop();
+            if let Some(r) = self.slab.get_mut(at as usize) {
+                *r = rec;
+            }
+        } else {
+            self.slab.push(rec);
+        }
+        Reserved::Added(at)
+    }
+
+    /// Take the pending record of `key` (hash `h`) out: `(its slab position, the record)`.
+    pub fn remove(
+        &mut self,
+        key: &Key,
+        h: u64,
+        hash: impl Fn(&Key) -> u64,
+    ) -> Option<(u32, Record)> {
         let slab = &self.slab;
         let hash_of = |s: u32| slab.get(s as usize).map_or(0, |r| hash(&r.key));
         let pos = self.index.find(
@@ -110,10 +163,23 @@ impl Pending {
             &hash_of,
         )?;
         let at = self.index.slot_at(pos);
-        let rec = slab.get(at as usize).copied();
+        let rec = slab.get(at as usize).copied()?;
         self.index.remove_at(pos, &hash_of);
         self.free.push(at);
-        rec
+        Some((at, rec))
+    }
+
+    /// Take the pending record at slab position `at` out (a position `insert` returned and no
+    /// removal since): the record and its hash. No key comparison: the slot identifies it.
+    pub fn take_at(&mut self, at: u32, hash: impl Fn(&Key) -> u64) -> Option<(Record, u64)> {
+        let slab = &self.slab;
+        let rec = slab.get(at as usize).copied()?;
+        let h = hash(&rec.key);
+        let hash_of = |s: u32| slab.get(s as usize).map_or(0, |r| hash(&r.key));
+        let pos = self.index.find(h, |s| s == at, &hash_of)?;
+        self.index.remove_at(pos, &hash_of);
+        self.free.push(at);
+        Some((rec, h))
     }
 
     /// Release the memory once nothing is pending (beyond a small table).
@@ -196,13 +262,28 @@ mod tests {
         assert_eq!(p.len(), n as usize);
         for i in (0..n).step_by(2) {
             let r = rec(i);
-            assert_eq!(p.remove(&r.key, hash(&r.key), hash), Some(r));
+            assert_eq!(p.remove(&r.key, hash(&r.key), hash).map(|x| x.1), Some(r));
             assert_eq!(p.remove(&r.key, hash(&r.key), hash), None);
         }
         let slab = p.slab.len();
         for i in n..n + n / 2 {
             let r = rec(i);
-            p.insert(r, hash(&r.key), hash);
+            if i % 2 == 0 {
+                p.insert(r, hash(&r.key), hash);
+            } else {
+                let Reserved::Added(at) = p.find_or_insert(r, hash(&r.key), hash) else {
+                    panic!("{i} was not pending");
+                };
+                let mut other = r;
+                other.entry_id += 1;
+                assert_eq!(
+                    p.find_or_insert(other, hash(&r.key), hash),
+                    Reserved::Held(r)
+                );
+                assert_eq!(p.take_at(at, hash), Some((r, hash(&r.key))));
+                assert_eq!(p.find(&r.key, hash(&r.key), hash), None);
+                p.insert(r, hash(&r.key), hash);
+            }
         }
         assert_eq!(p.slab.len(), slab, "freed positions are reused");
         for i in 0..n + n / 2 {

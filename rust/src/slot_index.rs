@@ -259,6 +259,44 @@ impl SlotIndex {
         self.len += 1;
     }
 
+    /// The position of the entry with hash `h` whose slot satisfies `eq`; if there is none,
+    /// `slot` is added under `h` where the search stopped (one walk instead of a lookup and an
+    /// insert) and None is returned. The table grows first if it is full.
+    pub fn find_or_insert(
+        &mut self,
+        h: u64,
+        mut eq: impl FnMut(u32) -> bool,
+        slot: u32,
+        hash_of: &impl Fn(u32) -> u64,
+    ) -> Option<usize> {
+        if let Some(want) = self.growth() {
+            if let Err(e) = self.resize(want, hash_of) {
+                grow_failed(want, &e);
+            }
+        }
+        let mut pos = self.home(h);
+        let tag = self.tag(h);
+        let mut d = 0;
+        loop {
+            let cell = self.cell_at(pos);
+            if cell == 0 {
+                break;
+            }
+            let cd = self.dist(cell, pos, hash_of);
+            if cd < d {
+                break;
+            }
+            if cd == d && cell & self.tag_mask == tag && eq(self.slot(cell)) {
+                return Some(pos);
+            }
+            pos = self.next(pos);
+            d += 1;
+        }
+        self.place_from(pos, d, self.make(tag, slot), hash_of);
+        self.len += 1;
+        None
+    }
+
     /// The cells to grow to before one more insert, if it needs more.
     pub fn growth(&self) -> Option<usize> {
         if self.len < self.capacity() {
@@ -335,9 +373,14 @@ impl SlotIndex {
     /// Robin Hood insertion of `cell` (its slot and tag; hash `h`): walk from the home cell; take
     /// the place of a cell nearer its own home than the walk is, and carry that one on.
     fn place(&mut self, h: u64, cell: u32, hash_of: &impl Fn(u32) -> u64) {
-        let mut pos = self.home(h);
+        self.place_from(self.home(h), 0, cell, hash_of);
+    }
+
+    /// [`SlotIndex::place`] from `pos`, `d` cells from the home of `cell`, where a walk from
+    /// the home found every cell before `pos` at least as far from its own home.
+    fn place_from(&mut self, pos: usize, d: usize, cell: u32, hash_of: &impl Fn(u32) -> u64) {
+        let (mut pos, mut d) = (pos, d);
         let mut carried = cell;
-        let mut d = 0;
         loop {
             let cell = self.cell_at(pos);
             if cell == 0 {
@@ -404,7 +447,14 @@ mod tests {
         let mut index = SlotIndex::new(max_len);
         let mut live = HashSet::new();
         for s in 0..n {
-            index.insert(keys.hashes[s as usize], s, &hash_of);
+            if s % 2 == 0 {
+                index.insert(keys.hashes[s as usize], s, &hash_of);
+            } else {
+                let h = keys.hashes[s as usize];
+                assert_eq!(index.find_or_insert(h, |x| x == s, s, &hash_of), None);
+                let again = index.find_or_insert(h, |x| x == s, s, &hash_of);
+                assert_eq!(again.map(|pos| index.slot_at(pos)), Some(s));
+            }
             live.insert(s);
         }
         check(&index, &keys, &live);

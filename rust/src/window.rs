@@ -15,7 +15,7 @@ use std::collections::{HashMap, TryReserveError, VecDeque};
 use std::hash::BuildHasher;
 
 use crate::keys::{Key, KEY_LEN};
-use crate::pending::Pending;
+use crate::pending::{Pending, Reserved};
 use crate::slot_index::SlotIndex;
 
 /// Largest accepted `max_keys`: ring slots are addressed by `u32`.
@@ -80,7 +80,7 @@ pub struct Window {
     pending: Pending,
     /// The pending keys of each segment, in entry order (ties in insertion order), so a quorum
     /// ack commits a prefix of a segment by position ([`Window::commit_through`]).
-    pending_order: HashMap<u32, VecDeque<(u32, Key)>>,
+    pending_order: HashMap<u32, VecDeque<(u32, u32)>>,
     counters: Counters,
 }
 
@@ -124,15 +124,16 @@ fn unindex(
     }
 }
 
-/// Add a pending record to its segment's order queue, which stays sorted by entry id.
-fn push_ordered(order: &mut VecDeque<(u32, Key)>, rec: &Record) {
+/// Add a pending record (its entry id, and its position in the pending slab) to its segment's
+/// order queue, which stays sorted by entry id.
+fn push_ordered(order: &mut VecDeque<(u32, u32)>, entry_id: u32, at: u32) {
     match order.back() {
-        Some(&(last, _)) if last >= rec.entry_id => {
+        Some(&(last, _)) if last >= entry_id => {
             // Out of order (never from the writer): keep the queue sorted by entry id.
-            let at = order.partition_point(|&(e, _)| e <= rec.entry_id);
-            order.insert(at, (rec.entry_id, rec.key));
+            let i = order.partition_point(|&(e, _)| e <= entry_id);
+            order.insert(i, (entry_id, at));
         }
-        _ => order.push_back((rec.entry_id, rec.key)),
+        _ => order.push_back((entry_id, at)),
     }
 }
 
@@ -202,7 +203,7 @@ impl Window {
             + self
                 .pending_order
                 .values()
-                .map(|q| q.capacity() * std::mem::size_of::<(u32, Key)>())
+                .map(|q| q.capacity() * std::mem::size_of::<(u32, u32)>())
                 .sum::<usize>()
     }
 
@@ -284,14 +285,13 @@ impl Window {
 
     /// Insert a key known to be neither pending nor committed (live) under hash `h`.
     fn insert_pending(&mut self, rec: Record, h: u64) {
-        self.insert_pending_record(rec, h);
-        push_ordered(self.pending_order.entry(rec.segment_id).or_default(), &rec);
-    }
-
-    /// The pending table's half of [`Window::insert_pending`] (a batch keeps the order queue).
-    fn insert_pending_record(&mut self, rec: Record, h: u64) {
         let seed = self.seed;
-        self.pending.insert(rec, h, |k| key_hash(seed, k));
+        let at = self.pending.insert(rec, h, |k| key_hash(seed, k));
+        push_ordered(
+            self.pending_order.entry(rec.segment_id).or_default(),
+            rec.entry_id,
+            at,
+        );
     }
 
     /// Commit the pending keys of `segment_id` whose entry ids are at most `last_entry_id`, in
@@ -312,15 +312,14 @@ impl Window {
             return 0;
         };
         let mut n = 0;
-        while let Some(&(entry_id, key)) = order.front() {
+        let seed = self.seed;
+        while let Some(&(entry_id, at)) = order.front() {
             if last.is_some_and(|last| entry_id > last) {
                 break;
             }
             order.pop_front();
-            let h = key_hash(self.seed, &key);
             // The queue holds exactly the segment's pending keys (take_pending keeps it so).
-            let seed = self.seed;
-            if let Some(rec) = self.pending.remove(&key, h, |k| key_hash(seed, k)) {
+            if let Some((rec, h)) = self.pending.take_at(at, |k| key_hash(seed, k)) {
                 debug_assert!(rec.segment_id == segment_id && rec.entry_id == entry_id);
                 if commit {
                     self.push_committed(rec, h);
@@ -337,14 +336,14 @@ impl Window {
 
     fn take_pending(&mut self, key: &Key, h: u64) -> Option<Record> {
         let seed = self.seed;
-        let rec = self.pending.remove(key, h, |k| key_hash(seed, k))?;
+        let (at, rec) = self.pending.remove(key, h, |k| key_hash(seed, k))?;
         // Usually at the front (keys go in entry order); anywhere else costs a shift, which only
         // API callers taking keys one by one pay, never the writer.
         if let Some(order) = self.pending_order.get_mut(&rec.segment_id) {
             let from = order.partition_point(|&(e, _)| e < rec.entry_id);
             let at = (from..order.len())
                 .take_while(|&i| order[i].0 == rec.entry_id)
-                .find(|&i| order[i].1 == rec.key);
+                .find(|&i| order[i].1 == at);
             if let Some(at) = at {
                 order.remove(at);
             }
@@ -644,35 +643,39 @@ impl Window {
             // `get` then `add_pending`, with one probe of each table instead of two.
             let h = key_hash(self.seed, &key);
             let mut expired = false;
-            let held = match self.find_committed(&key, h) {
-                Some(r) if age(ts, r.timestamp_ms) < i128::from(self.window_ms) => {
-                    Some((COMMITTED, *r))
-                }
+            let committed = match self.find_committed(&key, h) {
+                Some(r) if age(ts, r.timestamp_ms) < i128::from(self.window_ms) => Some(*r),
                 found => {
                     expired = found.is_some();
-                    self.find_pending(&key, h).map(|r| (PENDING, *r))
+                    None
                 }
             };
-            let (code, rec) = match held {
-                Some(found) => {
-                    self.counters.hits += 1;
-                    found
-                }
-                None => {
-                    self.counters.misses += 1;
-                    let rec = Record {
-                        key,
-                        segment_id,
-                        entry_id: next,
-                        timestamp_ms: ts,
-                    };
-                    if expired {
-                        self.kill(&key, h); // the new write replaces its expired record
+            let (code, rec) = if let Some(r) = committed {
+                self.counters.hits += 1;
+                (COMMITTED, r)
+            } else {
+                let rec = Record {
+                    key,
+                    segment_id,
+                    entry_id: next,
+                    timestamp_ms: ts,
+                };
+                // pending already, or pending now: one walk of the pending index
+                let seed = self.seed;
+                match self.pending.find_or_insert(rec, h, |k| key_hash(seed, k)) {
+                    Reserved::Held(held) => {
+                        self.counters.hits += 1;
+                        (PENDING, held)
                     }
-                    self.insert_pending_record(rec, h);
-                    push_ordered(&mut order, &rec);
-                    next = next.wrapping_add(1);
-                    (ABSENT, rec)
+                    Reserved::Added(at) => {
+                        self.counters.misses += 1;
+                        if expired {
+                            self.kill(&key, h); // the new write replaces its expired record
+                        }
+                        push_ordered(&mut order, rec.entry_id, at);
+                        next = next.wrapping_add(1);
+                        (ABSENT, rec)
+                    }
                 }
             };
             *st = code;
