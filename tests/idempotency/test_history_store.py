@@ -180,3 +180,20 @@ def test_stored_read_skips_what_the_log_truncated(tmp_path: Path):
     )
     assert got.problems == []
     client.close()
+
+
+def test_every_copy_of_the_readers_lac_rule_shows_what_a_quorum_holds(tmp_path: Path, wp_connect):
+    """The reader's rule for how far an open segment may be read lives in three places (the
+    LogReader, the admin CLI, the Spark source); each must stop where a quorum of nodes holds
+    the entries (entries 8 and 9 lie on one node here), as the checker's stored read does."""
+    from woodpecker_idem.cli.common import visible_last
+    from woodpecker_idem.spark.source import _visible_last
+
+    client = wp_connect(tmp_path, {"quorum.es": 3})
+    handle = _diverged(client, "copies")
+    (seg,) = client.meta.list_segments(handle.log_id)
+    quorum = len(read_stored(client, handle).messages) - 1
+    assert quorum == 7
+    assert LogReader(handle)._visible_last(seg) == quorum
+    assert visible_last(client, seg) == quorum
+    assert _visible_last(client, seg) == quorum

@@ -12,8 +12,9 @@ keys keep arriving for the whole run; half of a burst's keys lie just below the 
 or just written by another worker: a race), the others anywhere below it (mostly duplicates).
 The writer's in-flight bounds are small, so the producers wait on backpressure all the time.
 When fenced by another worker it takes the log over again (and every `--takeover-every` seconds
-on its own). With `--faults` a thread breaks things in this process: LogStore nodes down (one,
-or all: a storage outage), acks dropped, the metadata store down; each fault is announced, and
+on its own). With `--faults` a thread breaks things in this process, each time once new writes
+are flowing: LogStore nodes down (one, or all: a storage outage), acks dropped, the metadata
+store down; each fault is announced, and
 counters of calls the faults refused and of new writes each fault met are printed as evidence.
 
 Output lines, each written whole and flushed (times: writer clock ms, then monotonic ns):
@@ -86,6 +87,7 @@ class CountingFaults(FaultInjectingTransport):
         self.active: set[str] = set()  # the fault kinds in force now (set by `inject`)
         self.met: dict[str, set[tuple[int, int]]] = {kind: set() for kind in MET_KINDS}
         self._met_lock = threading.Lock()
+        self.adds = 0  # adds of new entries sent (not recovery copies): writes are flowing
 
     def _meet(self, kinds: list[str], segment_id: int, first: int, frame: bytes) -> None:
         entries = {(segment_id, first + i) for i in range(count_records(frame))}
@@ -110,6 +112,7 @@ class CountingFaults(FaultInjectingTransport):
         args = (node_id, log_id, segment_id, first_entry_id, frame, lac, recovery)
         with self._met_lock:
             active = set(self.active)
+            self.adds += not recovery
         meets = [] if recovery else ["meta_down"] if "meta_down" in active else []
         try:
             return self._count(super().add_entries, *args)
@@ -167,8 +170,21 @@ def inject(faults: CountingFaults, meta: FlakyMeta, rng: random.Random, stop: th
         with faults._met_lock:
             faults.active.discard(kind)
 
-    while not stop.wait(rng.uniform(0.2, 1.0)):
-        kind = rng.choice(["node", "node", "acks", "acks", "meta", "storage"])
+    def writes_flowing(since: int) -> bool:
+        """Wait until new writes were sent since `since` adds (False once stopped): a fault
+        while none flow (start-up, a takeover) meets none, and the campaign counts on each kind
+        meeting some."""
+        while faults.adds <= since:
+            if stop.wait(0.01):
+                return False
+        return True
+
+    bag: list[str] = []  # each kind in every six faults (in random order): none goes missing
+    while not stop.wait(rng.uniform(0.2, 1.0)) and writes_flowing(faults.adds):
+        if not bag:
+            bag = ["node", "node", "acks", "acks", "meta", "storage"]
+            rng.shuffle(bag)
+        kind = bag.pop()
         if kind == "node":
             node = rng.choice(nodes)
             faults.fail_node(node)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from gate import GatedTransport, gate
+from test_meta_etcd import _writer_key  # the documented layout of the `writers` key
 
 import woodpecker_idem as wp
 from woodpecker_idem import ManualClock, WriteResult, WriterFencedError, explicit_key
@@ -250,20 +251,6 @@ def test_a_tail_reader_in_another_client_shows_no_entry_only_one_node_holds(
 
 
 # --- the etcd lease keeper -----------------------------------------------------------------------
-
-
-def _writer_key(prefix: str, server, log_id: int) -> dict | None:
-    """The raw `writers/{log_id}` key (owner + lease), read over HTTP like any client would."""
-    import base64
-    import json
-    import urllib.request
-
-    key = f"{prefix}/#/writers/{log_id:020d}".encode()  # the documented key layout
-    body = json.dumps({"key": base64.b64encode(key).decode()}).encode()
-    req = urllib.request.Request(f"http://{server.endpoint}/v3/kv/range", data=body)
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        kvs = json.loads(resp.read()).get("kvs", [])
-    return kvs[0] if kvs else None
 
 
 def test_the_lease_keeper_does_not_reattach_a_fenced_writers_lease(etcd_server, etcd_prefix):
