@@ -185,3 +185,16 @@ def test_write_results_are_the_namedtuples_built_in_place() -> None:
     assert write_results(0, 0, 0, False, WriteResult, LogMessageId) == []
     with pytest.raises(InvalidTypeError, match="result_type must be a tuple subclass"):
         write_results(0, 0, 1, False, dict, LogMessageId)  # type: ignore[type-var]
+
+
+def test_a_failed_future_owns_nothing_more_than_a_settled_one() -> None:
+    """A fence fails every queued write at once: failing must not build the condition and
+    lists a blocked caller needs (before, every failed future made them)."""
+    future = WriteFuture()
+    future.set_exception(ValueError("fenced"))
+    assert future._cond is None and future._waiter_list is None and future._callbacks is None
+    assert future.done() and isinstance(future.exception(), ValueError)
+    with pytest.raises(ValueError, match="fenced"):
+        future.result()
+    with pytest.raises(InvalidStateError):
+        future.set_exception(ValueError("again"))

@@ -142,6 +142,11 @@ class WriteFuture(Future):
     def set_result(self, result: Any) -> None:
         self._complete(result, None)
 
+    def set_exception(self, exception: BaseException | None) -> None:
+        """As `set_result`: a failed write (a fence fails every queued one) builds no condition
+        or list either."""
+        self._complete(None, exception)
+
     @staticmethod
     def settle_all(futures: Sequence[Any], results: Sequence[Any]) -> None:
         """Set each future's result (one ack settles a run of writes) under one `_LAZY` hold.
