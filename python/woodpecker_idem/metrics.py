@@ -93,6 +93,21 @@ _SERIES: tuple[tuple[str, str, str, str, float], ...] = (
         "background_retries",
         1,
     ),
+    ("entries_acked", "counter", "Entries that reached their ack quorum", "entries_acked", 1),
+    (
+        "ack_latency_seconds",
+        "counter",
+        "Time from acceptance to ack, summed over acked entries (divide by entries_acked)",
+        "ack_latency_seconds",
+        1,
+    ),
+    (
+        "backpressure_waits",
+        "counter",
+        "Calls that waited for room (append.max_inflight_entries / max_inflight_bytes)",
+        "backpressure_waits",
+        1,
+    ),
 )
 
 

@@ -46,6 +46,10 @@ def test_scrape_after_writes_and_duplicates(tmp_path: Path) -> None:
         assert got[("woodpecker_writers_open", "m-orders")] == 1
         assert got[("woodpecker_writers_fenced", "m-orders")] == 0
         assert ("woodpecker_recovery_seconds", "m-orders") in got
+        assert got[("woodpecker_entries_acked_total", "m-orders")] == 25  # not the duplicates
+        assert got[("woodpecker_ack_latency_seconds_total", "m-orders")] > 0
+        assert got[("woodpecker_entries_acked_total", "m-audit")] == 1
+        assert ("woodpecker_backpressure_waits_total", "m-orders") in got
         assert got[("woodpecker_writers_open", "m-audit")] == 1  # a plain writer: its core figures
         assert ("woodpecker_duplicates_suppressed_total", "m-audit") not in got
         # a second writer takes "m-orders" over: the first is fenced, the new one rebuilt its window

@@ -560,8 +560,10 @@ class InFlight:
         append: Section,
         send_locked: Callable[[OpenSegment], None],
         dedup: Dedup,
+        metrics: dict[str, float],
     ):
         self.space = threading.Condition(lock)
+        self._metrics = metrics  # entries_acked, ack_latency_seconds (the sum over entries)
         self.seq = 0  # the newest run's sequence number: flush waits for the runs up to it
         self.entries = 0
         self.nbytes = 0
@@ -586,6 +588,7 @@ class InFlight:
             deadline = time.monotonic() + self._timeout_s
             run = PendingEntry(self.seq, seg.segment_id, seg.next_entry_id, frame, waiter, deadline)
             run.count = count
+            run.queued = since
             was_empty = not seg.unsent
             seg.pending.append(run)
             seg.unsent.append(run)
@@ -643,12 +646,18 @@ class InFlight:
         self._dedup.committed_locked(seg.segment_id, committed[-1].last_entry_id)
         resolved: Outcomes = []
         nbytes = 0
+        now = time.monotonic()
+        waited = 0.0
         for entry in committed:
             nbytes += len(entry.record)
+            waited += (now - entry.queued) * entry.count
             mid = LogMessageId(seg.segment_id, entry.entry_id)
             if entry.future is not None:
                 resolved.append((entry.future, WriteResult(mid, False)))
             if entry.joiners:
                 resolved.extend((f, WriteResult(mid, True)) for f in entry.joiners)
-        self.release_locked(span(committed), nbytes)
+        acked = span(committed)
+        self._metrics["entries_acked"] += acked
+        self._metrics["ack_latency_seconds"] += waited
+        self.release_locked(acked, nbytes)
         return resolved

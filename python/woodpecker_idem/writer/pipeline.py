@@ -83,6 +83,8 @@ class Pipeline:
             "segments_repaired": 0,
             "background_retries": 0,
             "backpressure_waits": 0,  # calls that waited for room (append.max_inflight_*)
+            "entries_acked": 0,  # entries that reached their ack quorum
+            "ack_latency_seconds": 0.0,  # their time from acceptance to ack, summed
         }
         self._maint = Maintenance(self.log_id, self.fence)
         self._dispatch = Dispatch(
@@ -93,7 +95,7 @@ class Pipeline:
             max_batch_bytes=ap.max_batch_bytes,
             linger_s=ap.linger_ms / 1000,
         )
-        self.inflight = InFlight(self.lock, ap, self._dispatch.send_locked, dedup)
+        self.inflight = InFlight(self.lock, ap, self._dispatch.send_locked, dedup, self.metrics)
         self.segments = OpenSegments(
             self,
             cfg,

@@ -88,6 +88,7 @@ class PendingEntry:
         "joiners",
         "deadline",
         "timed_out",
+        "queued",
     )
 
     def __init__(
@@ -109,6 +110,7 @@ class PendingEntry:
         self.joiners: list[Waiter] | None = None
         self.deadline = deadline
         self.timed_out = False
+        self.queued = 0.0  # time.monotonic() when its oldest write was accepted (ack latency)
 
     @property
     def last_entry_id(self) -> int:
@@ -285,6 +287,7 @@ def _split_run(run: PendingEntry, count: int) -> tuple[PendingEntry, PendingEntr
         part = PendingEntry(run.seq, run.segment_id, first, concat(recs), waiter, run.deadline)
         part.count = len(recs)
         part.timed_out = run.timed_out
+        part.queued = run.queued
         parts.append(part)
     for joiner in run.joiners or ():
         at = joiner.entry_id if isinstance(joiner, EntryJoiner) else run.entry_id
