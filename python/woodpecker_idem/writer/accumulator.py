@@ -203,6 +203,7 @@ class Accumulator:
         futures = self.futures
         rows = len(futures)
         pipe = self.pipe
+        counted = False
         try:
             if not rows:
                 self.since = time.monotonic()
@@ -211,6 +212,7 @@ class Accumulator:
             self.properties.append(props)
             futures.append(future)
             self.nbytes += size
+            counted = True
             if pipe is not None:
                 if key is not None:
                     pipe.push_key(key)
@@ -221,8 +223,8 @@ class Accumulator:
         except BaseException:
             if len(pipe if pipe is not None else futures) == rows:  # not queued: undo
                 del self.timestamps[rows:], self.payloads[rows:], self.properties[rows:]
-                if len(futures) > rows:
-                    del futures[rows:]
+                del futures[rows:]
+                if counted:
                     self.nbytes -= size
             raise
         return rows + 1
