@@ -29,7 +29,7 @@ from woodpecker_idem.history import History
 
 HERE = Path(__file__).resolve().parent.parent / "support"
 PACKAGE_ROOT = str(Path(wp.__file__).resolve().parent.parent)
-N_A = 400
+N_A = 1000
 KILL_AFTER = 150
 
 
@@ -42,8 +42,16 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _snapshot_in(config: dict) -> bool:
+    s3 = boto3.client("s3", endpoint_url=config["objectstore.endpoint_url"])
+    listed = s3.list_objects_v2(Bucket=config["objectstore.bucket"])
+    return any("dedup_snapshot/" in o["Key"] for o in listed.get("Contents", []))
+
+
 def _host_a(data_dir: Path, config: dict, timeout: float = 60.0) -> list[str]:
-    """Run host A until it has acknowledged KILL_AFTER writes, then SIGKILL it (by PID)."""
+    """Run host A until it has acknowledged KILL_AFTER writes and written a dedup snapshot, then
+    SIGKILL it (by PID). Waiting for the snapshot, not for a time, is what makes B's "started from
+    A's snapshot" hold on a busy machine, where 150 acks can come before the snapshot thread ran."""
     cmd = [sys.executable, str(HERE / "hostproc.py"), str(data_dir), json.dumps(config), str(N_A)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
     assert proc.stdout is not None and proc.stderr is not None
@@ -52,7 +60,7 @@ def _host_a(data_dir: Path, config: dict, timeout: float = 60.0) -> list[str]:
     fd, buf = proc.stdout.fileno(), b""
     deadline = time.monotonic() + timeout
     try:
-        while len(acked) < KILL_AFTER:
+        while len(acked) < KILL_AFTER or not _snapshot_in(config):
             assert time.monotonic() < deadline, f"host A stuck: {stderr.text()[-2000:]}"
             ready, _, _ = select.select([fd], [], [], 1.0)
             if not ready:
