@@ -85,6 +85,7 @@ def run_round(
     kill_delay: float | None,
     acked_before: frozenset[str] = frozenset(),
     stop_after: float = 0.0,
+    ack_delay_ms: float = 0.0,
     timeout: float = 90.0,
 ) -> Round:
     """Start a producer. Aimed (`kill_after_new`, no `kill_delay`): once `kill_after_new` acks of
@@ -93,12 +94,14 @@ def run_round(
     seconds after its start, or after `kill_after_new` new acks, whichever comes first. With
     neither, let it finish. Then read everything it printed. `stop_after`: seconds between
     reading the `S` line and stopping the child (where in the writer's work the kill lands; a
-    burst acknowledged meanwhile only makes the round aim at the next one)."""
+    burst acknowledged meanwhile only makes the round aim at the next one). `ack_delay_ms`: every
+    node call of the child takes that much longer (support/idemproc.py), so a burst stays in
+    flight long enough for the stop to find it there on a busy machine."""
     env = dict(os.environ)
     # the child imports the same woodpecker_idem as this process (the installed wheel in CI)
     env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT, env.get("PYTHONPATH", "")])
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "idemproc.py"), str(data_dir), str(n)],
+        [sys.executable, str(HERE / "idemproc.py"), str(data_dir), str(n), "16", str(ack_delay_ms)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -239,14 +242,20 @@ def test_sigkill_rounds_every_key_exactly_once(tmp_path: Path, n: int, kills: in
         else:
             kill_after, delay = rng.choice([0, rng.randrange(1, 8), rng.randrange(1, 30)]), None
         new_before = frozenset(acked)
-        r = run_round(data_dir, n, kill_after, delay, new_before, rng.choice([0, 0.002, 0.01]))
+        # most aimed rounds slow the child's node calls, so that the stop finds the burst in
+        # flight even when this process is slow to react; the others kill at full speed
+        ack_delay = 0.0 if delay is not None or kill_after is None else rng.choice([0, 5, 20, 20])
+        r = run_round(
+            data_dir, n, kill_after, delay, new_before, rng.choice([0, 0.002, 0.01]), ack_delay
+        )
         in_flight_new = r.handed_in_flight() - new_before
         if delay is None and kill_after is not None:
             aimed += 1
             landed += bool(r.killed and in_flight_new)
         new_acks = sum(not dup for _, _, dup, _ in r.acks)
         print(
-            f"round {rnd}: kill_after_new={kill_after} delay={delay} acks={len(r.acks)} "
+            f"round {rnd}: kill_after_new={kill_after} delay={delay} ack_delay_ms={ack_delay} "
+            f"acks={len(r.acks)} "
             f"new acks read before the kill={r.new_acks_before_kill}, drained after it="
             f"{new_acks - r.new_acks_before_kill}; "
             f"new writes handed to the writer in flight at the kill={len(in_flight_new)} "

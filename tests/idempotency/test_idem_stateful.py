@@ -83,7 +83,7 @@ class IdempotencyMachine(RuleBasedStateMachine):
         self.attempted: list[str] = []
         self.violations: list[str] = []
         self.abandoned: list = []
-        self.outstanding: list[tuple[bytes, concurrent.futures.Future]] = []
+        self.outstanding: list[tuple] = []  # key, payload, start, future, its end cell
         self.failed_keys: set[str] = set()
         self.writer = self._open()
 
@@ -122,20 +122,31 @@ class IdempotencyMachine(RuleBasedStateMachine):
         self.attempted.append(name)
         return start, expect, len(self.attempted) - 1
 
-    def _record(self, name: str, payload: bytes, fn, begun: tuple | None = None) -> None:
+    def _stamped(self, fut: concurrent.futures.Future) -> list:
+        """A cell that gets the stamp of the moment `fut` ends. An async write can end long
+        before its outcome is read (a write that timed out in the writer, read at teardown); the
+        checker trusts an attempt's end (a timed-out entry was pending until then), so the end
+        must be when it ended, not when the test looked."""
+        cell: list = []
+        fut.add_done_callback(lambda _f: cell.append(self.history.now()))
+        return cell
+
+    def _record(
+        self, name: str, payload: bytes, fn, begun: tuple | None = None, ended: list | None = None
+    ) -> None:
         key = explicit_key(name)
         begun = begun or self._begin(name)
         start = begun[0]
         try:
             result = fn()
         except EXPECTED as exc:
-            self.history.failed(key, payload, exc, start)
+            self.history.failed(key, payload, exc, start, ended[0] if ended else None)
             self.failed_keys.add(name)
             event(f"write failed: {type(exc).__name__}")
             return
         except WriterFencedError as exc:  # only an abandoned writer may be fenced
             raise AssertionError(f"the live writer was fenced: {exc}") from exc
-        self.history.ok(key, payload, result, start)
+        self.history.ok(key, payload, result, start, ended[0] if ended else None)
         self._acknowledged(name, result, begun)
 
     def _acknowledged(self, name: str, result, begun: tuple) -> None:
@@ -185,10 +196,10 @@ class IdempotencyMachine(RuleBasedStateMachine):
             except EXPECTED as exc:
                 self.history.failed(explicit_key(name), payload, exc, begun[0])
                 continue
-            futures.append((name, payload, fut, begun))
-        concurrent.futures.wait([f for _, _, f, _ in futures], timeout=WAIT_S)  # one deadline
-        for name, payload, fut, begun in futures:
-            self._record(name, payload, lambda f=fut: f.result(0), begun)
+            futures.append((name, payload, fut, begun, self._stamped(fut)))
+        concurrent.futures.wait([f[2] for f in futures], timeout=WAIT_S)  # one deadline
+        for name, payload, fut, begun, ended in futures:
+            self._record(name, payload, lambda f=fut: f.result(0), begun, ended)
 
     @rule(name=st.sampled_from(KEYS))
     def fire_and_forget(self, name: str) -> None:
@@ -196,16 +207,11 @@ class IdempotencyMachine(RuleBasedStateMachine):
         payload = b"f-" + name.encode()
         start = self._begin(name)[0]
         try:
-            self.outstanding.append(
-                (
-                    explicit_key(name),
-                    payload,
-                    start,
-                    self.writer.write_async(payload, idempotency_id=name),
-                )
-            )
+            fut = self.writer.write_async(payload, idempotency_id=name)
         except EXPECTED as exc:
             self.history.failed(explicit_key(name), payload, exc, start)
+            return
+        self.outstanding.append((explicit_key(name), payload, start, fut, self._stamped(fut)))
 
     @rule(node=st.integers(0, 2), count=st.integers(1, 4))
     def drop_acks(self, node: int, count: int) -> None:
@@ -272,13 +278,13 @@ class IdempotencyMachine(RuleBasedStateMachine):
                 w._still_owner()  # notices the takeover: fails what it had pending, stops
                 w.close(timeout=2)
             t0 = time.monotonic()
-            for key, payload, start, fut in self.outstanding:
+            for key, payload, start, fut, ended in self.outstanding:
                 try:
-                    self.history.ok(
-                        key, payload, fut.result(max(0.1, 5 - (time.monotonic() - t0))), start
-                    )
+                    result = fut.result(max(0.1, 5 - (time.monotonic() - t0)))
                 except Exception as exc:
-                    self.history.failed(key, payload, exc, start)
+                    self.history.failed(key, payload, exc, start, ended[0] if ended else None)
+                else:
+                    self.history.ok(key, payload, result, start, ended[0])
             self.writer.close(timeout=10)
             plain = self.log.open_writer()  # completes every segment by the recovery rule
             plain.close()

@@ -1,10 +1,14 @@
 """A producer process for tests/e2e/test_idem_sigkill.py: writes k-0..k-{N-1} with explicit ids.
 
-    python tests/support/idemproc.py DATA_DIR N [CHUNK]
+    python tests/support/idemproc.py DATA_DIR N [CHUNK] [ACK_DELAY_MS]
 
 Writes go out with write_async in chunks of CHUNK, so several are in flight whenever the process
-is killed. Output lines (each written whole and flushed, so a reader sees every line printed
-before a kill; only a last line cut by the kill can be partial):
+is killed. ACK_DELAY_MS (default 0) delays every node call that long (the fault-injecting
+transport): a burst then stays in flight for at least that long, so a parent that stops the
+process on reading its `S` line finds it in flight even on a busy machine.
+
+Output lines (each written whole and flushed, so a reader sees every line printed before a kill;
+only a last line cut by the kill can be partial):
 
     ready                                             the idempotent writer is open
     B <lo> <hi> <new> <start_ms> <start_ns>           about to send k-lo..k-(hi-1); <new> of them
@@ -23,11 +27,13 @@ import time
 
 import woodpecker_idem as wp
 from woodpecker_idem.clock import SYSTEM_CLOCK
+from woodpecker_idem.testing import FaultInjectingTransport
 
 
 def main() -> None:
     data_dir, n = sys.argv[1], int(sys.argv[2])
     chunk = int(sys.argv[3]) if len(sys.argv) > 3 else 16
+    ack_delay_ms = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
     client = wp.connect(
         data_dir,
         {
@@ -36,6 +42,11 @@ def main() -> None:
             "segment.max_entries": 150,  # several segments per run
         },
     )
+    if ack_delay_ms:
+        faults = FaultInjectingTransport(client.transport)
+        for node in faults.node_ids:
+            faults.delay(node, ack_delay_ms)
+        client.transport = faults
     log = client.open_log("sigkill", create=True)
     writer = log.open_writer(idempotent=True, window_duration_s=3600, window_max_keys=100_000)
     out = sys.stdout
