@@ -182,12 +182,13 @@ def test_stored_read_skips_what_the_log_truncated(tmp_path: Path):
     client.close()
 
 
-def test_every_copy_of_the_readers_lac_rule_shows_what_a_quorum_holds(tmp_path: Path, wp_connect):
-    """The reader's rule for how far an open segment may be read lives in three places (the
-    LogReader, the admin CLI, the Spark source); each must stop where a quorum of nodes holds
-    the entries (entries 8 and 9 lie on one node here), as the checker's stored read does."""
-    from woodpecker_idem.cli.common import visible_last
-    from woodpecker_idem.spark.source import _visible_last
+def test_every_reader_of_the_log_shows_what_a_quorum_holds(tmp_path: Path, wp_connect):
+    """The reader's rule for how far an open segment may be read is one function, used by the
+    LogReader, the admin CLI and the Spark source; it stops where a quorum of nodes holds the
+    entries (entries 8 and 9 lie on one node here), as the checker's stored read does."""
+    from woodpecker_idem.cli import common, logs
+    from woodpecker_idem.client import reader
+    from woodpecker_idem.spark import source
 
     client = wp_connect(tmp_path, {"quorum.es": 3})
     handle = _diverged(client, "copies")
@@ -195,5 +196,6 @@ def test_every_copy_of_the_readers_lac_rule_shows_what_a_quorum_holds(tmp_path: 
     quorum = len(read_stored(client, handle).messages) - 1
     assert quorum == 7
     assert LogReader(handle)._visible_last(seg) == quorum
-    assert visible_last(client, seg) == quorum
-    assert _visible_last(client, seg) == quorum
+    assert reader.visible_last(client.transport, seg) == quorum
+    assert common.visible_last is logs.visible_last is source.visible_last is reader.visible_last
+    assert source.log_spans(client, "copies")[1][-1].last == quorum

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from ..client.client import WoodpeckerClient
+from ..client.reader import visible_last
 from ..config import Config, load_config
 from ..connect import connect
-from ..errors import CorruptEntryError, InvalidArgumentError, NodeUnavailableError, WoodpeckerError
-from ..meta.base import SegmentMeta
+from ..errors import InvalidArgumentError, WoodpeckerError
 from ..types import LogMessageId, SegmentState
 
 DONE = (SegmentState.COMPLETED, SegmentState.SEALED)
@@ -184,23 +184,6 @@ def fmt_time(ms: int | None) -> str | None:
 # --- what a log holds ------------------------------------------------------------------------
 
 
-def visible_last(client: WoodpeckerClient, seg: SegmentMeta) -> int:
-    """The last entry a reader sees in `seg`: lastEntryId once completed, else the confirmed tail
-    (-1: none)."""
-    if seg.state in DONE:
-        return seg.last_entry_id
-    if seg.state is SegmentState.TRUNCATED:
-        return -1
-    best = -1
-    for node in seg.nodes:
-        try:
-            held, lac = client.transport.last_add_confirmed(node, seg.log_id, seg.segment_id)
-        except (NodeUnavailableError, CorruptEntryError):
-            continue
-        best = max(best, held if seg.aq == 1 else lac)
-    return best
-
-
 def entry_time(client: WoodpeckerClient, name: str, at: LogMessageId) -> int | None:
     """The timestamp of the entry at `at` (None if it cannot be read)."""
     try:
@@ -222,7 +205,7 @@ def log_summary(client: WoodpeckerClient, name: str, times: bool = True) -> dict
     first: LogMessageId | None = None
     last: LogMessageId | None = None
     for seg in segments:
-        end = visible_last(client, seg)
+        end = visible_last(client.transport, seg)
         start = floor.entry_id if seg.segment_id == floor.segment_id else 0
         if seg.segment_id < floor.segment_id or end < start:
             continue

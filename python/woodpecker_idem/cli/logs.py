@@ -12,6 +12,7 @@ from typing import Any
 
 from ..client.client import WoodpeckerClient
 from ..client.log import LogHandle
+from ..client.reader import visible_last
 from ..errors import InvalidArgumentError, LogNotFoundError, WoodpeckerError
 from ..idempotency.snapshot import list_snapshots
 from ..retention import age_cutoff
@@ -26,7 +27,6 @@ from .common import (
     open_client,
     print_json,
     print_table,
-    visible_last,
 )
 
 
@@ -163,7 +163,7 @@ def _stat(client: WoodpeckerClient, name: str, as_json: bool) -> int:
     summary = log_summary(client, name)
     segments = []
     for seg in client.meta.list_segments(handle.log_id):
-        end = visible_last(client, seg)
+        end = visible_last(client.transport, seg)
         segments.append(
             {
                 "segment_id": seg.segment_id,
@@ -318,7 +318,7 @@ def _truncate(
         live = [s for s in segments if s.state is not SegmentState.TRUNCATED]
         end = LogMessageId(0, 0)
         if live:
-            end = LogMessageId(live[-1].segment_id, visible_last(client, live[-1]) + 1)
+            end = LogMessageId(live[-1].segment_id, visible_last(client.transport, live[-1]) + 1)
         if before > end:
             raise InvalidArgumentError(
                 f"--before {before} is past the end of log {name!r} (the next id is {end})"

@@ -21,6 +21,7 @@ from ..types import LogMessage, LogMessageId, SegmentState
 from .replicas import ReplicaFault, read_checked
 
 if TYPE_CHECKING:
+    from ..logstore.transport import LogStoreTransport
     from .log import LogHandle
 
 READ_BATCH = 500
@@ -30,6 +31,25 @@ READ_BATCH = 500
 DECODE_BATCH = 64
 POLL_MIN_S = 0.005
 POLL_MAX_S = 0.2
+
+
+def visible_last(transport: LogStoreTransport, seg: SegmentMeta) -> int:
+    """The last entry of `seg` a reader may see (-1: none): lastEntryId once completed, else the
+    tail the replicas confirm. The one rule for every reader of the log (LogReader, the admin
+    CLI, the Spark source)."""
+    if seg.state in (SegmentState.COMPLETED, SegmentState.SEALED):
+        return seg.last_entry_id
+    if seg.state is SegmentState.TRUNCATED:
+        return -1
+    best = -1
+    for node in seg.nodes:
+        try:
+            held, lac = transport.last_add_confirmed(node, seg.log_id, seg.segment_id)
+        except (NodeUnavailableError, CorruptEntryError):  # another replica may answer
+            continue
+        # With aq == 1 every stored entry is committed; otherwise trust the piggybacked LAC.
+        best = max(best, held if seg.aq == 1 else lac)
+    return best
 
 
 class LogReader:
@@ -134,18 +154,7 @@ class LogReader:
         return None
 
     def _visible_last(self, seg: SegmentMeta) -> int:
-        """The last entry a reader may see: lastEntryId if completed, else the confirmed tail."""
-        if seg.state in (SegmentState.COMPLETED, SegmentState.SEALED):
-            return seg.last_entry_id
-        best = -1
-        for node in seg.nodes:
-            try:
-                held, lac = self._transport.last_add_confirmed(node, seg.log_id, seg.segment_id)
-            except (NodeUnavailableError, CorruptEntryError):  # another replica may answer
-                continue
-            # With aq == 1 every stored entry is committed; otherwise trust the piggybacked LAC.
-            best = max(best, held if seg.aq == 1 else lac)
-        return best
+        return visible_last(self._transport, seg)
 
     def _fill(self) -> bool:
         """Buffer the next entries; False when nothing new is readable now."""

@@ -19,12 +19,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..client.reader import visible_last
 from ..errors import (
-    CorruptEntryError,
     EntryTruncatedError,
     InvalidArgumentError,
     LogNotFoundError,
-    NodeUnavailableError,
     StorageUnavailableError,
 )
 from ..types import LogMessageId, SegmentState
@@ -50,21 +49,6 @@ class Span:
     last: int
 
 
-def _visible_last(client: WoodpeckerClient, seg: Any) -> int:
-    """The last entry a reader may see (the rule of the log reader): lastEntryId if completed,
-    else the tail the replicas confirm."""
-    if seg.state in (SegmentState.COMPLETED, SegmentState.SEALED):
-        return int(seg.last_entry_id)
-    best = -1
-    for node in seg.nodes:
-        try:
-            held, lac = client.transport.last_add_confirmed(node, seg.log_id, seg.segment_id)
-        except (NodeUnavailableError, CorruptEntryError):  # another replica may answer
-            continue
-        best = max(best, held if seg.aq == 1 else lac)
-    return best
-
-
 def log_spans(client: WoodpeckerClient, name: str) -> tuple[LogMessageId, list[Span]]:
     """(the truncation floor, the readable entries of each segment in order). The spans end at
     the first segment still being written (nothing after it is readable yet)."""
@@ -76,7 +60,7 @@ def log_spans(client: WoodpeckerClient, name: str) -> tuple[LogMessageId, list[S
         if seg.state is SegmentState.TRUNCATED or seg.segment_id < floor.segment_id:
             continue
         first = floor.entry_id if seg.segment_id == floor.segment_id else 0
-        spans.append(Span(seg.segment_id, first, _visible_last(client, seg)))
+        spans.append(Span(seg.segment_id, first, visible_last(client.transport, seg)))
         if seg.state is SegmentState.ACTIVE:
             break
     return floor, spans
