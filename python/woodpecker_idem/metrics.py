@@ -9,7 +9,10 @@ Nothing is counted twice and nothing is added to the write path: a scrape walks 
 
 Series are named `woodpecker_<figure>` (counters `woodpecker_<figure>_total`), each with the
 label `log`; `_SERIES` below lists them with their help text, and docs/operations.md says which to
-alert on.
+alert on. The one histogram, `woodpecker_ack_latency_seconds` (`_bucket`, `_sum`, `_count`), has
+the buckets of `writer.ack_latency`; OpenTelemetry, whose asynchronous instruments have no
+histogram, gets its sum as the counter `woodpecker.ack_latency_seconds_sum` (its count is
+`woodpecker.entries_acked`).
 """
 
 from __future__ import annotations
@@ -96,9 +99,9 @@ _SERIES: tuple[tuple[str, str, str, str, float], ...] = (
     ("entries_acked", "counter", "Entries that reached their ack quorum", "entries_acked", 1),
     (
         "ack_latency_seconds",
-        "counter",
-        "Time from acceptance to ack, summed over acked entries (divide by entries_acked)",
-        "ack_latency_seconds",
+        "histogram",
+        "Time from acceptance to ack of acked entries",
+        "ack_latency_seconds",  # the sum; the buckets come from `writer.ack_latency`
         1,
     ),
     (
@@ -137,6 +140,28 @@ def _figures(writer: object) -> dict[str, Any]:
     snapshot = getattr(writer, "metrics_snapshot", None)
     if callable(snapshot):
         out.update(snapshot())
+    return out
+
+
+def collect_histograms() -> dict[str, dict[str, tuple[tuple[float, ...], list[int], float]]]:
+    """Every histogram now: name -> {log name: (bucket upper bounds, entries per bucket, not
+    cumulative, with +Inf last; the sum)}, summed over this process's writers as `collect`."""
+    out: dict[str, dict[str, tuple[tuple[float, ...], list[int], float]]] = {
+        "ack_latency_seconds": {}
+    }
+    latency = out["ack_latency_seconds"]
+    for writer, handle in writer_registry.writers():
+        if not (writer_registry.is_live(writer) or getattr(writer, "fenced", False)):
+            continue
+        figures = getattr(writer, "ack_latency", None)
+        if figures is None:
+            continue
+        bounds, counts, total = figures
+        seen = latency.get(handle.name)
+        if seen is not None:
+            counts = [a + b for a, b in zip(seen[1], counts, strict=True)]
+            total += seen[2]
+        latency[handle.name] = (bounds, counts, total)
     return out
 
 
@@ -179,10 +204,25 @@ class WoodpeckerCollector:
     """A prometheus_client collector over every writer of this process (see the module doc)."""
 
     def collect(self) -> Iterator[Metric]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
 
         now = collect()
+        histograms = collect_histograms()
         for name, kind, doc in SERIES:
+            if kind == "histogram":
+                hist = HistogramMetricFamily(f"woodpecker_{name}", doc, labels=["log"])
+                for log_name, (bounds, counts, total) in sorted(histograms[name].items()):
+                    cumulative, buckets = 0, []
+                    for bound, count in zip((*map(str, bounds), "+Inf"), counts, strict=True):
+                        cumulative += count
+                        buckets.append((bound, cumulative))
+                    hist.add_metric([log_name], buckets, total)
+                yield hist
+                continue
             cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
             family = cls(f"woodpecker_{name}", doc, labels=["log"])
             for log_name, value in sorted(now[name].items()):
@@ -269,6 +309,13 @@ def register_opentelemetry(meter_provider: Any = None) -> list[Any]:
         def observe(options: Any, name: str = name) -> list[Any]:
             return [otel.Observation(v, {"log": log}) for log, v in snapshot.get(name).items()]
 
+        if kind == "histogram":  # its sum as a counter (its count is entries_acked)
+            instruments.append(
+                meter.create_observable_counter(
+                    f"woodpecker.{name}_sum", callbacks=[observe], description=f"{doc} (sum)"
+                )
+            )
+            continue
         create = (
             meter.create_observable_counter
             if kind == "counter"
@@ -282,6 +329,7 @@ __all__ = [
     "SERIES",
     "WoodpeckerCollector",
     "collect",
+    "collect_histograms",
     "register_opentelemetry",
     "register_prometheus",
     "serve",

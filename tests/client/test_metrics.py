@@ -47,7 +47,24 @@ def test_scrape_after_writes_and_duplicates(tmp_path: Path) -> None:
         assert got[("woodpecker_writers_fenced", "m-orders")] == 0
         assert ("woodpecker_recovery_seconds", "m-orders") in got
         assert got[("woodpecker_entries_acked_total", "m-orders")] == 25  # not the duplicates
-        assert got[("woodpecker_ack_latency_seconds_total", "m-orders")] > 0
+        # the ack latency histogram: every acked entry in a bucket, the buckets cumulative
+        assert got[("woodpecker_ack_latency_seconds_count", "m-orders")] == 25
+        assert got[("woodpecker_ack_latency_seconds_sum", "m-orders")] > 0
+        assert got[("woodpecker_ack_latency_seconds_count", "m-audit")] == 1
+        text = generate_latest(registry).decode()
+        (latency,) = [
+            f
+            for f in text_string_to_metric_families(text)
+            if f.name == "woodpecker_ack_latency_seconds"
+        ]
+        assert latency.type == "histogram"
+        buckets = [
+            (s.labels["le"], s.value)
+            for s in latency.samples
+            if s.name.endswith("_bucket") and s.labels["log"] == "m-orders"
+        ]
+        assert buckets[-1] == ("+Inf", 25.0) and len(buckets) > 10
+        assert [v for _, v in buckets] == sorted(v for _, v in buckets)
         assert got[("woodpecker_entries_acked_total", "m-audit")] == 1
         assert ("woodpecker_backpressure_waits_total", "m-orders") in got
         assert got[("woodpecker_writers_open", "m-audit")] == 1  # a plain writer: its core figures
@@ -168,4 +185,5 @@ def test_opentelemetry_instruments(tmp_path: Path) -> None:
     assert points[("woodpecker.duplicates_suppressed", "m-otel")] == 2
     assert points[("woodpecker.window_keys", "m-otel")] == 1
     assert points[("woodpecker.writers_open", "m-otel")] == 1
+    assert points[("woodpecker.ack_latency_seconds_sum", "m-otel")] > 0
     provider.shutdown()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -60,6 +61,12 @@ TIMESTAMP_TYPECODE = "l" if array("l").itemsize == 8 else "q"
 ADMIT_AT = 128
 # ... and at least this many of the oldest have their keys hashed already (the rest wait)
 ADMIT_MIN = 64
+# Upper bounds (seconds) of the ack latency histogram's buckets; +Inf is the last, implied.
+# Embedded acks take a fraction of a millisecond, acks through S3 or remote nodes tens of ms.
+ACK_LATENCY_BOUNDS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+)  # fmt: skip
 # status byte (0 new, 1 pending, 2 committed) -> duplicate flag
 _DUPLICATE = bytes.maketrans(b"\x00\x01\x02", b"\x00\x01\x01")
 _new = tuple.__new__  # a NamedTuple's own __new__ costs a microsecond on the duplicate path
@@ -566,6 +573,8 @@ class InFlight:
     ):
         self.space = threading.Condition(lock)
         self._metrics = metrics  # entries_acked, ack_latency_seconds (the sum over entries)
+        # entries acked per ACK_LATENCY_BOUNDS bucket (not cumulative; the last is +Inf)
+        self.latency_buckets = [0] * (len(ACK_LATENCY_BOUNDS) + 1)
         self.seq = 0  # the newest run's sequence number: flush waits for the runs up to it
         self.entries = 0
         self.nbytes = 0
@@ -650,9 +659,12 @@ class InFlight:
         nbytes = 0
         now = time.monotonic()
         waited = 0.0
+        buckets = self.latency_buckets
         for entry in committed:
             nbytes += len(entry.record)
-            waited += (now - entry.queued) * entry.count
+            latency = now - entry.queued
+            waited += latency * entry.count
+            buckets[bisect_left(ACK_LATENCY_BOUNDS, latency)] += entry.count
             mid = LogMessageId(seg.segment_id, entry.entry_id)
             if entry.future is not None:
                 resolved.append((entry.future, WriteResult(mid, False)))

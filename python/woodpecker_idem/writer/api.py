@@ -28,6 +28,7 @@ from ..errors import (
     WoodpeckerError,
 )
 from ..types import WriteManyResult, WriteMessage, WriteResult
+from .accumulator import ACK_LATENCY_BOUNDS
 from .dedup import NO_DEDUP, Dedup
 from .lifecycle import FORKS
 from .pipeline import Pipeline, open_pipeline
@@ -94,6 +95,16 @@ class _Writer:
         """The pipeline's counters (segments rolled and repaired, background retries, waits for
         room)."""
         return self._pipeline.metrics
+
+    @property
+    def ack_latency(self) -> tuple[tuple[float, ...], list[int], float]:
+        """The histogram of the time from acceptance to ack of this writer's entries: bucket
+        upper bounds in seconds (+Inf is the last bucket, implied), the entries in each bucket
+        (not cumulative) and the sum of their latencies."""
+        with self._lock:
+            counts = list(self._pipeline.inflight.latency_buckets)
+            total = float(self._pipeline.metrics["ack_latency_seconds"])
+        return ACK_LATENCY_BOUNDS, counts, total
 
     def _still_owner(self) -> bool:
         """Ask the metadata store whether this writer still owns the log (fences it if not)."""
