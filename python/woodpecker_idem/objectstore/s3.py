@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from woodpecker_idem.errors import ConfigError, StorageAccessError, StorageUnavailableError
@@ -70,6 +70,11 @@ _CREDENTIALS_HINT = (
     "or the usual AWS environment variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
     "AWS_PROFILE) or ~/.aws/credentials"
 )
+
+
+#: Bytes per part of a multipart upload (`put_parts`): S3 refuses parts below 5 MiB but the last,
+#: and a part is held whole while it is sent, so this is about what a streamed put holds at once.
+PART_BYTES = 5 * 1024 * 1024
 
 
 class _Retry(Exception):
@@ -373,6 +378,132 @@ class S3ObjectStore(ObjectStore):
                 raise
 
         return self._call("put", key, attempt)
+
+    def put_parts(self, key: str, parts: Iterable[bytes]) -> int:
+        """The parts end to end, sent as they come: a multipart upload of PART_BYTES parts (the
+        object appears only when it completes), or one PutObject if they come to less than one
+        part. Each request is retried as `put` is; a failure aborts the upload, so no object and
+        no parts are left (S3 bills parts of an upload never completed nor aborted)."""
+        validate_key(key)
+        self._ensure_ready()
+        full = self._full(key)
+        pending: list[bytes] = []
+        size = 0
+        total = 0
+        upload_id: str | None = None
+        done: list[dict[str, Any]] = []
+        try:
+            for part in parts:
+                pending.append(bytes(as_bytes(part)))
+                size += len(part)
+                if size < PART_BYTES:
+                    continue
+                if upload_id is None:
+                    upload_id = self._create_upload(key, full)
+                body = b"".join(pending)
+                pending.clear()
+                size = 0
+                done.append(self._upload_part(key, full, upload_id, len(done) + 1, body))
+                total += len(body)
+                del body
+            body = b"".join(pending)
+            pending.clear()
+            if upload_id is None:  # smaller than a part: one put
+                self.put(key, body)
+                return len(body)
+            if body:
+                done.append(self._upload_part(key, full, upload_id, len(done) + 1, body))
+                total += len(body)
+            del body
+            self._complete_upload(key, full, upload_id, done)
+            upload_id = None
+            return total
+        finally:
+            if upload_id is not None:
+                self._abort_upload(key, full, upload_id)
+
+    def _s3_call(self, op: str, key: str, fn: Callable[[], T]) -> T:
+        """`fn` (one S3 request) with `_call`'s retries, its errors classified as `put`'s are."""
+
+        def attempt() -> T:
+            try:
+                return fn()
+            except _Retry:
+                raise
+            except Exception as exc:  # noqa: BLE001 - classified (retry or final error)
+                self._classify(op, key, exc)
+                raise
+
+        return self._call(op, key, attempt)
+
+    def _create_upload(self, key: str, full: str) -> str:
+        resp = self._s3_call(
+            "put (create multipart upload)",
+            key,
+            lambda: self.client.create_multipart_upload(Bucket=self.bucket, Key=full),
+        )
+        return str(resp["UploadId"])
+
+    def _upload_part(
+        self, key: str, full: str, upload_id: str, number: int, body: bytes
+    ) -> dict[str, Any]:
+        """One part (a retry sends the same number again, which replaces it)."""
+        resp = self._s3_call(
+            f"put (part {number})",
+            key,
+            lambda: self.client.upload_part(
+                Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number, Body=body
+            ),
+        )
+        return {"ETag": resp["ETag"], "PartNumber": number}
+
+    def _complete_upload(
+        self, key: str, full: str, upload_id: str, done: list[dict[str, Any]]
+    ) -> None:
+        from botocore.exceptions import ClientError
+
+        tried = False
+
+        def complete() -> None:
+            nonlocal tried
+            try:
+                self.client.complete_multipart_upload(
+                    Bucket=self.bucket,
+                    Key=full,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": done},
+                )
+            except ClientError as exc:
+                code, _ = _error_code(exc)
+                if tried and code == "NoSuchUpload":
+                    # an earlier attempt completed it (its answer was lost): the upload is gone
+                    # because the object exists
+                    logger.info("s3 put %r: multipart upload completed by an earlier attempt", key)
+                    return
+                raise
+            finally:
+                tried = True
+
+        self._s3_call("put (complete multipart upload)", key, complete)
+
+    def _abort_upload(self, key: str, full: str, upload_id: str) -> None:
+        """Best effort: an upload left behind holds parts, never an object."""
+        try:
+            self._s3_call(
+                "put (abort multipart upload)",
+                key,
+                lambda: self.client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=full, UploadId=upload_id
+                ),
+            )
+        except Exception as exc:  # noqa: BLE001 - the put's own error is the one to raise
+            logger.warning(
+                "s3 put %r: could not abort multipart upload %s (its parts stay until a bucket "
+                "lifecycle rule removes them): %s",
+                key,
+                upload_id,
+                exc,
+            )
 
     def get(self, key: str) -> bytes | None:
         """GetObject; None if absent."""
