@@ -822,7 +822,7 @@ class SnapshotStream:
         epoch: int,
         timestamp_ms: int,
         watermarks: dict[int, int],
-        chunk_records: int = 65536,
+        chunk_records: int = 16384,
     ) -> Self:
         """Fix the end of the commit order to snapshot; nothing is read yet.
 

@@ -110,7 +110,7 @@ def test_round_trip(
     magic, version, flags, reserved, crc = HEADER.unpack_from(data)
     assert (version, flags, reserved) == (2, 0, 0)
     assert crc == _core.crc32c(data[:12])
-    # the stream's parts end to end are the same bytes (one chunk per 64Ki entries)
+    # the stream's parts end to end are the same bytes (one chunk per 16Ki entries)
     assert b"".join(_core.SnapshotStream(w, log_id, epoch, ts, watermarks)) == data
 
     s = _core.decode_snapshot(data)

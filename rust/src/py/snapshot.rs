@@ -193,7 +193,7 @@ fn watermarks_arg(watermarks: &Bound<'_, PyAny>) -> PyResult<Vec<(u32, i64)>> {
         .collect()
 }
 
-const _: () = assert!(snapshot::CHUNK_RECORDS == 65_536);
+const _: () = assert!(snapshot::CHUNK_RECORDS == 16_384);
 
 /// A snapshot of a live window, made a chunk at a time as it is iterated: first the header and
 /// the metadata frame, then one frame per `chunk_records` committed entries, then the trailer
@@ -218,7 +218,7 @@ pub struct PySnapshotStream {
 impl PySnapshotStream {
     #[new]
     // The default is `snapshot::CHUNK_RECORDS`, written out so the signature Python sees shows it.
-    #[pyo3(signature = (window, log_id, epoch, timestamp_ms, watermarks, chunk_records = 65_536))]
+    #[pyo3(signature = (window, log_id, epoch, timestamp_ms, watermarks, chunk_records = 16_384))]
     fn new(
         py: Python<'_>,
         window: &Bound<'_, PyAny>,
