@@ -43,8 +43,8 @@ BYTES_PER_KEY = 40.0  # a bulk load (window rebuild): memory_bytes and RSS
 # malloc tuning (issue 19: 53 B/key at 1M and 45 at 100k with the hashbrown index)
 WRITER_BYTES_PER_KEY = {100_000: 44.0, 1_000_000: 40.0}
 # the whole writing process (a real idempotent writer bulk-loading new keys while snapshots run):
-# peak RSS growth over the window's own bytes (issue 19 item 7: 2.4x before snapshots were
-# streamed; `mem_probe.py process`)
+# peak RSS growth over the window's own bytes (issue 19 item 7; `mem_probe.py process` measured
+# 3.3-3.5x at 1M keys while a snapshot copied the window and held its whole encoding)
 PROCESS_OVER_WINDOW = 1.3
 HASH_SPEEDUP_100B = 2.0
 HASH_SPEEDUP_1K = 2.5  # several payloads per vector pass (md5x); one by one it is ~1.1x

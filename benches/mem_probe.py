@@ -48,7 +48,7 @@ WRITER_BATCH = 1000  # append.max_batch_entries' default
 WRITER_INFLIGHT = 10  # batches in flight: append.max_inflight_entries' default (10,000)
 WRITER_SEGMENT_ENTRIES = 1_000_000  # segment.max_entries' default
 PROCESS_BATCH = 10_000  # rows per write_keyed call in the ``process`` mode
-PROCESS_SNAPSHOT_S = 0.2  # idempotency.snapshot_interval_s in the ``process`` mode
+PROCESS_SNAPSHOT_S = 0.05  # idempotency.snapshot_interval_s in the ``process`` mode
 PROCESS_PAYLOAD = 16  # payload bytes per row in the ``process`` mode
 
 
