@@ -27,6 +27,7 @@ __all__ = [
     "SegmentAppender",
     "StoredEntry",
     "Snapshot",
+    "SnapshotStream",
     "WindowEntry",
     "arrow_canonical_json",
     "arrow_content_keys",
@@ -62,7 +63,7 @@ KEY_SIZE: int
 """Length of every idempotency key (16): keys are MD5 digests, so one fixed size fits all tables."""
 
 SNAPSHOT_FORMAT_VERSION: int
-"""Snapshot format version this build writes and the only one it reads (1)."""
+"""Snapshot format version this build writes (2: framed, streamed); it reads 1 and 2."""
 
 # --- keys ------------------------------------------------------------------------------------
 
@@ -682,12 +683,12 @@ class DedupWindow:
         `memory_bytes`."""
     def clone_committed(self) -> DedupWindow:
         """A copy with the same config and committed entries in the same order (no pending,
-        counters zero). A memcpy-like copy of what the window holds (not of `max_keys`), cheap
-        enough to take under the writer's lock so a snapshot is consistent with the watermarks
-        read under that lock."""
+        counters zero). A memcpy-like copy of what the window holds (not of `max_keys`). Tests
+        and tools: a snapshot reads the live window through a `SnapshotStream` instead, without
+        a copy."""
     def committed_entries(self) -> list[tuple[bytes, int, int, int]]:
         """`(key, segment_id, entry_id, timestamp_ms)` in commit order, oldest first (tests and
-        tools; use `encode_snapshot` for bulk export)."""
+        tools; use `SnapshotStream` or `encode_snapshot` for bulk export)."""
 
 # --- key pipe --------------------------------------------------------------------------------
 
@@ -734,7 +735,7 @@ class Snapshot:
 
     @property
     def format_version(self) -> int:
-        """Format version of the data (1)."""
+        """Format version of the data (2; 1 for a snapshot written by an earlier release)."""
     @property
     def log_id(self) -> int:
         """Log the window belongs to; recovery checks it matches."""
@@ -784,13 +785,15 @@ class Snapshot:
 def encode_snapshot(
     window: DedupWindow, log_id: int, epoch: int, timestamp_ms: int, watermarks: dict[int, int]
 ) -> bytes:
-    """Serialise the committed entries of `window` (commit order) with snapshot metadata.
+    """Serialise the committed entries of `window` (commit order) with snapshot metadata, whole:
+    the bytes of a `SnapshotStream` of the window, end to end (tests and tools; the writer
+    streams its snapshots instead of holding one whole).
 
     Pending entries are left out: they are not durable and recovery must not resurrect them.
-    Encoding runs without the GIL; pass a `clone_committed()` copy so the writer is not blocked.
+    Encoding runs without the GIL, with the window's lock held throughout.
 
     Args:
-        window: The window (usually a copy) to serialise.
+        window: The window to serialise.
         log_id: Numeric log id (0..=2**64-1).
         epoch: Writer epoch (0..=2**64-1).
         timestamp_ms: Snapshot time (int64).
@@ -803,13 +806,53 @@ def encode_snapshot(
             not an int.
     """
 
+@final
+class SnapshotStream:
+    """A snapshot of a live window made a chunk at a time as it is iterated: the header and the
+    metadata frame, one frame per `chunk_records` committed entries, then the trailer; the parts
+    end to end are the snapshot (`decode_snapshot` reads it). The entries are those committed
+    when the stream is made: each chunk is read under the window's lock, held for that chunk
+    alone, so writers go on between chunks; what they evict meanwhile is left out (as if evicted
+    before), what they commit meanwhile too (it lies above `watermarks` copied before)."""
+
+    def __new__(
+        cls,
+        window: DedupWindow,
+        log_id: int,
+        epoch: int,
+        timestamp_ms: int,
+        watermarks: dict[int, int],
+        chunk_records: int = 16384,
+    ) -> Self:
+        """Fix the end of the commit order to snapshot; nothing is read yet.
+
+        Raises:
+            InvalidArgumentError: a number is out of range, or `chunk_records` is 0.
+            InvalidTypeError: `window` is not a `DedupWindow`, `watermarks` not a dict, or a
+                number not an int.
+        """
+    def __iter__(self) -> SnapshotStream: ...
+    def __next__(self) -> bytes:
+        """The next part (raises StopIteration after the trailer)."""
+    @property
+    def count(self) -> int:
+        """Entries in the parts produced so far."""
+    @property
+    def nbytes(self) -> int:
+        """Bytes produced so far."""
+    @property
+    def done(self) -> bool:
+        """Whether the trailer was produced: the parts so far are the whole snapshot."""
+
 def decode_snapshot(data: Buffer) -> Snapshot:
-    """Decode and validate a snapshot: header, CRC32C, and every column against `entry_count`.
+    """Decode and validate a snapshot of version 1 or 2: header, CRCs (every frame's, chained,
+    in version 2), frame order and counts, and every column against its entry count.
 
     Never panics or allocates more than the input warrants, whatever the bytes.
 
     Raises:
-        SnapshotCorruptError: bad magic, unsupported version, length or CRC mismatch, or a
-            malformed body (the message says which).
+        SnapshotCorruptError: bad magic, unsupported version, length or CRC mismatch, a
+            truncated, oversized, misplaced or missing frame, counts that do not match, bytes
+            after the trailer, or a malformed body (the message says which).
         InvalidTypeError: `data` is not bytes-like.
     """

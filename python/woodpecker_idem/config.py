@@ -69,7 +69,7 @@ class Key:
     min: float | None = None
     max: float | None = None
     min_exclusive: bool = False
-    choices: tuple[Any, ...] = ()
+    choices: tuple[Any, ...] = ()  # optional_str: None among them means null is allowed
     check: Callable[[Any], None] | None = None  # extra rule; raises _Invalid
 
     @property
@@ -79,7 +79,7 @@ class Key:
     def allowed(self) -> str:
         """The allowed range in words, for error messages and docs."""
         if self.choices:
-            return "one of " + ", ".join(str(c) for c in self.choices)
+            return "one of " + ", ".join("null" if c is None else str(c) for c in self.choices)
         if self.kind == "fsync":
             return "always, never or batch_ms:N with N in 1..60000"
         if self.kind in ("int", "size", "number"):
@@ -154,6 +154,26 @@ def _check_endpoints(value: tuple[str, ...]) -> None:
 def _nonempty_optional(value: str | None) -> None:
     if value is not None and not value:
         raise _Invalid("a non-empty string or null")
+
+
+def _choice_hint(value: object, choices: tuple[Any, ...]) -> str:
+    """The hint `; did you mean 'AES256'?` for a near miss of one of `choices` (case aside)."""
+    if not isinstance(value, str):
+        return ""
+    by_lower = {c.lower(): c for c in choices if isinstance(c, str)}
+    close = difflib.get_close_matches(value.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
+
+
+#: The names AWS's documentation uses for the two `objectstore.sse` values, which people type.
+_SSE_NAMES = {"sse-s3": "AES256", "sse-kms": "aws:kms"}
+
+
+def _check_sse(value: str | None) -> None:
+    if isinstance(value, str) and value.lower() in _SSE_NAMES:
+        raise _Invalid(
+            f"one of null, AES256, aws:kms; {value} is written {_SSE_NAMES[value.lower()]!r}"
+        )
 
 
 _DAY_S = 86_400
@@ -248,6 +268,19 @@ KEYS: tuple[Key, ...] = (
     _opt("objectstore.access_key_id", "S3 access key; null: the AWS credential chain"),
     _opt("objectstore.secret_access_key", "S3 secret key (with access_key_id); never logged"),
     _opt("objectstore.profile", "AWS profile for S3 credentials; null: the default chain"),
+    Key(
+        "objectstore.sse",
+        "optional_str",
+        None,
+        "S3 server-side encryption header on every object written: AES256 (SSE-S3) or aws:kms "
+        "(SSE-KMS); null: no header, the bucket's default encryption applies",
+        choices=(None, "AES256", "aws:kms"),
+        check=_check_sse,
+    ),
+    _opt(
+        "objectstore.sse_kms_key_id",
+        "KMS key id, ARN or alias for objectstore.sse: aws:kms; null: the AWS-managed aws/s3 key",
+    ),
     Key(
         "objectstore.create_bucket",
         "bool",
@@ -400,7 +433,7 @@ def _normalise(key: Key, value: object) -> Any:
         return value
     if kind == "choice":
         if not isinstance(value, str) or value not in key.choices:
-            raise _Invalid(key.allowed())
+            raise _Invalid(key.allowed() + _choice_hint(value, key.choices))
         return value
     if kind == "fsync":
         if not isinstance(value, str):
@@ -420,6 +453,8 @@ def _normalise(key: Key, value: object) -> Any:
             raise _Invalid(key.allowed())
         if key.check is not None:
             key.check(out)
+        if key.choices and out not in key.choices:
+            raise _Invalid(key.allowed() + _choice_hint(out, key.choices))
         return out
     if kind == "str_list":
         if isinstance(value, str) or not isinstance(value, list | tuple):
@@ -664,6 +699,13 @@ def _check_together(v: Mapping[str, Any]) -> None:
     for a, b in (("meta.client_cert", "meta.client_key"), ("meta.user", "meta.password")):
         if (v[a] is None) != (v[b] is None):
             raise ConfigError(f"invalid config: {a} and {b} go together (set both, or neither)")
+    if v["objectstore.sse_kms_key_id"] is not None and v["objectstore.sse"] != "aws:kms":
+        # A key id without aws:kms would be dropped silently (or refused by S3 at the first put).
+        raise ConfigError(
+            f"invalid config objectstore.sse_kms_key_id = {v['objectstore.sse_kms_key_id']!r}: "
+            "set it only with objectstore.sse: aws:kms (objectstore.sse is "
+            f"{'null' if v['objectstore.sse'] is None else repr(v['objectstore.sse'])})"
+        )
     if v["objectstore.profile"] is not None and v["objectstore.access_key_id"] is not None:
         raise ConfigError(
             "invalid config: objectstore.profile and objectstore.access_key_id both set; "

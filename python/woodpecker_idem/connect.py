@@ -84,6 +84,8 @@ def _object_store(cfg: Config, data_dir: Path) -> ObjectStore:
             secret_key=oc.secret_access_key,
             profile=oc.profile,
             create_bucket=oc.create_bucket,
+            sse=oc.sse,
+            sse_kms_key_id=oc.sse_kms_key_id,
             probe_timeout_s=oc.probe_timeout_s,
             connect_timeout_s=oc.connect_timeout_s,
             read_timeout_s=oc.read_timeout_s,

@@ -54,6 +54,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<py::PyDedupWindow>()?;
     m.add_class::<py::PyWindowEntry>()?;
     m.add_class::<py::PySnapshot>()?;
+    m.add_class::<py::PySnapshotStream>()?;
     m.add_class::<py::PyKeyPipe>()?;
     m.add_function(wrap_pyfunction!(py::content_key, m)?)?;
     m.add_function(wrap_pyfunction!(py::explicit_key, m)?)?;

@@ -1,6 +1,20 @@
-//! Dedup snapshot codec: a 16-byte header (magic, version, flags, body length, CRC32C of the body)
-//! followed by a protobuf `DedupSnapshot` body whose entry columns are delta + varint encoded.
-//! See `proto/dedup_snapshot.proto`. Decoding is total: any input gives `Ok` or `Err`, never a
+//! Dedup snapshot codec. Every snapshot starts with a 16-byte header: magic, version, flags and
+//! 8 version-specific bytes.
+//!
+//! Version 2 (written): the header (its last 4 bytes a CRC32C of the first 12) followed by
+//! self-checking frames, each `length u32 | CRC32C u32 | protobuf SnapshotFrame`: first the
+//! metadata (log, epoch, time, window config, watermarks), then chunks of entry columns, then a
+//! trailer with the entry and chunk counts. Each frame's CRC runs on from the one before it (the
+//! header's CRC seeds the first), so a frame dropped, repeated, reordered or taken from another
+//! snapshot fails its check, and a snapshot cut at a frame boundary lacks its trailer. It is
+//! written a chunk at a time ([`StreamEncoder`]): a snapshot of a large window never holds the
+//! window, or its encoding, a second time in memory.
+//!
+//! Version 1 (read only; written by earlier releases): the header carries the body length and
+//! its CRC32C, and one protobuf `DedupSnapshot` body holds every column.
+//!
+//! Both are described in `proto/dedup_snapshot.proto`; the entry columns are delta + varint
+//! encoded the same way in both. Decoding is total: any input gives `Ok` or `Err`, never a
 //! panic, and no allocation is larger than a small multiple of the input.
 
 use prost::encoding::{decode_varint, encode_varint};
@@ -10,12 +24,87 @@ use crate::window::{Record, MAX_KEYS_LIMIT};
 
 /// Header magic.
 pub const MAGIC: &[u8; 4] = b"WPDS";
-/// The only format version this build reads and writes.
-pub const FORMAT_VERSION: u16 = 1;
+/// The format version this build writes.
+pub const FORMAT_VERSION: u16 = 2;
+/// The single-body format of earlier releases, still read.
+pub const FORMAT_V1: u16 = 1;
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 16;
+/// Bytes before each frame's payload: its length and its CRC32C.
+pub const FRAME_HEADER_LEN: usize = 8;
+/// Largest frame payload a reader accepts (and a writer makes): a chunk of
+/// [`CHUNK_RECORDS`] entries takes under 1 MiB (56 bytes an entry at most: key, two 10-byte
+/// varints, a run of its own), and the metadata frame grows only with the segments in the
+/// watermarks. A larger length is damage, not data.
+pub const MAX_FRAME_LEN: usize = 64 << 20;
+/// Entries per chunk frame: a snapshot's memory beyond the window is about one chunk's encoding
+/// (~330 KB; with chunks of 64Ki entries a writer of 100k keys peaked at 1.85x its window's bytes
+/// against 1.5x), and the window's lock is held for one chunk at a time (a fraction of a ms).
+pub const CHUNK_RECORDS: usize = 16_384;
 
-/// Protobuf body (prost derive; mirrors `proto/dedup_snapshot.proto`).
+/// Version 2 frame (prost derive; mirrors `proto/dedup_snapshot.proto`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SnapshotFrame {
+    #[prost(oneof = "FramePart", tags = "1, 2, 3")]
+    pub part: Option<FramePart>,
+}
+
+/// What a version 2 frame holds.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum FramePart {
+    #[prost(message, tag = "1")]
+    Meta(SnapshotMeta),
+    #[prost(message, tag = "2")]
+    Chunk(SnapshotChunk),
+    #[prost(message, tag = "3")]
+    Trailer(SnapshotTrailer),
+}
+
+/// Version 2 first frame: everything but the entries.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SnapshotMeta {
+    #[prost(uint32, tag = "1")]
+    pub format_version: u32,
+    #[prost(uint64, tag = "2")]
+    pub log_id: u64,
+    #[prost(uint64, tag = "3")]
+    pub epoch: u64,
+    #[prost(int64, tag = "4")]
+    pub timestamp_ms: i64,
+    #[prost(uint64, tag = "5")]
+    pub window_max_keys: u64,
+    #[prost(int64, tag = "6")]
+    pub window_ms: i64,
+    #[prost(message, repeated, tag = "7")]
+    pub watermarks: Vec<SegmentWatermark>,
+}
+
+/// Version 2 chunk frame: entries in commit order, columns as in version 1 (deltas start afresh
+/// in each chunk, so a chunk decodes alone).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SnapshotChunk {
+    #[prost(uint64, tag = "1")]
+    pub entry_count: u64,
+    #[prost(bytes = "vec", tag = "2")]
+    pub keys: Vec<u8>,
+    #[prost(bytes = "vec", tag = "3")]
+    pub segment_runs: Vec<u8>,
+    #[prost(bytes = "vec", tag = "4")]
+    pub entry_id_deltas: Vec<u8>,
+    #[prost(bytes = "vec", tag = "5")]
+    pub timestamp_deltas: Vec<u8>,
+}
+
+/// Version 2 last frame: what the reader must have seen.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SnapshotTrailer {
+    #[prost(uint64, tag = "1")]
+    pub entry_count: u64,
+    #[prost(uint64, tag = "2")]
+    pub chunk_count: u64,
+}
+
+/// Version 1 body (prost derive; mirrors `proto/dedup_snapshot.proto`): read, no longer written.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct DedupSnapshot {
     #[prost(uint32, tag = "1")]
@@ -131,8 +220,265 @@ fn next_svarint(col: &mut &[u8], name: &str) -> Result<i64, SnapshotError> {
     Ok(((u >> 1) as i64) ^ -((u & 1) as i64))
 }
 
-/// Encode snapshot metadata plus `entries` (commit order). `watermarks` need not be sorted.
-/// Fails only if the body would exceed the 4 GiB the header can frame.
+/// The entry columns of a run of records (one version 1 body, one version 2 chunk).
+#[derive(Default)]
+struct Columns {
+    count: u64,
+    keys: Vec<u8>,
+    runs: Vec<u8>,
+    entry_deltas: Vec<u8>,
+    ts_deltas: Vec<u8>,
+    run: Option<(u32, u64)>,
+    prev_entry: i64,
+    prev_ts: i64,
+}
+
+impl Columns {
+    fn push(&mut self, r: &Record) {
+        self.count += 1;
+        self.keys.extend_from_slice(&r.key);
+        self.run = match self.run {
+            Some((seg, len)) if seg == r.segment_id => Some((seg, len + 1)),
+            other => {
+                if let Some((seg, len)) = other {
+                    encode_varint(u64::from(seg), &mut self.runs);
+                    encode_varint(len, &mut self.runs);
+                }
+                self.prev_entry = 0;
+                Some((r.segment_id, 1))
+            }
+        };
+        let entry = i64::from(r.entry_id);
+        put_svarint(&mut self.entry_deltas, entry - self.prev_entry);
+        self.prev_entry = entry;
+        put_svarint(
+            &mut self.ts_deltas,
+            r.timestamp_ms.wrapping_sub(self.prev_ts),
+        );
+        self.prev_ts = r.timestamp_ms;
+    }
+
+    /// Close the last run.
+    fn close(&mut self) {
+        if let Some((seg, len)) = self.run.take() {
+            encode_varint(u64::from(seg), &mut self.runs);
+            encode_varint(len, &mut self.runs);
+        }
+    }
+}
+
+fn sorted_marks(watermarks: &[(u32, i64)]) -> Vec<SegmentWatermark> {
+    let mut marks: Vec<(u32, i64)> = watermarks.to_vec();
+    marks.sort_unstable();
+    marks.dedup_by_key(|m| m.0);
+    marks
+        .into_iter()
+        .map(|(segment_id, last_entry_id)| SegmentWatermark {
+            segment_id,
+            last_entry_id,
+        })
+        .collect()
+}
+
+/// Encode a version 1 snapshot (the format of earlier releases, which [`decode`] still reads;
+/// kept to test that). Fails only if the body would exceed the 4 GiB the header can frame.
+#[cfg(test)]
+pub fn encode_v1<'a>(
+    log_id: u64,
+    epoch: u64,
+    timestamp_ms: i64,
+    window_max_keys: u64,
+    window_ms: i64,
+    watermarks: &[(u32, i64)],
+    entries: impl Iterator<Item = &'a Record>,
+) -> Result<Vec<u8>, SnapshotError> {
+    let mut cols = Columns::default();
+    for r in entries {
+        cols.push(r);
+    }
+    cols.close();
+    let body = DedupSnapshot {
+        format_version: u32::from(FORMAT_V1),
+        log_id,
+        epoch,
+        timestamp_ms,
+        window_max_keys,
+        window_ms,
+        watermarks: sorted_marks(watermarks),
+        entry_count: cols.count,
+        keys: cols.keys,
+        segment_runs: cols.runs,
+        entry_id_deltas: cols.entry_deltas,
+        timestamp_deltas: cols.ts_deltas,
+    };
+    let len = prost::Message::encoded_len(&body);
+    let Ok(body_len) = u32::try_from(len) else {
+        return corrupt(format!(
+            "snapshot body of {len} bytes exceeds the 4 GiB format limit"
+        ));
+    };
+    let mut out = Vec::with_capacity(HEADER_LEN + len);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_V1.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&body_len.to_le_bytes());
+    out.extend_from_slice(&[0u8; 4]); // the body's CRC, once it is there
+    prost::Message::encode_raw(&body, &mut out);
+    let crc = crc32c(0, out.get(HEADER_LEN..).unwrap_or_default());
+    if let Some(field) = out.get_mut(HEADER_LEN - 4..HEADER_LEN) {
+        field.copy_from_slice(&crc.to_le_bytes());
+    }
+    Ok(out)
+}
+
+/// The version 2 header: magic, version, flags 0, 4 reserved zero bytes, CRC32C of the 12 before.
+fn header_v2() -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[..4].copy_from_slice(MAGIC);
+    h[4..6].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    let crc = crc32c(0, &h[..12]);
+    h[12..].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// Writes a version 2 snapshot piece by piece: [`StreamEncoder::start`] gives the header and the
+/// metadata frame, [`StreamEncoder::chunk`] one frame per run of entries, [`StreamEncoder::finish`]
+/// the trailer. The pieces end to end are the snapshot.
+pub struct StreamEncoder {
+    /// CRC32C of everything written so far (each frame's check runs on from it).
+    crc: u32,
+    entries: u64,
+    chunks: u64,
+    finished: bool,
+}
+
+impl StreamEncoder {
+    /// The encoder, and the header plus metadata frame. `watermarks` need not be sorted.
+    pub fn start(
+        log_id: u64,
+        epoch: u64,
+        timestamp_ms: i64,
+        window_max_keys: u64,
+        window_ms: i64,
+        watermarks: &[(u32, i64)],
+    ) -> Result<(Self, Vec<u8>), SnapshotError> {
+        let header = header_v2();
+        let mut enc = Self {
+            crc: crc32c(0, &header),
+            entries: 0,
+            chunks: 0,
+            finished: false,
+        };
+        let mut out = header.to_vec();
+        let meta = SnapshotMeta {
+            format_version: u32::from(FORMAT_VERSION),
+            log_id,
+            epoch,
+            timestamp_ms,
+            window_max_keys,
+            window_ms,
+            watermarks: sorted_marks(watermarks),
+        };
+        enc.frame(FramePart::Meta(meta), &mut out)?;
+        Ok((enc, out))
+    }
+
+    fn frame(&mut self, part: FramePart, out: &mut Vec<u8>) -> Result<(), SnapshotError> {
+        let msg = SnapshotFrame { part: Some(part) };
+        let len = prost::Message::encoded_len(&msg);
+        if len > MAX_FRAME_LEN {
+            return corrupt(format!(
+                "snapshot frame of {len} bytes exceeds the {MAX_FRAME_LEN}-byte frame limit"
+            ));
+        }
+        let at = out.len();
+        out.reserve(FRAME_HEADER_LEN + len);
+        // len <= MAX_FRAME_LEN, which fits u32
+        out.extend_from_slice(&(len as u32).to_le_bytes());
+        out.extend_from_slice(&[0u8; 4]); // the CRC, once the payload is there
+        prost::Message::encode_raw(&msg, out);
+        let mut crc = crc32c(self.crc, out.get(at..at + 4).unwrap_or_default());
+        crc = crc32c(crc, out.get(at + FRAME_HEADER_LEN..).unwrap_or_default());
+        if let Some(field) = out.get_mut(at + 4..at + FRAME_HEADER_LEN) {
+            field.copy_from_slice(&crc.to_le_bytes());
+        }
+        self.crc = crc;
+        Ok(())
+    }
+
+    /// Append one chunk frame of `entries` (commit order) to `out`; nothing for no entries.
+    /// Returns how many entries it holds.
+    pub fn chunk<'a>(
+        &mut self,
+        entries: impl Iterator<Item = &'a Record>,
+        out: &mut Vec<u8>,
+    ) -> Result<u64, SnapshotError> {
+        let chunk = Self::columns(entries, 0);
+        self.push_chunk(chunk, out)
+    }
+
+    /// The columns of a chunk of `entries` (room reserved for `expect` of them): the part of
+    /// [`StreamEncoder::chunk`] that reads the entries, so a caller can hold the window's lock
+    /// for it alone.
+    pub fn columns<'a>(entries: impl Iterator<Item = &'a Record>, expect: usize) -> SnapshotChunk {
+        let mut cols = Columns {
+            keys: Vec::with_capacity(expect * KEY_LEN),
+            entry_deltas: Vec::with_capacity(expect + expect / 4),
+            ts_deltas: Vec::with_capacity(expect + expect / 4),
+            ..Columns::default()
+        };
+        for r in entries {
+            cols.push(r);
+        }
+        cols.close();
+        SnapshotChunk {
+            entry_count: cols.count,
+            keys: cols.keys,
+            segment_runs: cols.runs,
+            entry_id_deltas: cols.entry_deltas,
+            timestamp_deltas: cols.ts_deltas,
+        }
+    }
+
+    /// Append the frame of `chunk` (from [`StreamEncoder::columns`]) to `out`; nothing for an
+    /// empty one. Returns how many entries it holds.
+    pub fn push_chunk(
+        &mut self,
+        chunk: SnapshotChunk,
+        out: &mut Vec<u8>,
+    ) -> Result<u64, SnapshotError> {
+        let n = chunk.entry_count;
+        if n == 0 {
+            return Ok(0);
+        }
+        self.frame(FramePart::Chunk(chunk), out)?;
+        self.entries += n;
+        self.chunks += 1;
+        Ok(n)
+    }
+
+    /// Append the trailer frame (once; later calls append nothing).
+    pub fn finish(&mut self, out: &mut Vec<u8>) -> Result<(), SnapshotError> {
+        if self.finished {
+            return Ok(());
+        }
+        let trailer = SnapshotTrailer {
+            entry_count: self.entries,
+            chunk_count: self.chunks,
+        };
+        self.frame(FramePart::Trailer(trailer), out)?;
+        self.finished = true;
+        Ok(())
+    }
+
+    /// Entries written so far.
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+}
+
+/// Encode a whole (version 2) snapshot of metadata plus `entries` (commit order), in chunks of
+/// [`CHUNK_RECORDS`]: the same bytes a streamed snapshot of those entries gives.
 pub fn encode<'a>(
     log_id: u64,
     epoch: u64,
@@ -142,83 +488,19 @@ pub fn encode<'a>(
     watermarks: &[(u32, i64)],
     entries: impl Iterator<Item = &'a Record>,
 ) -> Result<Vec<u8>, SnapshotError> {
-    let n = entries.size_hint().0;
-    let mut keys = Vec::with_capacity(n * KEY_LEN);
-    let mut runs = Vec::new();
-    let mut entry_deltas = Vec::with_capacity(n + n / 8);
-    let mut ts_deltas = Vec::with_capacity(n + n / 8);
-    let mut run: Option<(u32, u64)> = None;
-    let mut prev_entry = 0i64;
-    let mut prev_ts = 0i64;
-    let mut count = 0u64;
-    for r in entries {
-        count += 1;
-        keys.extend_from_slice(&r.key);
-        run = match run {
-            Some((seg, len)) if seg == r.segment_id => Some((seg, len + 1)),
-            other => {
-                if let Some((seg, len)) = other {
-                    encode_varint(u64::from(seg), &mut runs);
-                    encode_varint(len, &mut runs);
-                }
-                prev_entry = 0;
-                Some((r.segment_id, 1))
-            }
-        };
-        let entry = i64::from(r.entry_id);
-        put_svarint(&mut entry_deltas, entry - prev_entry);
-        prev_entry = entry;
-        put_svarint(&mut ts_deltas, r.timestamp_ms.wrapping_sub(prev_ts));
-        prev_ts = r.timestamp_ms;
-    }
-    if let Some((seg, len)) = run {
-        encode_varint(u64::from(seg), &mut runs);
-        encode_varint(len, &mut runs);
-    }
-    let mut marks: Vec<(u32, i64)> = watermarks.to_vec();
-    marks.sort_unstable();
-    marks.dedup_by_key(|m| m.0);
-    let body = DedupSnapshot {
-        format_version: u32::from(FORMAT_VERSION),
+    let (mut enc, mut out) = StreamEncoder::start(
         log_id,
         epoch,
         timestamp_ms,
         window_max_keys,
         window_ms,
-        watermarks: marks
-            .into_iter()
-            .map(|(segment_id, last_entry_id)| SegmentWatermark {
-                segment_id,
-                last_entry_id,
-            })
-            .collect(),
-        entry_count: count,
-        keys,
-        segment_runs: runs,
-        entry_id_deltas: entry_deltas,
-        timestamp_deltas: ts_deltas,
-    };
-    // The body is encoded straight after the header in the one output buffer, and the columns
-    // are freed before returning: an encoded body and a copy of it next to the columns made a
-    // snapshot of a full window peak at ~55 bytes per key on top of the window and its copy.
-    let len = prost::Message::encoded_len(&body);
-    let Ok(body_len) = u32::try_from(len) else {
-        return corrupt(format!(
-            "snapshot body of {len} bytes exceeds the 4 GiB format limit"
-        ));
-    };
-    let mut out = Vec::with_capacity(HEADER_LEN + len);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    out.extend_from_slice(&0u16.to_le_bytes());
-    out.extend_from_slice(&body_len.to_le_bytes());
-    out.extend_from_slice(&[0u8; 4]); // the body's CRC, once it is there
-    prost::Message::encode_raw(&body, &mut out);
-    drop(body);
-    let crc = crc32c(0, out.get(HEADER_LEN..).unwrap_or_default());
-    if let Some(field) = out.get_mut(HEADER_LEN - 4..HEADER_LEN) {
-        field.copy_from_slice(&crc.to_le_bytes());
+        watermarks,
+    )?;
+    let mut entries = entries.peekable();
+    while entries.peek().is_some() {
+        enc.chunk(entries.by_ref().take(CHUNK_RECORDS), &mut out)?;
     }
+    enc.finish(&mut out)?;
     Ok(out)
 }
 
@@ -230,7 +512,7 @@ fn le_u32(b: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
 }
 
-/// Decode and fully validate a snapshot.
+/// Decode and fully validate a snapshot of either version.
 pub fn decode(data: &[u8]) -> Result<SnapshotData, SnapshotError> {
     if data.len() < HEADER_LEN {
         return corrupt(format!(
@@ -241,22 +523,29 @@ pub fn decode(data: &[u8]) -> Result<SnapshotData, SnapshotError> {
     if data.get(..4) != Some(&MAGIC[..]) {
         return corrupt("bad snapshot magic (expected b\"WPDS\")");
     }
-    let (Some(version), Some(flags), Some(body_len), Some(crc)) = (
-        le_u16(data, 4),
-        le_u16(data, 6),
-        le_u32(data, 8),
-        le_u32(data, 12),
-    ) else {
+    let (Some(version), Some(flags)) = (le_u16(data, 4), le_u16(data, 6)) else {
         return corrupt("truncated snapshot header");
     };
-    if version != FORMAT_VERSION {
+    if version != FORMAT_VERSION && version != FORMAT_V1 {
         return corrupt(format!(
-            "unsupported snapshot format version {version} (this build reads version {FORMAT_VERSION})"
+            "unsupported snapshot format version {version} (this build reads versions \
+             {FORMAT_V1} and {FORMAT_VERSION})"
         ));
     }
     if flags != 0 {
         return corrupt(format!("unknown snapshot flags {flags:#06x}"));
     }
+    if version == FORMAT_V1 {
+        decode_v1(data)
+    } else {
+        decode_v2(data)
+    }
+}
+
+fn decode_v1(data: &[u8]) -> Result<SnapshotData, SnapshotError> {
+    let (Some(body_len), Some(crc)) = (le_u32(data, 8), le_u32(data, 12)) else {
+        return corrupt("truncated snapshot header");
+    };
     let body = data.get(HEADER_LEN..).unwrap_or_default();
     if u64::from(body_len) != body.len() as u64 {
         return corrupt(format!(
@@ -275,43 +564,26 @@ pub fn decode(data: &[u8]) -> Result<SnapshotData, SnapshotError> {
     decode_body(msg)
 }
 
-fn decode_body(msg: DedupSnapshot) -> Result<SnapshotData, SnapshotError> {
-    if msg.format_version != u32::from(FORMAT_VERSION) {
+/// The metadata checks both versions make.
+fn check_meta(
+    format_version: u32,
+    header_version: u16,
+    window_max_keys: u64,
+    window_ms: i64,
+    marks: &[SegmentWatermark],
+) -> Result<Vec<(u32, i64)>, SnapshotError> {
+    if format_version != u32::from(header_version) {
         return corrupt(format!(
-            "body format_version {} does not match header version {FORMAT_VERSION}",
-            msg.format_version
+            "body format_version {format_version} does not match header version {header_version}"
         ));
     }
-    if !(1..=MAX_KEYS_LIMIT).contains(&msg.window_max_keys) {
-        return corrupt(format!(
-            "window_max_keys {} out of range",
-            msg.window_max_keys
-        ));
+    if !(1..=MAX_KEYS_LIMIT).contains(&window_max_keys) {
+        return corrupt(format!("window_max_keys {window_max_keys} out of range"));
     }
-    if msg.window_ms < 1 {
-        return corrupt(format!("window_ms {} out of range", msg.window_ms));
+    if window_ms < 1 {
+        return corrupt(format!("window_ms {window_ms} out of range"));
     }
-    let n = msg.entry_count;
-    if Some(msg.keys.len() as u64) != n.checked_mul(KEY_LEN as u64) {
-        return corrupt(format!(
-            "keys column is {} bytes, expected 16 * entry_count ({n})",
-            msg.keys.len()
-        ));
-    }
-    // Now n <= keys.len() / 16, so n is bounded by the input size; each varint column needs at
-    // least one byte per entry, which bounds it again before anything is allocated.
-    let n = msg.keys.len() / KEY_LEN;
-    for (name, col) in [
-        ("entry_id_deltas", &msg.entry_id_deltas),
-        ("timestamp_deltas", &msg.timestamp_deltas),
-    ] {
-        if col.len() < n {
-            return corrupt(format!("{name} column too short for {n} entries"));
-        }
-    }
-
-    let mut watermarks: Vec<(u32, i64)> = msg
-        .watermarks
+    let mut watermarks: Vec<(u32, i64)> = marks
         .iter()
         .map(|w| (w.segment_id, w.last_entry_id))
         .collect();
@@ -319,20 +591,190 @@ fn decode_body(msg: DedupSnapshot) -> Result<SnapshotData, SnapshotError> {
     if watermarks.windows(2).any(|w| w[0].0 == w[1].0) {
         return corrupt("duplicate segment in watermarks");
     }
+    Ok(watermarks)
+}
 
-    let mut entries: Vec<Record> = Vec::with_capacity(n);
-    let mut runs: &[u8] = &msg.segment_runs;
-    let mut ids: &[u8] = &msg.entry_id_deltas;
-    let mut tss: &[u8] = &msg.timestamp_deltas;
-    let mut keys = msg.keys.chunks_exact(KEY_LEN);
+fn decode_v2(data: &[u8]) -> Result<SnapshotData, SnapshotError> {
+    let header = data.get(..HEADER_LEN).unwrap_or_default();
+    if le_u32(data, 8) != Some(0) {
+        return corrupt("snapshot header: reserved bytes are not zero");
+    }
+    let stored = le_u32(data, 12);
+    let mut crc = crc32c(0, header.get(..12).unwrap_or_default());
+    if stored != Some(crc) {
+        return corrupt("snapshot header CRC32C mismatch");
+    }
+    crc = crc32c(crc, header.get(12..).unwrap_or_default());
+    let mut pos = HEADER_LEN;
+    let mut meta: Option<SnapshotData> = None;
+    let mut chunks = 0u64;
+    loop {
+        let frame_no = chunks + u64::from(meta.is_some());
+        if pos == data.len() {
+            return corrupt(format!(
+                "snapshot ends after frame {frame_no} without its trailer (truncated)"
+            ));
+        }
+        let (Some(len), Some(stored)) = (le_u32(data, pos), le_u32(data, pos + 4)) else {
+            return corrupt(format!("snapshot frame {frame_no}: truncated frame header"));
+        };
+        let len = len as usize;
+        if len > MAX_FRAME_LEN {
+            return corrupt(format!(
+                "snapshot frame {frame_no}: length {len} exceeds the {MAX_FRAME_LEN}-byte limit"
+            ));
+        }
+        let start = pos + FRAME_HEADER_LEN;
+        let Some(payload) = data.get(start..start + len) else {
+            return corrupt(format!(
+                "snapshot frame {frame_no}: {len} bytes announced, {} follow (truncated)",
+                data.len() - start
+            ));
+        };
+        let mut next = crc32c(crc, data.get(pos..pos + 4).unwrap_or_default());
+        next = crc32c(next, payload);
+        if next != stored {
+            return corrupt(format!(
+                "snapshot frame {frame_no}: CRC32C mismatch (damaged, or not in its place)"
+            ));
+        }
+        crc = next;
+        pos = start + len;
+        let frame: SnapshotFrame = prost::Message::decode(payload).map_err(|e| {
+            SnapshotError(format!(
+                "snapshot frame {frame_no} is not a valid SnapshotFrame: {e}"
+            ))
+        })?;
+        match (frame.part, meta.as_mut()) {
+            (Some(FramePart::Meta(m)), None) => {
+                let watermarks = check_meta(
+                    m.format_version,
+                    FORMAT_VERSION,
+                    m.window_max_keys,
+                    m.window_ms,
+                    &m.watermarks,
+                )?;
+                meta = Some(SnapshotData {
+                    format_version: FORMAT_VERSION,
+                    log_id: m.log_id,
+                    epoch: m.epoch,
+                    timestamp_ms: m.timestamp_ms,
+                    window_max_keys: m.window_max_keys,
+                    window_ms: m.window_ms,
+                    watermarks,
+                    entries: Vec::new(),
+                });
+            }
+            (Some(FramePart::Chunk(c)), Some(snap)) => {
+                if c.entry_count == 0 {
+                    return corrupt(format!("snapshot frame {frame_no}: empty chunk"));
+                }
+                decode_columns(
+                    c.entry_count,
+                    &c.keys,
+                    &c.segment_runs,
+                    &c.entry_id_deltas,
+                    &c.timestamp_deltas,
+                    &mut snap.entries,
+                )?;
+                chunks += 1;
+            }
+            (Some(FramePart::Trailer(t)), Some(snap)) => {
+                let n = snap.entries.len() as u64;
+                if t.entry_count != n || t.chunk_count != chunks {
+                    return corrupt(format!(
+                        "snapshot trailer counts {} entries in {} chunks, {n} in {chunks} were read",
+                        t.entry_count, t.chunk_count
+                    ));
+                }
+                if pos != data.len() {
+                    return corrupt(format!(
+                        "snapshot has {} bytes after its trailer",
+                        data.len() - pos
+                    ));
+                }
+                break;
+            }
+            (Some(FramePart::Meta(_)), Some(_)) => {
+                return corrupt(format!(
+                    "snapshot frame {frame_no}: a second metadata frame"
+                ))
+            }
+            (Some(_), None) => {
+                return corrupt("snapshot's first frame is not its metadata");
+            }
+            (None, _) => return corrupt(format!("snapshot frame {frame_no} is empty")),
+        }
+    }
+    meta.ok_or_else(|| SnapshotError("snapshot has no metadata frame".into()))
+}
+
+fn decode_body(msg: DedupSnapshot) -> Result<SnapshotData, SnapshotError> {
+    let watermarks = check_meta(
+        msg.format_version,
+        FORMAT_V1,
+        msg.window_max_keys,
+        msg.window_ms,
+        &msg.watermarks,
+    )?;
+    let mut entries = Vec::new();
+    decode_columns(
+        msg.entry_count,
+        &msg.keys,
+        &msg.segment_runs,
+        &msg.entry_id_deltas,
+        &msg.timestamp_deltas,
+        &mut entries,
+    )?;
+    Ok(SnapshotData {
+        format_version: FORMAT_V1,
+        log_id: msg.log_id,
+        epoch: msg.epoch,
+        timestamp_ms: msg.timestamp_ms,
+        window_max_keys: msg.window_max_keys,
+        window_ms: msg.window_ms,
+        watermarks,
+        entries,
+    })
+}
+
+/// Decode `count` entries from the columns onto `entries`, checking every column is used up.
+fn decode_columns(
+    count: u64,
+    keys: &[u8],
+    runs: &[u8],
+    ids: &[u8],
+    tss: &[u8],
+    entries: &mut Vec<Record>,
+) -> Result<(), SnapshotError> {
+    if Some(keys.len() as u64) != count.checked_mul(KEY_LEN as u64) {
+        return corrupt(format!(
+            "keys column is {} bytes, expected 16 * entry_count ({count})",
+            keys.len()
+        ));
+    }
+    // Now count <= keys.len() / 16, so it is bounded by the input size; each varint column
+    // needs at least one byte per entry, which bounds it again before anything is allocated.
+    let n = keys.len() / KEY_LEN;
+    for (name, col) in [("entry_id_deltas", ids), ("timestamp_deltas", tss)] {
+        if col.len() < n {
+            return corrupt(format!("{name} column too short for {n} entries"));
+        }
+    }
+    entries.reserve(n);
+    let target = entries.len() + n;
+    let mut runs: &[u8] = runs;
+    let mut ids: &[u8] = ids;
+    let mut tss: &[u8] = tss;
+    let mut keys = keys.chunks_exact(KEY_LEN);
     let mut prev_ts = 0i64;
-    while entries.len() < n {
+    while entries.len() < target {
         let seg = next_uvarint(&mut runs, "segment_runs")?;
         let len = next_uvarint(&mut runs, "segment_runs")?;
         let Ok(segment_id) = u32::try_from(seg) else {
             return corrupt(format!("segment id {seg} does not fit u32"));
         };
-        let remaining = (n - entries.len()) as u64;
+        let remaining = (target - entries.len()) as u64;
         if len == 0 || len > remaining {
             return corrupt(format!(
                 "segment run length {len} invalid ({remaining} entries remain)"
@@ -370,16 +812,7 @@ fn decode_body(msg: DedupSnapshot) -> Result<SnapshotData, SnapshotError> {
             return corrupt(format!("{name} column has bytes left after {n} entries"));
         }
     }
-    Ok(SnapshotData {
-        format_version: FORMAT_VERSION,
-        log_id: msg.log_id,
-        epoch: msg.epoch,
-        timestamp_ms: msg.timestamp_ms,
-        window_max_keys: msg.window_max_keys,
-        window_ms: msg.window_ms,
-        watermarks,
-        entries,
-    })
+    Ok(())
 }
 
 #[cfg(test)]
@@ -420,6 +853,10 @@ mod tests {
         encode(9, 4, 123, 1000, 60_000, &[(8, 17), (7, 5)], entries.iter()).unwrap()
     }
 
+    fn enc_v1(entries: &[Record]) -> Vec<u8> {
+        encode_v1(9, 4, 123, 1000, 60_000, &[(8, 17), (7, 5)], entries.iter()).unwrap()
+    }
+
     /// The exact bytes of a snapshot reaching every varint width the format uses (10-byte
     /// uvarints, negative zigzag deltas, int64 extremes); `tests/core/test_core_golden.py` pins the
     /// same bytes through Python.
@@ -449,7 +886,7 @@ mod tests {
             row(b"f", 0, 5, -1),
         ];
         let marks = [(8, 17), (7, -1), (0, 1 << 40)];
-        let bytes = encode(
+        let bytes = encode_v1(
             u64::MAX,
             3,
             1_700_000_000_123,
@@ -470,6 +907,49 @@ mod tests {
         let mut twice = decoded.clone();
         twice.entries.push(row(b"g", 7, 1, 0));
         assert_eq!(twice.shared_position(), Some((7, 1)));
+    }
+
+    /// The same rows in version 2 (what this build writes); pinned through Python too.
+    const GOLDEN_V2_HEX: &str = concat!(
+        "5750445302000000000000008e83f9df3d00000039ff1cb00a3b080210ffffffffffffffffff01180320fbd095",
+        "ffbc3128e80730e0d4033a07108080808080203a0d080710ffffffffffffffffff013a0408081011a30000000b",
+        "57f35b12a001080612600cc175b9c0f1b6a831c399e26977266192eb5ffee6ae2fec3ad71c777531578f4a8a08",
+        "f09d37b73795649038408b5f338277e0910d750195b448797616e091ade1671797c52e15f763380b45e841ec32",
+        "8fa14cdd754f91cc6554c9e71929cce71a0a0703ffffffff0f020001220f0002d604feffffff1ffdffffff1f0a",
+        "2a1d80a0abfef9620a1d94e0d481869dffffff0101ffffffffffffffffff0106000000eb63fa331a0408061001",
+    );
+
+    #[test]
+    fn golden_v2_bytes() {
+        let row = |tag: &[u8], segment_id, entry_id, timestamp_ms| Record {
+            key: content_key(tag),
+            segment_id,
+            entry_id,
+            timestamp_ms,
+        };
+        let entries = [
+            row(b"a", 7, 0, 1_700_000_000_000),
+            row(b"b", 7, 1, 1_700_000_000_005),
+            row(b"c", 7, 300, 1_699_999_999_990),
+            row(b"d", u32::MAX, u32::MAX, i64::MIN),
+            row(b"e", u32::MAX, 0, i64::MAX),
+            row(b"f", 0, 5, -1),
+        ];
+        let marks = [(8, 17), (7, -1), (0, 1 << 40)];
+        let bytes = encode(
+            u64::MAX,
+            3,
+            1_700_000_000_123,
+            1000,
+            60_000,
+            &marks,
+            entries.iter(),
+        );
+        let hex: String = bytes.unwrap().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, GOLDEN_V2_HEX);
+        let v2 = decode(&hex_bytes(GOLDEN_V2_HEX)).unwrap();
+        let v1 = decode(&hex_bytes(GOLDEN_HEX)).unwrap();
+        assert_eq!((v2.entries, v2.watermarks), (v1.entries, v1.watermarks));
     }
 
     fn hex_bytes(hex: &str) -> Vec<u8> {
@@ -590,9 +1070,9 @@ mod tests {
     #[test]
     fn header_checks() {
         let good = enc(&sample(10));
-        let mut v2 = good.clone();
-        v2[4] = 2;
-        let e = decode(&v2).unwrap_err();
+        let mut v3 = good.clone();
+        v3[4] = 3;
+        let e = decode(&v3).unwrap_err();
         assert!(e.0.contains("unsupported"), "{e}");
         let mut trailing = good.clone();
         trailing.push(0);
@@ -618,7 +1098,7 @@ mod tests {
 
     #[test]
     fn column_checks_behind_a_valid_crc() {
-        let good_bytes = enc(&sample(30));
+        let good_bytes = enc_v1(&sample(30));
         let good: DedupSnapshot = prost::Message::decode(&good_bytes[HEADER_LEN..]).unwrap();
         assert!(decode(&framed(&good)).is_ok());
         type Mutation = Box<dyn Fn(&mut DedupSnapshot)>;
@@ -635,6 +1115,7 @@ mod tests {
             }),
             Box::new(|m| m.segment_runs.clear()),
             Box::new(|m| m.format_version = 2),
+            Box::new(|m| m.format_version = 3),
             Box::new(|m| m.window_max_keys = 0),
             Box::new(|m| m.window_ms = 0),
             Box::new(|m| {
@@ -726,7 +1207,7 @@ mod tests {
 
     #[test]
     fn body_mutations_behind_valid_crc_never_panic() {
-        let good = enc(&sample(50));
+        let good = enc_v1(&sample(50));
         let body = &good[HEADER_LEN..];
         let mut rng = Rng(42);
         for _ in 0..5_000 {
@@ -753,6 +1234,264 @@ mod tests {
             if let Ok(s) = decode(&out) {
                 assert!(s.entries.len() <= b.len() / KEY_LEN);
             }
+        }
+    }
+
+    /// A version 2 snapshot from parts, each frame's CRC chained as the encoder does: the
+    /// checks behind the CRCs are reached with any sequence of frames.
+    fn v2_of(parts: Vec<FramePart>) -> Vec<u8> {
+        let header = header_v2();
+        let mut enc = StreamEncoder {
+            crc: crc32c(0, &header),
+            entries: 0,
+            chunks: 0,
+            finished: false,
+        };
+        let mut out = header.to_vec();
+        for part in parts {
+            enc.frame(part, &mut out).unwrap();
+        }
+        out
+    }
+
+    /// The frames of a version 2 snapshot: (offset, total length) of each.
+    fn frames_of(data: &[u8]) -> Vec<(usize, usize)> {
+        let mut pos = HEADER_LEN;
+        let mut out = Vec::new();
+        while pos < data.len() {
+            let len = le_u32(data, pos).unwrap() as usize + FRAME_HEADER_LEN;
+            out.push((pos, len));
+            pos += len;
+        }
+        out
+    }
+
+    fn parts_of(data: &[u8]) -> Vec<FramePart> {
+        frames_of(data)
+            .into_iter()
+            .map(|(at, len)| {
+                let f: SnapshotFrame =
+                    prost::Message::decode(&data[at + FRAME_HEADER_LEN..at + len]).unwrap();
+                f.part.unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn v2_round_trips_across_chunks_and_matches_v1() {
+        for n in [
+            0usize,
+            1,
+            CHUNK_RECORDS,
+            CHUNK_RECORDS + 1,
+            2 * CHUNK_RECORDS + 7,
+        ] {
+            let entries = sample(n);
+            let data = enc(&entries);
+            assert_eq!(&data[4..6], &2u16.to_le_bytes());
+            let chunks = frames_of(&data).len() - 2;
+            assert_eq!(chunks, n.div_ceil(CHUNK_RECORDS), "{n}");
+            let v2 = decode(&data).unwrap();
+            let v1 = decode(&enc_v1(&entries)).unwrap();
+            assert_eq!(v2.entries, entries);
+            assert_eq!(v2.format_version, 2);
+            assert_eq!(v1.format_version, 1);
+            assert_eq!(
+                (v2.watermarks.clone(), v2.log_id),
+                (v1.watermarks, v1.log_id)
+            );
+            assert_eq!(v1.entries, entries);
+        }
+    }
+
+    #[test]
+    fn streamed_pieces_are_the_whole_encoding() {
+        let entries = sample(1000);
+        let (mut e, mut out) =
+            StreamEncoder::start(9, 4, 123, 1000, 60_000, &[(8, 17), (7, 5)]).unwrap();
+        for part in entries.chunks(300) {
+            let mut piece = Vec::new();
+            assert_eq!(e.chunk(part.iter(), &mut piece).unwrap(), part.len() as u64);
+            out.extend_from_slice(&piece);
+        }
+        assert_eq!(e.chunk([].iter(), &mut out).unwrap(), 0); // nothing: no empty frame
+        e.finish(&mut out).unwrap();
+        let len = out.len();
+        e.finish(&mut out).unwrap(); // once
+        assert_eq!(out.len(), len);
+        assert_eq!(e.entries(), 1000);
+        assert_eq!(decode(&out).unwrap().entries, entries);
+    }
+
+    #[test]
+    fn v2_corruptions_are_errors() {
+        let good = enc(&sample(3 * 100));
+        let other = encode(
+            9,
+            4,
+            124,
+            1000,
+            60_000,
+            &[(8, 17), (7, 5)],
+            sample(300).iter(),
+        )
+        .unwrap();
+        let frames = frames_of(&good);
+        let (meta_at, meta_len) = frames[0];
+        let (chunk_at, chunk_len) = frames[1];
+        let (trailer_at, _) = *frames.last().unwrap();
+        let expect = |data: &[u8], what: &str| {
+            let Err(e) = decode(data) else {
+                panic!("{what}: decoded")
+            };
+            assert!(e.0.contains(what), "{what}: {e}");
+        };
+        // truncated: inside a frame, inside a frame header, at a frame boundary (no trailer)
+        expect(&good[..chunk_at + 20], "truncated");
+        expect(&good[..chunk_at + 3], "truncated frame header");
+        expect(&good[..trailer_at], "without its trailer");
+        expect(&good[..HEADER_LEN], "without its trailer");
+        // a bit flipped in a frame's payload, in its CRC, in its length
+        for at in [chunk_at + 40, chunk_at + 5, meta_at + meta_len - 1] {
+            let mut bad = good.clone();
+            bad[at] ^= 0x10;
+            expect(&bad, "CRC32C mismatch");
+        }
+        let mut bad = good.clone();
+        bad[chunk_at] ^= 0x01; // length one off: CRC, or truncated
+        assert!(decode(&bad).is_err());
+        // a frame too large to be one
+        let mut bad = good.clone();
+        bad[chunk_at..chunk_at + 4].copy_from_slice(&((MAX_FRAME_LEN + 1) as u32).to_le_bytes());
+        expect(&bad, "exceeds");
+        // garbage after the trailer, and a second snapshot after the first
+        let mut bad = good.clone();
+        bad.push(0);
+        expect(&bad, "after its trailer");
+        let mut twice = good.clone();
+        twice.extend_from_slice(&good[HEADER_LEN..]);
+        expect(&twice, "after its trailer");
+        // spliced: a chunk of another snapshot (valid by itself) in place of ours
+        let (o_at, o_len) = frames_of(&other)[1];
+        let mut spliced = good[..chunk_at].to_vec();
+        spliced.extend_from_slice(&other[o_at..o_at + o_len]);
+        spliced.extend_from_slice(&good[chunk_at + chunk_len..]);
+        expect(&spliced, "CRC32C mismatch");
+        // a frame dropped (the CRC chain breaks even if the counts were fixed)
+        let mut dropped = good[..chunk_at].to_vec();
+        dropped.extend_from_slice(&good[chunk_at + chunk_len..]);
+        expect(&dropped, "CRC32C mismatch");
+        // header damage
+        let mut bad = good.clone();
+        bad[9] = 1;
+        expect(&bad, "reserved");
+        let mut bad = good.clone();
+        bad[13] ^= 1;
+        expect(&bad, "header CRC32C");
+    }
+
+    #[test]
+    fn v2_frame_sequence_checks_behind_valid_crcs() {
+        let good = enc(&sample(300));
+        let parts = parts_of(&good);
+        assert!(decode(&v2_of(parts.clone())).is_ok());
+        let meta = parts[0].clone();
+        let chunk = parts[1].clone();
+        let trailer = parts.last().unwrap().clone();
+        let FramePart::Trailer(t) = trailer.clone() else {
+            panic!("no trailer")
+        };
+        let count = |entry_count, chunk_count| {
+            FramePart::Trailer(SnapshotTrailer {
+                entry_count,
+                chunk_count,
+            })
+        };
+        let cases: Vec<(Vec<FramePart>, &str)> = vec![
+            (
+                vec![meta.clone(), chunk.clone(), count(t.entry_count, 2)],
+                "trailer counts",
+            ),
+            (
+                vec![meta.clone(), chunk.clone(), count(299, t.chunk_count)],
+                "trailer counts",
+            ),
+            (
+                vec![meta.clone(), chunk.clone(), chunk.clone(), trailer.clone()],
+                "trailer counts",
+            ),
+            (vec![meta.clone()], "without its trailer"),
+            (vec![chunk.clone(), trailer.clone()], "first frame"),
+            (vec![trailer.clone()], "first frame"),
+            (
+                vec![meta.clone(), meta.clone(), trailer.clone()],
+                "second metadata",
+            ),
+            (
+                vec![
+                    meta.clone(),
+                    FramePart::Chunk(SnapshotChunk::default()),
+                    count(0, 1),
+                ],
+                "empty chunk",
+            ),
+            (
+                vec![
+                    FramePart::Meta(SnapshotMeta {
+                        format_version: 1,
+                        ..match meta.clone() {
+                            FramePart::Meta(m) => m,
+                            _ => unreachable!(),
+                        }
+                    }),
+                    count(0, 0),
+                ],
+                "format_version",
+            ),
+        ];
+        for (i, (parts, what)) in cases.into_iter().enumerate() {
+            let Err(e) = decode(&v2_of(parts)) else {
+                panic!("case {i} decoded")
+            };
+            assert!(e.0.contains(what), "case {i}: {e}");
+        }
+        // a frame with no part (its CRC runs on from the frame before it)
+        let mut data = v2_of(vec![meta.clone()]);
+        let before = le_u32(&data, frames_of(&data)[0].0 + 4).unwrap();
+        data.extend_from_slice(&0u32.to_le_bytes());
+        let crc = crc32c(before, &0u32.to_le_bytes());
+        data.extend_from_slice(&crc.to_le_bytes());
+        let e = decode(&data).unwrap_err();
+        assert!(e.0.contains("is empty"), "{e}");
+    }
+
+    #[test]
+    fn v2_column_damage_behind_valid_crcs() {
+        let good = enc(&sample(30));
+        let parts = parts_of(&good);
+        let FramePart::Chunk(chunk) = parts[1].clone() else {
+            panic!("no chunk")
+        };
+        type Mutation = Box<dyn Fn(&mut SnapshotChunk)>;
+        let cases: Vec<Mutation> = vec![
+            Box::new(|c| c.entry_count += 1),
+            Box::new(|c| c.entry_count = u64::MAX),
+            Box::new(|c| {
+                c.keys.pop();
+            }),
+            Box::new(|c| c.segment_runs.push(0)),
+            Box::new(|c| c.entry_id_deltas.push(0)),
+            Box::new(|c| {
+                c.timestamp_deltas.pop();
+            }),
+            Box::new(|c| c.segment_runs.clear()),
+        ];
+        for (i, mutate) in cases.iter().enumerate() {
+            let mut c = chunk.clone();
+            mutate(&mut c);
+            let mut p = parts.clone();
+            p[1] = FramePart::Chunk(c);
+            assert!(decode(&v2_of(p)).is_err(), "case {i} decoded");
         }
     }
 }

@@ -73,6 +73,11 @@ pub struct Window {
     ring: Vec<Record>,
     head: usize,
     len: usize,
+    /// Records that ever left the oldest end: the logical position (sequence number) of the
+    /// record at `head`. Position `popped + nth` names the `nth` oldest record for as long as it
+    /// is held, so a snapshot can read the window a chunk at a time ([`Window::committed_between`])
+    /// while records come and go between the chunks.
+    popped: u64,
     /// Ring slot numbers, hashed on the key of the record in that slot.
     index: SlotIndex,
     /// Slots in `[head, head + len)` that the index no longer points at.
@@ -170,6 +175,7 @@ impl Window {
             ring,
             head: 0,
             len: 0,
+            popped: 0,
             index,
             dead: 0,
             pending: Pending::default(),
@@ -475,6 +481,7 @@ impl Window {
         });
         self.head = self.slot(1);
         self.len -= 1;
+        self.popped += 1;
         if live {
             self.counters.evictions += 1;
         } else {
@@ -523,6 +530,37 @@ impl Window {
             .map(|(_, r)| r)
     }
 
+    /// The logical positions of the committed records held: `[oldest, end)` (see `popped`).
+    /// Dead slots count: they hold positions until they leave the oldest end.
+    pub fn positions(&self) -> (u64, u64) {
+        (self.popped, self.popped + self.len as u64)
+    }
+
+    /// Live committed records whose positions lie in `[from, end)`, in commit order, with their
+    /// positions. Positions below the oldest held (evicted since `from` was taken) are skipped,
+    /// as are dead slots (as [`Window::committed_iter`] skips them). A snapshot reads the window
+    /// in chunks this way, `end` fixed when it started; see `crate::snapshot`.
+    pub fn committed_between(
+        &self,
+        from: u64,
+        end: u64,
+    ) -> impl Iterator<Item = (u64, &Record)> + '_ {
+        let (oldest, newest) = self.positions();
+        let lo = from.clamp(oldest, newest);
+        let hi = end.clamp(lo, newest);
+        // Both are within [oldest, oldest + len], so the offsets fit usize.
+        let (first, last) = ((lo - oldest) as usize, (hi - oldest) as usize);
+        let check = self.dead > 0;
+        (first..last).filter_map(move |nth| {
+            let slot = self.slot(nth);
+            let rec = self.ring.get(slot)?;
+            if check && !self.is_live(slot, rec) {
+                return None;
+            }
+            Some((oldest + nth as u64, rec))
+        })
+    }
+
     /// Same config and committed entries in the same order; no pending, zero counters. Copies the
     /// ring's records and the index as they are (no rehashing): O(keys held), whatever
     /// `max_keys` is. The copy's ring is not reserved for `max_keys` (it grows if written to).
@@ -537,6 +575,7 @@ impl Window {
             ring,
             head: self.head,
             len: self.len,
+            popped: self.popped,
             index: self.index.clone(),
             dead: self.dead,
             pending: Pending::default(),
@@ -1122,5 +1161,122 @@ mod tests {
         let a = key_hash(seed, &k(1));
         let b = key_hash(seed, &k(2));
         assert_ne!(a, b);
+    }
+
+    /// Read `[from, end)` in chunks of `per`, as a snapshot does, running `between` after each
+    /// chunk (writes and evictions between two holds of the lock).
+    fn chunked(
+        w: &mut Window,
+        from: u64,
+        end: u64,
+        per: usize,
+        mut between: impl FnMut(&mut Window, usize),
+    ) -> Vec<Record> {
+        let mut out = Vec::new();
+        let mut cursor = from;
+        let mut round = 0;
+        loop {
+            let chunk: Vec<(u64, Record)> = w
+                .committed_between(cursor, end)
+                .take(per)
+                .map(|(p, r)| (p, *r))
+                .collect();
+            let Some(&(last, _)) = chunk.last() else {
+                break;
+            };
+            cursor = last + 1;
+            out.extend(chunk.into_iter().map(|(_, r)| r));
+            between(w, round);
+            round += 1;
+        }
+        out
+    }
+
+    #[test]
+    fn chunks_of_a_still_window_are_committed_iter() {
+        let mut w = Window::new(10, 1_000).unwrap();
+        for i in 0..25 {
+            w.add_committed(rec(i, 0)); // wraps the ring twice
+        }
+        let (from, end) = w.positions();
+        assert_eq!((from, end), (15, 25));
+        let all: Vec<Record> = w.committed_iter().copied().collect();
+        for per in [1, 3, 10, 100] {
+            assert_eq!(chunked(&mut w, from, end, per, |_, _| {}), all);
+        }
+        assert_eq!(w.committed_between(0, u64::MAX).count(), 10);
+        assert_eq!(w.committed_between(20, 22).count(), 2);
+        assert_eq!(w.committed_between(30, 40).count(), 0);
+        assert_eq!(w.committed_between(22, 20).count(), 0);
+    }
+
+    #[test]
+    fn chunks_skip_what_is_evicted_and_stop_at_the_end() {
+        let mut w = Window::new(8, 1_000).unwrap();
+        for i in 0..8 {
+            w.add_committed(rec(i, i as i64));
+        }
+        let (from, end) = w.positions();
+        // after every chunk of 2: one new commit (pushes the oldest out of the full ring)
+        let mut next = 100;
+        let got = chunked(&mut w, from, end, 2, |w, _| {
+            w.add_committed(rec(next, 500));
+            next += 1;
+        });
+        let ids: Vec<u32> = got.iter().map(|r| r.entry_id).collect();
+        // each commit pushes out a record read already; the commits after the start (at
+        // positions from `end` on) are not read
+        assert_eq!(ids, (0..8).collect::<Vec<u32>>());
+        let mut w = Window::new(8, 100).unwrap();
+        for i in 0..8 {
+            w.add_committed(rec(i, i as i64 * 10));
+        }
+        let (from, end) = w.positions();
+        // time eviction of the first six between the first and the second chunk
+        let got = chunked(&mut w, from, end, 2, |w, round| {
+            if round == 0 {
+                assert_eq!(w.evict(155), 6);
+            }
+        });
+        let ids: Vec<u32> = got.iter().map(|r| r.entry_id).collect();
+        assert_eq!(ids, vec![0, 1, 6, 7]);
+    }
+
+    #[test]
+    fn chunks_skip_dead_records_and_wrap() {
+        let mut w = Window::new(6, 1_000).unwrap();
+        for i in 0..9 {
+            w.add_committed(rec(i, 0)); // 3..9 held, the ring wrapped
+        }
+        let mut newer = rec(4, 10);
+        newer.entry_id = 40; // key 4 again at a later position: its old slot is dead
+        assert!(w.add_committed(newer)); // evicts 3
+        let (from, end) = w.positions();
+        let ids: Vec<u32> = chunked(&mut w, from, end, 2, |_, _| {})
+            .iter()
+            .map(|r| r.entry_id)
+            .collect();
+        assert_eq!(ids, vec![5, 6, 7, 8, 40]);
+        assert_eq!(
+            ids,
+            w.committed_iter().map(|r| r.entry_id).collect::<Vec<_>>()
+        );
+        // a key killed between chunks (rewritten after its window) is not read
+        let mut w = Window::new(6, 100).unwrap();
+        for i in 0..6 {
+            w.add_committed(rec(i, 0));
+        }
+        let (from, end) = w.positions();
+        let ids: Vec<u32> = chunked(&mut w, from, end, 2, |w, round| {
+            if round == 0 {
+                let mut again = rec(4, 200);
+                again.entry_id = 44;
+                w.add_pending(again).unwrap(); // expired: replaced, its old slot dead
+            }
+        })
+        .iter()
+        .map(|r| r.entry_id)
+        .collect();
+        assert_eq!(ids, vec![0, 1, 2, 3, 5]);
     }
 }

@@ -142,7 +142,7 @@ def test_snapshot_round_trip() -> None:
     data = _core.encode_snapshot(w, 7, 3, 123456, {0: 9, 2: 9})
     assert data[:4] == b"WPDS"
     snap = _core.decode_snapshot(data)
-    assert (snap.format_version, snap.log_id, snap.epoch, snap.timestamp_ms) == (1, 7, 3, 123456)
+    assert (snap.format_version, snap.log_id, snap.epoch, snap.timestamp_ms) == (2, 7, 3, 123456)
     assert (snap.window_max_keys, snap.window_ms, snap.watermarks) == (100, 5000, {0: 9, 2: 9})
     assert len(snap) == 30
     assert snap.entries() == w.committed_entries()
@@ -169,7 +169,7 @@ def test_snapshot_decode_errors() -> None:
     with pytest.raises(SnapshotCorruptError, match="CRC"):
         _core.decode_snapshot(flipped)
     future = bytearray(good)
-    future[4] = 2
+    future[4] = 3
     with pytest.raises(SnapshotCorruptError, match="unsupported"):
         _core.decode_snapshot(bytes(future))
 

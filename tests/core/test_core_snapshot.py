@@ -107,12 +107,14 @@ def test_round_trip(
     assert expected_entries == committed[-w.max_keys :]
     data = _core.encode_snapshot(w, log_id, epoch, ts, watermarks)
     assert data[:4] == b"WPDS"
-    magic, version, flags, body_len, crc = HEADER.unpack_from(data)
-    assert (version, flags, body_len) == (1, 0, len(data) - HEADER.size)
-    assert crc == _core.crc32c(data[HEADER.size :])
+    magic, version, flags, reserved, crc = HEADER.unpack_from(data)
+    assert (version, flags, reserved) == (2, 0, 0)
+    assert crc == _core.crc32c(data[:12])
+    # the stream's parts end to end are the same bytes (one chunk per 16Ki entries)
+    assert b"".join(_core.SnapshotStream(w, log_id, epoch, ts, watermarks)) == data
 
     s = _core.decode_snapshot(data)
-    assert s.format_version == 1
+    assert s.format_version == 2
     assert (s.log_id, s.epoch, s.timestamp_ms) == (log_id, epoch, ts)
     assert (s.window_max_keys, s.window_ms) == (w.max_keys, w.window_ms)
     assert dict(s.watermarks) == watermarks
@@ -141,8 +143,12 @@ def test_round_trip(
         assert (w4.max_keys, w4.window_ms) == (m, 7)
         assert w4.committed_entries() == expected_entries[-m:]
 
-    # the clone the writer snapshots from encodes to the same bytes
+    # a committed-only copy encodes to the same bytes
     assert _core.encode_snapshot(w.clone_committed(), log_id, epoch, ts, watermarks) == data
+
+    # the version 1 body of earlier releases decodes to the same snapshot
+    old = snapshot_state(_core.decode_snapshot(to_v1(data)))
+    assert old[0] == 1 and old[1:] == snapshot_state(s)[1:]
 
 
 def test_load_into_keeps_pending_and_existing() -> None:
@@ -185,7 +191,7 @@ def test_future_version_is_reported() -> None:
     data = bytearray(
         _core.encode_snapshot(build_window([(md5_key(1), 1, 1, 1)], 4, 4), 1, 1, 1, {})
     )
-    struct.pack_into("<H", data, 4, 2)
+    struct.pack_into("<H", data, 4, 3)
     with pytest.raises(SnapshotCorruptError, match="(?i)version"):
         _core.decode_snapshot(bytes(data))
 
@@ -261,7 +267,30 @@ def decode_outcome(data: bytes) -> tuple[Any, ...] | None:
     return snapshot_state(s)
 
 
-def small_snapshot(n: int, seed: int) -> bytes:
+def v2_frames(data: bytes) -> list[list[Field]]:
+    """The protobuf fields inside each frame of a version 2 snapshot (meta, chunks, trailer)."""
+    pos, out = HEADER.size, []
+    while pos < len(data):
+        (length,) = struct.unpack_from("<I", data, pos)
+        ((_, _, part),) = parse_fields(data[pos + 8 : pos + 8 + length])
+        out.append(parse_fields(part))
+        pos += 8 + length
+    return out
+
+
+def to_v1(data: bytes) -> bytes:
+    """A version 2 snapshot of at most one chunk as the version 1 body earlier releases wrote:
+    the metadata fields keep their numbers (format_version 1), the chunk's columns are fields
+    8..12 (entry_count, keys, segment_runs, entry_id_deltas, timestamp_deltas)."""
+    frames = v2_frames(data)
+    meta, chunks = frames[0], frames[1:-1]
+    assert len(chunks) <= 1
+    fields = [(1, 0, 1) if num == 1 else (num, wt, v) for num, wt, v in meta]
+    fields += [(num + 7, wt, v) for chunk in chunks for num, wt, v in chunk]
+    return frame(encode_fields(fields))
+
+
+def small_snapshot_v2(n: int, seed: int) -> bytes:
     rng = random.Random(seed)
     entries = [
         (rng.randbytes(16), rng.choice([1, 2, 900]), rng.randint(0, 3000), rng.randint(0, 10**13))
@@ -270,6 +299,11 @@ def small_snapshot(n: int, seed: int) -> bytes:
     return _core.encode_snapshot(
         build_window(entries, n + 37, 60_000), 4242, 77, 1_700_000_123_456, {1: 5, 2: 3000, 900: 12}
     )
+
+
+def small_snapshot(n: int, seed: int) -> bytes:
+    """`small_snapshot_v2` in version 1: the structural mutations below edit its one body."""
+    return to_v1(small_snapshot_v2(n, seed))
 
 
 def raw_mutations(orig: bytes, rng: random.Random) -> Iterator[bytes]:
@@ -364,6 +398,21 @@ def test_decoder_fuzz(n_entries: int) -> None:
         cases += 1
         decode_outcome(data)  # corrupt or a consistent decode; never another error or a crash
     assert cases >= 10_000, cases
+
+
+@pytest.mark.parametrize("n_entries", [0, 5, 150])
+def test_decoder_fuzz_v2(n_entries: int) -> None:
+    """Every raw mutation of a version 2 snapshot (truncations, bit flips, inserts, deletes,
+    garbage, header edits) is refused or, for an edit that keeps the content, decodes the same."""
+    rng = random.Random(4321 + n_entries)
+    orig = small_snapshot_v2(n_entries, seed=n_entries)
+    expected = decode_outcome(orig)
+    assert expected is not None and expected[7] == n_entries
+    old = decode_outcome(small_snapshot(n_entries, seed=n_entries))
+    assert old is not None and old[1:] == expected[1:]
+    for data in raw_mutations(orig, rng):
+        got = decode_outcome(data)
+        assert got is None or got == expected, f"raw mutation decoded differently: {data.hex()}"
 
 
 @given(st.binary(max_size=300))

@@ -57,6 +57,8 @@ def test_defaults_match_the_design_table() -> None:
         "objectstore.access_key_id": None,
         "objectstore.secret_access_key": None,
         "objectstore.profile": None,
+        "objectstore.sse": None,
+        "objectstore.sse_kms_key_id": None,
         "objectstore.create_bucket": False,
         "objectstore.probe_timeout_s": 5,
         "objectstore.connect_timeout_s": 2,
@@ -250,6 +252,10 @@ def test_with_overrides() -> None:
         ("objectstore.root", "a/../b", "relative"),
         ("objectstore.path", 5, "string"),
         ("objectstore.path", "", "non-empty"),
+        ("objectstore.sse", "aes256", "null, AES256, aws:kms; did you mean 'AES256'"),
+        ("objectstore.sse", "SSE-S3", "null, AES256, aws:kms"),
+        ("objectstore.sse", 256, "null, AES256, aws:kms"),
+        ("objectstore.sse_kms_key_id", "", "non-empty"),
         ("meta.type", "zookeeper", "sqlite, etcd"),
         ("meta.endpoints", "h1:2379", "list"),
         ("meta.endpoints", ["h1:2379", 5], "list"),
@@ -287,6 +293,12 @@ def test_cross_key_rules() -> None:
         Config.from_dict({"meta.type": "etcd"})
     with pytest.raises(ConfigError, match="objectstore.bucket"):
         Config.from_dict({"objectstore.type": "s3"})
+    with pytest.raises(ConfigError, match="objectstore.sse_kms_key_id .*objectstore.sse is null"):
+        Config.from_dict({"objectstore.sse_kms_key_id": "alias/wal"})
+    with pytest.raises(ConfigError, match="objectstore.sse: aws:kms .*objectstore.sse is 'AES256'"):
+        Config.from_dict({"objectstore.sse": "AES256", "objectstore.sse_kms_key_id": "alias/wal"})
+    kms = Config.from_dict({"objectstore.sse": "aws:kms", "objectstore.sse_kms_key_id": "k"})
+    assert kms.objectstore.sse_kms_key_id == "k"
     s3 = Config.from_dict({"objectstore": {"type": "s3", "bucket": "b", "region": "eu-west-1"}})
     assert s3.objectstore.bucket == "b"
 

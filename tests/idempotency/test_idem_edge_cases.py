@@ -372,6 +372,12 @@ class FlakyStore:
             raise StorageUnavailableError(f"object store down (injected) on put {key}")
         return self.inner.put(key, data, if_none_match=if_none_match)
 
+    def put_parts(self, key, parts):
+        if self.broken:
+            self.failed_puts += 1
+            raise StorageUnavailableError(f"object store down (injected) on put {key}")
+        return self.inner.put_parts(key, parts)
+
     def __getattr__(self, name):
         return getattr(self.inner, name)
 

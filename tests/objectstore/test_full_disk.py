@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from woodpecker_idem._core import DedupWindow
+from woodpecker_idem._core import DedupWindow, SnapshotStream
 from woodpecker_idem.errors import StorageUnavailableError
 from woodpecker_idem.idempotency.snapshot import SnapshotSource, Snapshotter
 from woodpecker_idem.objectstore import local
@@ -38,13 +38,16 @@ def test_snapshots_on_a_full_disk_are_counted_and_retried_quietly(
 ) -> None:
     store = LocalObjectStore(tmp_path)
     window = DedupWindow(100, 60_000)
-    source = SnapshotSource(window, {}, 0)
+
+    def capture(now_ms: int) -> SnapshotSource:
+        return SnapshotSource(SnapshotStream(window, 1, 1, now_ms, {}), 0)
+
     snapshotter = Snapshotter(
-        store, 1, 1, lambda: 1_700_000_000_000, lambda: source, lambda: 0, lambda: True,
+        store, 1, 1, lambda: 1_700_000_000_000, capture, lambda: 0, lambda: True,
         3600.0, 10_000, 2,
     )  # fmt: skip
     try:
-        monkeypatch.setattr(local, "put_file", _full)
+        monkeypatch.setattr(local, "write_all", _full)  # snapshots are streamed: put_parts
         with caplog.at_level(logging.WARNING, logger="woodpecker_idem"):
             assert snapshotter.write_now() is False
             assert snapshotter.write_now() is False
@@ -52,5 +55,8 @@ def test_snapshots_on_a_full_disk_are_counted_and_retried_quietly(
         assert [r.levelname for r in caplog.records] == ["WARNING"]  # once per outage
         monkeypatch.undo()
         assert snapshotter.write_now() is True
+        assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [
+            "snapshot_00000000000000000001_00000001700000000000"
+        ]  # no temp file left by the failed ones
     finally:
         snapshotter.stop()

@@ -324,6 +324,12 @@ class _RacingStore:
             hook()
         return self._inner.put(key, data, if_none_match=if_none_match)
 
+    def put_parts(self, key, parts):
+        hook, self._hook = self._hook, None
+        if hook is not None:
+            hook()
+        return self._inner.put_parts(key, parts)
+
     def __getattr__(self, name):
         return getattr(self._inner, name)
 

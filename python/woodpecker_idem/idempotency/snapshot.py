@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .._core import DedupWindow, Snapshot, decode_snapshot, encode_snapshot
+from .._core import Snapshot, SnapshotStream, decode_snapshot
 from ..errors import SnapshotCorruptError, WoodpeckerError
 from ..objectstore.base import ObjectStore
 from ..retry import Backoff
@@ -96,10 +96,11 @@ def load_newest(
 
 @dataclass
 class SnapshotSource:
-    """What the writer hands the snapshotter, captured under the writer's lock."""
+    """What the writer hands the snapshotter: the snapshot as a stream of parts, made from the
+    live window a chunk at a time as the store writes it (a copy of a large window, or its whole
+    encoding, would double the writer's memory), and the new keys it accounts for."""
 
-    window: DedupWindow  # a committed-only copy
-    watermarks: dict[int, int]
+    stream: SnapshotStream
     new_keys: int
 
 
@@ -132,7 +133,7 @@ class Snapshotter:
         log_id: int,
         epoch: int,
         clock_ms: Callable[[], int],
-        capture: Callable[[], SnapshotSource | None],
+        capture: Callable[[int], SnapshotSource | None],
         new_keys: Callable[[], int],
         still_owner: Callable[[], bool],
         interval_s: float,
@@ -197,19 +198,22 @@ class Snapshotter:
             backoff = None if ok else (backoff or Backoff(initial_s=0.5, max_s=10.0))
 
     def write_now(self) -> bool:
-        """Capture, encode and put one snapshot, then trim old ones. False if it failed."""
+        """Capture one snapshot and stream it to the store (encoded a chunk at a time as the
+        store writes it), then trim old ones. False if it failed."""
         try:
             if not self._still_owner():
                 self._stop.set()
                 return False
-            source = self._capture()
+            now = self._clock_ms()
+            source = self._capture(now)
             if source is None:
                 return False
-            now = self._clock_ms()
             key = snapshot_key(self.log_id, self.epoch, now)
-            data = encode_snapshot(source.window, self.log_id, self.epoch, now, source.watermarks)
-            self.store.put(key, data)
-            self.due_keys = max(self.threshold, source.window.committed_count // SNAPSHOT_GROWTH)
+            stream = source.stream
+            written = self.store.put_parts(key, stream)
+            if not stream.done:  # a store must take every part: a cut snapshot is not one
+                raise WoodpeckerError(f"snapshot {key}: the store stopped before its last part")
+            self.due_keys = max(self.threshold, stream.count // SNAPSHOT_GROWTH)
         except WoodpeckerError as exc:  # metadata or object store unreachable
             self.failures += 1
             # Once per outage: a retry every few seconds for its whole length is noise.
@@ -223,7 +227,7 @@ class Snapshotter:
             log.info("log %s: snapshot written after %d failures", self.log_id, self._failing)
         self._failing = 0
         self.writes += 1
-        self.bytes_written += len(data)
+        self.bytes_written += written
         self.last_key = key
         self._last = time.monotonic()
         self._trim(key)

@@ -19,6 +19,7 @@ import time
 from array import array
 from typing import TYPE_CHECKING
 
+from .._core import SnapshotStream
 from ..errors import WriterFencedError
 from ..writer.dedup import Answer
 from .rebuild import RecoveryReport, open_window, rebuild_window
@@ -128,7 +129,8 @@ class WindowStage:
         window = self.window
         before = window.early_evictions
         self._new_keys += window.commit_through(segment_id, last_entry_id)
-        # after the keys: a snapshot copies the watermarks first, then the window (_capture)
+        # after the keys: a snapshot copies the watermarks first, then fixes the end of the
+        # window it streams (_capture)
         self._watermarks[segment_id] = last_entry_id
         early = window.early_evictions - before
         if early:
@@ -173,15 +175,19 @@ class WindowStage:
 
     # --- snapshots (the snapshot thread) ---------------------------------------------------
 
-    def _capture(self) -> SnapshotSource | None:
-        """A committed-only copy of the window and the watermarks. The watermarks are copied
-        first: every key at or below them was committed before, so the copy holds it (a key
-        committed in between is in the copy too, above its watermark: the rebuild reads it
-        again, harmlessly)."""
+    def _capture(self, now_ms: int) -> SnapshotSource | None:
+        """The window's committed keys as a snapshot stream, and the watermarks. The watermarks
+        are copied first, then the stream fixes the end of the commit order: every key at or
+        below them was committed before, so it lies before that end and the stream reads it,
+        unless it is evicted (or, its window past, written again) before its chunk is read,
+        which leaves the snapshot as if that happened before it was taken. A key committed in
+        between lies before the end too, above its watermark: the rebuild reads it again,
+        harmlessly; one committed after the end is above the watermarks and not in the stream."""
         if self._stopped and not self._final:
             return None
         marks = dict(self._watermarks)
-        source = SnapshotSource(self.window.clone_committed(), marks, self._new_keys)
+        stream = SnapshotStream(self.window, self.log_id, self._epoch, now_ms, marks)
+        source = SnapshotSource(stream, self._new_keys)
         self._new_keys = 0
         return source
 

@@ -41,7 +41,8 @@ def open_object_store(
 
     Extra keyword `options` go to the backend (local: `fsync`; s3: `profile`,
     `connect_timeout_s`, `read_timeout_s`, `retry_budget_s`, `probe_timeout_s`,
-    `backoff_initial_s`, `backoff_max_s`, `max_pool_connections`, `create_bucket`).
+    `backoff_initial_s`, `backoff_max_s`, `max_pool_connections`, `create_bucket`, `sse`,
+    `sse_kms_key_id`).
     """
     kind = type.strip().lower() if isinstance(type, str) else type
     if kind == "local":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 
 
 class ObjectStore(ABC):
@@ -19,6 +20,16 @@ class ObjectStore(ABC):
     def put(self, key: str, data: bytes, *, if_none_match: bool = False) -> bool:
         """Store `data` at `key`. With `if_none_match`, returns False (and writes nothing) if the
         key exists; otherwise returns True. Without it, atomically replaces. Durable on return."""
+
+    def put_parts(self, key: str, parts: Iterable[bytes]) -> int:
+        """Store the concatenation of `parts` at `key`, atomically replacing it, durable on
+        return; returns the bytes written. For objects too large to hold whole (a snapshot of a
+        large window is produced a chunk at a time): a backend writes each part as it comes and
+        publishes the object only once the last is written, so a failure part way leaves the key
+        as it was. This default joins the parts and puts them (for stores of small objects)."""
+        data = b"".join(parts)
+        self.put(key, data)
+        return len(data)
 
     @abstractmethod
     def get(self, key: str) -> bytes | None:

@@ -15,7 +15,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from woodpecker_idem._core import put_file
 from woodpecker_idem.errors import (
@@ -184,6 +184,68 @@ class LocalObjectStore(ObjectStore):
             # _TEMP_TAKEN: a leftover of a crashed process that had our pid: pick another name
         raise OSError(errno.ENOENT, f"directory keeps vanishing (attempts={_attempt + 1})", head)
 
+    def put_parts(self, key: str, parts: Iterable[bytes]) -> int:
+        """Atomic, durable put of the parts end to end, written as they come: a temp file in
+        the target directory, fsynced, renamed over `key`, then the directory fsynced (as `put`
+        does in one native call; here the parts arrive between the writes). A failure part way
+        removes the temp file and leaves `key` as it was."""
+        validate_key(key)
+        final = self._path(key)
+        head, tail = os.path.split(final)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
+        for _attempt in range(5):
+            tmp = os.path.join(head, f"{TEMP_PREFIX}{tail}.{os.getpid()}.{next(_temp_seq)}")
+            try:
+                fd = os.open(tmp, flags, 0o666)
+            except FileExistsError:  # a crashed process's leftover with our pid
+                continue
+            except FileNotFoundError:  # first object here, or a delete_prefix removed it
+                self._make_dirs(head)
+                continue
+            except NotADirectoryError:
+                raise InvalidArgumentError(f"key {key!r} lies below an existing object") from None
+            break
+        else:
+            raise OSError(
+                errno.ENOENT, f"cannot create a temp file (attempts={_attempt + 1})", head
+            )
+        published = False
+        try:
+            try:
+                written = 0
+                for part in parts:
+                    written += write_all(fd, as_bytes(part))
+                if self._fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.replace(tmp, final)
+            except OSError as exc:
+                if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST) and os.path.isdir(
+                    final
+                ):
+                    raise InvalidArgumentError(
+                        f"key {key!r} names a directory of other objects"
+                    ) from None
+                raise
+            published = True
+            self._sync_dir(head)
+        except OSError as exc:
+            if exc.errno in _FULL:  # retriable once space is freed, like an S3 outage
+                raise StorageUnavailableError(
+                    f"object store {self.root}: cannot write {key!r}: {exc.strerror}; free "
+                    "space (woodpecker-idem truncate or drop-group, retention) or grow the disk"
+                ) from exc
+            raise
+        finally:
+            if not published:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+        return written
+
     def get(self, key: str) -> bytes | None:
         """The file's bytes, or None; a directory is not an object."""
         validate_key(key)
@@ -279,6 +341,15 @@ class LocalObjectStore(ObjectStore):
             if os.path.isdir(d):
                 self._sync_dir(d)
         return len(keys)
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> int:
+    """Write all of `data` to `fd` (os.write may write less); returns its length."""
+    view = memoryview(data)
+    total = len(view)
+    while view:
+        view = view[os.write(fd, view) :]
+    return total
 
 
 def _walk_entry(entry: os.DirEntry[str], rel_dir: str) -> Iterator[str]:

@@ -7,6 +7,10 @@ came back). If a later attempt of the same conditional put then gets 412, the ob
 the same bytes mean the earlier attempt was ours (True), different bytes mean another writer won.
 boto3 is imported lazily so `import woodpecker_idem` stays light.
 
+Server-side encryption (`sse`: "AES256" or "aws:kms", with an optional KMS key id) is requested
+on every request that creates an object (PutObject, CreateMultipartUpload), so a bucket policy that
+denies unencrypted puts accepts ours; reads need no header for SSE-S3 or SSE-KMS.
+
 Errors a retry cannot fix (no credentials, access denied, no such bucket) become
 `StorageAccessError`s naming the bucket, the endpoint and what to change. A missing bucket is
 created only when `create_bucket` is set, and only before first use: a bucket deleted under a
@@ -18,7 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from woodpecker_idem.errors import ConfigError, StorageAccessError, StorageUnavailableError
@@ -72,6 +76,14 @@ _CREDENTIALS_HINT = (
 )
 
 
+#: `objectstore.sse` values: the `x-amz-server-side-encryption` header (None: not sent).
+SSE_VALUES = (None, "AES256", "aws:kms")
+
+#: Bytes per part of a multipart upload (`put_parts`): S3 refuses parts below 5 MiB but the last,
+#: and a part is held whole while it is sent, so this is about what a streamed put holds at once.
+PART_BYTES = 5 * 1024 * 1024
+
+
 class _Retry(Exception):
     """Internal: this attempt failed transiently; `ambiguous` if the request may have landed."""
 
@@ -102,11 +114,15 @@ class S3ObjectStore(ObjectStore):
         backoff_max_s: float = 2.0,
         max_pool_connections: int = 32,
         create_bucket: bool = False,
+        sse: str | None = None,
+        sse_kms_key_id: str | None = None,
         client: BaseClient | None = None,
     ) -> None:
         """`client` lets tests inject a pre-built (or wrapped) boto3 S3 client; `child` shares one.
 
         `create_bucket`: create a missing bucket at first use (`probe`), instead of refusing it.
+        `sse`: "AES256" (SSE-S3) or "aws:kms" (SSE-KMS, with the key `sse_kms_key_id`, or the
+        AWS-managed aws/s3 key when None) on every object written; None sends no header.
         """
         from woodpecker_idem.errors import InvalidArgumentError
 
@@ -122,6 +138,24 @@ class S3ObjectStore(ObjectStore):
         ):
             if not value > 0:
                 raise InvalidArgumentError(f"{name} must be > 0, got {value!r}")
+        if sse not in SSE_VALUES:
+            raise InvalidArgumentError(
+                f"sse must be one of None, 'AES256', 'aws:kms' (objectstore.sse), got {sse!r}"
+            )
+        if sse_kms_key_id is not None and (sse != "aws:kms" or not sse_kms_key_id):
+            raise InvalidArgumentError(
+                "sse_kms_key_id (objectstore.sse_kms_key_id) must be a non-empty str, and only "
+                f"with sse='aws:kms'; got {sse_kms_key_id!r} with sse={sse!r}"
+            )
+        self.sse = sse
+        self.sse_kms_key_id = sse_kms_key_id
+        # The arguments of every call that creates an object: a bucket policy may deny a
+        # PutObject (and a CreateMultipartUpload) that does not carry them.
+        self._sse_args: dict[str, str] = {}
+        if sse is not None:
+            self._sse_args["ServerSideEncryption"] = sse
+        if sse_kms_key_id is not None:
+            self._sse_args["SSEKMSKeyId"] = sse_kms_key_id
         self.bucket = bucket
         self.endpoint_url = endpoint_url
         self.region = region
@@ -202,8 +236,26 @@ class S3ObjectStore(ObjectStore):
         return StorageAccessError(
             f"object storage at {self._endpoint_name()} (bucket {self.bucket!r}) refused {op} "
             f"{key!r}: {detail}. Check the credentials ({_CREDENTIALS_HINT}) and that they may "
-            "list, get, put and delete objects in this bucket"
+            f"list, get, put and delete objects in this bucket{self._sse_hint(op)}"
         )
+
+    def _sse_hint(self, op: str) -> str:
+        """What encryption may have to do with a refusal: S3 answers a put a bucket policy denies
+        for want of encryption headers, and a KMS permission missing, with a plain 403."""
+        if self.sse == "aws:kms":
+            key = self.sse_kms_key_id or "aws/s3"
+            return (
+                "; with objectstore.sse: aws:kms they also need kms:GenerateDataKey and "
+                f"kms:Decrypt on the KMS key {key!r} (objectstore.sse_kms_key_id): writers both "
+                "(a multipart upload decrypts too), readers kms:Decrypt"
+            )
+        if op.startswith("put"):
+            now = "no encryption header" if self.sse is None else f"objectstore.sse {self.sse!r}"
+            return (
+                f"; if a bucket policy requires server-side encryption headers ({now} is sent), "
+                "set objectstore.sse (and objectstore.sse_kms_key_id) as the policy asks"
+            )
+        return ""
 
     def _classify(self, op: str, key: str, exc: BaseException) -> None:
         """Turn a boto error into `_Retry` or a final error; returns only for handled codes."""
@@ -247,6 +299,16 @@ class S3ObjectStore(ObjectStore):
                 raise self._no_bucket() from exc
             if status == 403 or code in _ACCESS_CODES:
                 raise self._denied(op, key, f"{code or 'Forbidden'} (HTTP {status})") from exc
+            if code.startswith("KMS."):  # no such key, key disabled, ...: a retry cannot fix it
+                if self.sse == "aws:kms":
+                    which = f"objectstore.sse_kms_key_id ({self.sse_kms_key_id or 'aws/s3'!r})"
+                else:  # the bucket's default encryption names the key
+                    which = "the KMS key of the bucket's default encryption"
+                raise StorageAccessError(
+                    f"object storage at {self._endpoint_name()} (bucket {self.bucket!r}) refused "
+                    f"{op} {key!r}: {code} (HTTP {status}): {exc}. Check {which}: the key must "
+                    "exist, be enabled, be in the bucket's region and allow these credentials"
+                ) from exc
             raise StorageUnavailableError(
                 f"object storage at {self._endpoint_name()} (bucket {self.bucket!r}) refused "
                 f"{op} {key!r}: {code} (HTTP {status}): {exc}"
@@ -320,6 +382,8 @@ class S3ObjectStore(ObjectStore):
             backoff_initial_s=self.backoff_initial_s,
             backoff_max_s=self.backoff_max_s,
             create_bucket=self._auto_create,
+            sse=self.sse,
+            sse_kms_key_id=self.sse_kms_key_id,
             client=self.client,
         )
         child._bucket_ready = self._bucket_ready
@@ -333,7 +397,12 @@ class S3ObjectStore(ObjectStore):
         payload = bytes(as_bytes(data))
         self._ensure_ready()
         full = self._full(key)
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": full, "Body": payload}
+        kwargs: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": full,
+            "Body": payload,
+            **self._sse_args,
+        }
         if if_none_match:
             kwargs["IfNoneMatch"] = "*"
         maybe_landed = False  # an earlier attempt of this call may have written the object
@@ -373,6 +442,135 @@ class S3ObjectStore(ObjectStore):
                 raise
 
         return self._call("put", key, attempt)
+
+    def put_parts(self, key: str, parts: Iterable[bytes]) -> int:
+        """The parts end to end, sent as they come: a multipart upload of PART_BYTES parts (the
+        object appears only when it completes), or one PutObject if they come to less than one
+        part. Each request is retried as `put` is; a failure aborts the upload, so no object and
+        no parts are left (S3 bills parts of an upload never completed nor aborted)."""
+        validate_key(key)
+        self._ensure_ready()
+        full = self._full(key)
+        pending: list[bytes] = []
+        size = 0
+        total = 0
+        upload_id: str | None = None
+        done: list[dict[str, Any]] = []
+        try:
+            for part in parts:
+                pending.append(bytes(as_bytes(part)))
+                size += len(part)
+                if size < PART_BYTES:
+                    continue
+                if upload_id is None:
+                    upload_id = self._create_upload(key, full)
+                body = b"".join(pending)
+                pending.clear()
+                size = 0
+                done.append(self._upload_part(key, full, upload_id, len(done) + 1, body))
+                total += len(body)
+                del body
+            body = b"".join(pending)
+            pending.clear()
+            if upload_id is None:  # smaller than a part: one put
+                self.put(key, body)
+                return len(body)
+            if body:
+                done.append(self._upload_part(key, full, upload_id, len(done) + 1, body))
+                total += len(body)
+            del body
+            self._complete_upload(key, full, upload_id, done)
+            upload_id = None
+            return total
+        finally:
+            if upload_id is not None:
+                self._abort_upload(key, full, upload_id)
+
+    def _s3_call(self, op: str, key: str, fn: Callable[[], T]) -> T:
+        """`fn` (one S3 request) with `_call`'s retries, its errors classified as `put`'s are."""
+
+        def attempt() -> T:
+            try:
+                return fn()
+            except _Retry:
+                raise
+            except Exception as exc:  # noqa: BLE001 - classified (retry or final error)
+                self._classify(op, key, exc)
+                raise
+
+        return self._call(op, key, attempt)
+
+    def _create_upload(self, key: str, full: str) -> str:
+        resp = self._s3_call(
+            "put (create multipart upload)",
+            key,
+            # The encryption is the upload's: its parts and the object take it from here.
+            lambda: self.client.create_multipart_upload(
+                Bucket=self.bucket, Key=full, **self._sse_args
+            ),
+        )
+        return str(resp["UploadId"])
+
+    def _upload_part(
+        self, key: str, full: str, upload_id: str, number: int, body: bytes
+    ) -> dict[str, Any]:
+        """One part (a retry sends the same number again, which replaces it)."""
+        resp = self._s3_call(
+            f"put (part {number})",
+            key,
+            lambda: self.client.upload_part(
+                Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number, Body=body
+            ),
+        )
+        return {"ETag": resp["ETag"], "PartNumber": number}
+
+    def _complete_upload(
+        self, key: str, full: str, upload_id: str, done: list[dict[str, Any]]
+    ) -> None:
+        from botocore.exceptions import ClientError
+
+        tried = False
+
+        def complete() -> None:
+            nonlocal tried
+            try:
+                self.client.complete_multipart_upload(
+                    Bucket=self.bucket,
+                    Key=full,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": done},
+                )
+            except ClientError as exc:
+                code, _ = _error_code(exc)
+                if tried and code == "NoSuchUpload":
+                    # an earlier attempt completed it (its answer was lost): the upload is gone
+                    # because the object exists
+                    logger.info("s3 put %r: multipart upload completed by an earlier attempt", key)
+                    return
+                raise
+            finally:
+                tried = True
+
+        self._s3_call("put (complete multipart upload)", key, complete)
+
+    def _abort_upload(self, key: str, full: str, upload_id: str) -> None:
+        """Best effort: an upload left behind holds parts, never an object."""
+        try:
+            self._s3_call(
+                "put (abort multipart upload)",
+                key,
+                lambda: self.client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=full, UploadId=upload_id
+                ),
+            )
+        except Exception as exc:  # noqa: BLE001 - the put's own error is the one to raise
+            logger.warning(
+                "s3 put %r: could not abort multipart upload %s (its parts stay until a bucket "
+                "lifecycle rule removes them): %s",
+                key,
+                upload_id,
+                exc,
+            )
 
     def get(self, key: str) -> bytes | None:
         """GetObject; None if absent."""

@@ -80,6 +80,9 @@ class NodeWorker:
                 self._send(*item)
             except Exception:  # a bug must not silently stop this node's sends
                 log.exception("log %s: sender for %s failed", self.pipeline.log_id, self.node)
+            # Not kept while waiting for the next one: the batch's frame (and its segment) would
+            # outlive the batch by as long as this node stays idle.
+            del item
 
     def _send(self, seg: OpenSegment, batch: Batch | None) -> None:
         """Send one batch until acked, retrying transient failures up to append.max_retries.

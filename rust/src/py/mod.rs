@@ -23,7 +23,7 @@ pub use keys::{
     content_key, content_keys, content_keys_arrow, explicit_key, explicit_keys, py_crc32c,
 };
 pub use segfile::register as register_segfile;
-pub use snapshot::{decode_snapshot, encode_snapshot, PySnapshot};
+pub use snapshot::{decode_snapshot, encode_snapshot, PySnapshot, PySnapshotStream};
 pub use stored::register as register_stored;
 pub use tuples::write_results;
 pub use window::PyDedupWindow;

@@ -9,7 +9,7 @@ use super::window::PyDedupWindow;
 use crate::args;
 use crate::errors::{type_name, InvalidArgumentError, InvalidTypeError, SnapshotCorruptError};
 use crate::keys::KEY_LEN;
-use crate::snapshot::{self, SnapshotData};
+use crate::snapshot::{self, SnapshotData, StreamEncoder};
 
 /// A decoded dedup snapshot.
 #[pyclass(frozen, module = "woodpecker_idem._core", name = "Snapshot")]
@@ -142,7 +142,8 @@ impl PySnapshot {
     }
 }
 
-/// Encode the committed entries of `window` (commit order) with the snapshot metadata.
+/// Encode the committed entries of `window` (commit order) with the snapshot metadata, whole (the
+/// bytes a `SnapshotStream` of the window gives, end to end).
 #[pyfunction]
 pub fn encode_snapshot<'py>(
     py: Python<'py>,
@@ -156,21 +157,7 @@ pub fn encode_snapshot<'py>(
     let log_id = args::int_u64(log_id, "log_id")?;
     let epoch = args::int_u64(epoch, "epoch")?;
     let timestamp_ms = args::int_i64(timestamp_ms, "timestamp_ms")?;
-    let marks = watermarks.cast::<PyDict>().map_err(|_| {
-        InvalidTypeError::new_err(format!(
-            "watermarks must be a dict[int, int], not {}",
-            type_name(watermarks)
-        ))
-    })?;
-    let marks = marks
-        .iter()
-        .map(|(k, v)| {
-            Ok((
-                args::int_u32(&k, "watermarks key")?,
-                args::int_i64(&v, "watermarks value")?,
-            ))
-        })
-        .collect::<PyResult<Vec<(u32, i64)>>>()?;
+    let marks = watermarks_arg(watermarks)?;
     let out = py.detach(|| {
         let w = window.inner.lock();
         snapshot::encode(
@@ -186,6 +173,153 @@ pub fn encode_snapshot<'py>(
     let out = out
         .map_err(|e| InvalidArgumentError::new_err(format!("window cannot be snapshotted: {e}")))?;
     Ok(PyBytes::new(py, &out))
+}
+
+fn watermarks_arg(watermarks: &Bound<'_, PyAny>) -> PyResult<Vec<(u32, i64)>> {
+    let marks = watermarks.cast::<PyDict>().map_err(|_| {
+        InvalidTypeError::new_err(format!(
+            "watermarks must be a dict[int, int], not {}",
+            type_name(watermarks)
+        ))
+    })?;
+    marks
+        .iter()
+        .map(|(k, v)| {
+            Ok((
+                args::int_u32(&k, "watermarks key")?,
+                args::int_i64(&v, "watermarks value")?,
+            ))
+        })
+        .collect()
+}
+
+const _: () = assert!(snapshot::CHUNK_RECORDS == 16_384);
+
+/// A snapshot of a live window, made a chunk at a time as it is iterated: first the header and
+/// the metadata frame, then one frame per `chunk_records` committed entries, then the trailer
+/// (see `crate::snapshot`). The entries are those committed when the stream was made: the end
+/// of the commit order is fixed then, and each chunk is read under the window's lock, taken for
+/// that chunk alone, so writers go on between chunks. What the writer evicts meanwhile is not in
+/// the snapshot, as if evicted before; what it commits meanwhile is not either (it lies above the
+/// watermarks the caller copied before making the stream, so a rebuild reads it from the log).
+#[pyclass(module = "woodpecker_idem._core", name = "SnapshotStream")]
+pub struct PySnapshotStream {
+    window: Py<PyDedupWindow>,
+    encoder: StreamEncoder,
+    head: Option<Vec<u8>>,
+    cursor: u64,
+    end: u64,
+    chunk_records: usize,
+    done: bool,
+    bytes: u64,
+}
+
+#[pymethods]
+impl PySnapshotStream {
+    #[new]
+    // The default is `snapshot::CHUNK_RECORDS`, written out so the signature Python sees shows it.
+    #[pyo3(signature = (window, log_id, epoch, timestamp_ms, watermarks, chunk_records = 16_384))]
+    fn new(
+        py: Python<'_>,
+        window: &Bound<'_, PyAny>,
+        log_id: &Bound<'_, PyAny>,
+        epoch: &Bound<'_, PyAny>,
+        timestamp_ms: &Bound<'_, PyAny>,
+        watermarks: &Bound<'_, PyAny>,
+        chunk_records: usize,
+    ) -> PyResult<Self> {
+        let window = window_arg(window)?;
+        let log_id = args::int_u64(log_id, "log_id")?;
+        let epoch = args::int_u64(epoch, "epoch")?;
+        let timestamp_ms = args::int_i64(timestamp_ms, "timestamp_ms")?;
+        let marks = watermarks_arg(watermarks)?;
+        if chunk_records == 0 {
+            return Err(InvalidArgumentError::new_err(
+                "chunk_records must be at least 1",
+            ));
+        }
+        let inner = &window.get().inner;
+        let (max_keys, window_ms, (cursor, end)) = py.detach(|| {
+            let w = inner.lock();
+            (w.max_keys() as u64, w.window_ms(), w.positions())
+        });
+        let (encoder, head) =
+            StreamEncoder::start(log_id, epoch, timestamp_ms, max_keys, window_ms, &marks)
+                .map_err(|e| InvalidArgumentError::new_err(format!("cannot snapshot: {e}")))?;
+        Ok(Self {
+            window: window.clone().unbind(),
+            encoder,
+            head: Some(head),
+            cursor,
+            end,
+            chunk_records,
+            done: false,
+            bytes: 0,
+        })
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let out = if let Some(head) = self.head.take() {
+            head
+        } else if self.done {
+            return Ok(None);
+        } else {
+            let window = self.window.get();
+            let (cursor, end, per) = (self.cursor, self.end, self.chunk_records);
+            let room = usize::try_from(end.saturating_sub(cursor)).map_or(per, |r| r.min(per));
+            // The lock is held while the chunk's columns are built, not while they are framed.
+            let (chunk, last) = py.detach(|| {
+                let w = window.inner.lock();
+                let mut last = None;
+                let entries = w.committed_between(cursor, end).take(per).map(|(at, r)| {
+                    last = Some(at);
+                    r
+                });
+                let chunk = StreamEncoder::columns(entries, room);
+                (chunk, last)
+            });
+            let encoder = &mut self.encoder;
+            let framed = py.detach(|| {
+                let mut out = Vec::new();
+                let n = encoder.push_chunk(chunk, &mut out)?;
+                if n == 0 {
+                    encoder.finish(&mut out)?;
+                }
+                Ok::<_, snapshot::SnapshotError>(out)
+            });
+            let framed = framed
+                .map_err(|e| InvalidArgumentError::new_err(format!("cannot snapshot: {e}")))?;
+            match last {
+                Some(at) => self.cursor = at + 1,
+                None => self.done = true,
+            }
+            framed
+        };
+        self.bytes += out.len() as u64;
+        Ok(Some(PyBytes::new(py, &out)))
+    }
+
+    /// Entries in the chunks produced so far.
+    #[getter]
+    fn count(&self) -> u64 {
+        self.encoder.entries()
+    }
+
+    /// Bytes produced so far.
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Whether the trailer has been produced (the snapshot is complete).
+    #[getter]
+    fn done(&self) -> bool {
+        self.done
+    }
 }
 
 /// Decode and validate a snapshot.
