@@ -8,6 +8,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,25 +38,38 @@ def s3_server() -> Iterator[object]:
         server.stop()
 
 
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
-def object_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[object]:
-    """The same contract against a local directory and against S3 (a fresh bucket per test)."""
+def _open_store(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     from woodpecker_idem.objectstore import open_object_store
 
-    if request.param == "local":
-        store = open_object_store("local", path=str(tmp_path / "objects"))
-    else:
-        server = request.getfixturevalue("s3_server")
-        store = open_object_store(
-            "s3",  # root exercises key prefixing
-            endpoint_url=server.endpoint_url,
-            bucket=f"wp-test-{uuid.uuid4().hex[:16]}",
-            root="root",
-            access_key=S3_TEST_ACCESS_KEY,
-            secret_key=S3_TEST_SECRET_KEY,
-            retry_budget_s=10.0,
-            create_bucket=True,
-        )
+    if kind == "local":
+        return open_object_store("local", path=str(tmp_path / "objects"))
+    server = request.getfixturevalue("s3_server")
+    return open_object_store(
+        "s3",  # root exercises key prefixing
+        endpoint_url=server.endpoint_url,
+        bucket=f"wp-test-{uuid.uuid4().hex[:16]}",
+        root="root",
+        access_key=S3_TEST_ACCESS_KEY,
+        secret_key=S3_TEST_SECRET_KEY,
+        retry_budget_s=10.0,
+        create_bucket=True,
+    )
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def object_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """The same contract against a local directory and against S3 (a fresh bucket per test)."""
+    store = _open_store(request.param, request, tmp_path)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def s3_object_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """An S3 store on a fresh bucket, for what only S3 has (multipart uploads)."""
+    store = _open_store("s3", request, tmp_path)
     try:
         yield store
     finally:

@@ -54,11 +54,12 @@ def bucket_uploads(store: Any) -> list[Any]:
 
 
 @pytest.mark.s3
-def test_s3_multipart_parts_and_abort(object_store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_s3_multipart_parts_and_abort(
+    s3_object_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Parts of PART_BYTES (S3's minimum but the last); a part that fails after its retries
     aborts the upload: no object, no upload left; the next attempt writes it."""
-    if isinstance(object_store, LocalObjectStore):
-        pytest.skip("S3 only")
+    object_store = s3_object_store
     monkeypatch.setattr(s3mod, "PART_BYTES", 5 * 1024 * 1024)
     chunk = os.urandom(1024 * 1024)
     parts = [chunk] * 11  # three parts: 5 + 5 + 1 MiB
