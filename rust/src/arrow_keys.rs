@@ -212,6 +212,30 @@ fn push_decimal(out: &mut Vec<u8>, v: i128) {
     out.extend_from_slice(&digits[at..]);
 }
 
+/// `v` scaled by 10^-`scale` (`scale` > 0) as Arrow's `value_as_string` writes it, `-1.50`,
+/// `0.05`, without a `String` per value.
+fn push_scaled(out: &mut Vec<u8>, v: i128, scale: usize) {
+    let mut digits = Vec::with_capacity(40);
+    push_decimal(&mut digits, v);
+    let (sign, digits) = match digits.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, &digits[..]),
+    };
+    if sign {
+        out.push(b'-');
+    }
+    if digits.len() <= scale {
+        out.extend_from_slice(b"0.");
+        out.resize(out.len() + scale - digits.len(), b'0');
+        out.extend_from_slice(digits);
+    } else {
+        let (whole, frac) = digits.split_at(digits.len() - scale);
+        out.extend_from_slice(whole);
+        out.push(b'.');
+        out.extend_from_slice(frac);
+    }
+}
+
 /// Values of a payload column (binary or string), each as its bytes, in order.
 pub fn payload_values<'a>(chunks: &'a [ArrayRef], what: &str) -> Result<Vec<&'a [u8]>> {
     let mut out = Vec::with_capacity(chunks.iter().map(|c| c.len()).sum());
@@ -278,7 +302,7 @@ pub fn json_rows(chunks: &[ArrayRef], exclude: &[String]) -> Result<Rows> {
     let mut base = 0;
     for chunk in chunks {
         let batch = struct_of(chunk, "the batch")?;
-        let fields = sorted_fields(batch, |name| !exclude.iter().any(|e| e == name))?;
+        let fields = sorted_fields(batch, &|name| !exclude.iter().any(|e| e == name))?;
         rows.data.reserve(batch.len() * 64);
         for i in 0..batch.len() {
             write_object(&fields, i, &mut rows.data).map_err(|e| at_row(e, base + i))?;
@@ -296,10 +320,19 @@ fn at_row(e: ArrowKeyError, row: usize) -> ArrowKeyError {
     }
 }
 
-/// (pre-encoded `"name":`, column) pairs in byte order of the names.
-type Fields<'a> = Vec<(Vec<u8>, &'a dyn Array)>;
+/// A column of an object (a row, or a struct column's value): its pre-encoded `"name":`, the
+/// column, and, for a struct column, its own fields, sorted once for the whole batch (sorting
+/// them again for every row cost more than writing the row).
+struct Field<'a> {
+    key: Vec<u8>,
+    col: &'a dyn Array,
+    nested: Option<Fields<'a>>,
+}
 
-fn sorted_fields<'a>(s: &'a StructArray, keep: impl Fn(&str) -> bool) -> Result<Fields<'a>> {
+/// The fields of an object in byte order of their names.
+type Fields<'a> = Vec<Field<'a>>;
+
+fn sorted_fields<'a>(s: &'a StructArray, keep: &dyn Fn(&str) -> bool) -> Result<Fields<'a>> {
     let DataType::Struct(defs) = s.data_type() else {
         return Ok(Vec::new());
     };
@@ -319,25 +352,34 @@ fn sorted_fields<'a>(s: &'a StructArray, keep: impl Fn(&str) -> bool) -> Result<
     for (name, col) in &named {
         check_json_type(col.data_type(), name)?;
     }
-    Ok(named
+    named
         .into_iter()
         .map(|(name, col)| {
             let mut key = Vec::with_capacity(name.len() + 3);
             write_json_string(name.as_bytes(), &mut key);
             key.push(b':');
-            (key, col)
+            // A struct column's children are indexed as the column is (arrow slices them with
+            // it), so its fields serve every row of this batch.
+            let nested = match col.data_type() {
+                DataType::Struct(_) => Some(sorted_fields(col.as_struct(), &|_| true)?),
+                _ => None,
+            };
+            Ok(Field { key, col, nested })
         })
-        .collect())
+        .collect()
 }
 
 fn write_object(fields: &Fields<'_>, i: usize, out: &mut Vec<u8>) -> Result<()> {
     out.push(b'{');
-    for (n, (key, col)) in fields.iter().enumerate() {
+    for (n, field) in fields.iter().enumerate() {
         if n > 0 {
             out.push(b',');
         }
-        out.extend_from_slice(key);
-        write_json_value(*col, i, out)?;
+        out.extend_from_slice(&field.key);
+        match &field.nested {
+            Some(nested) if !field.col.is_null(i) => write_object(nested, i, out)?,
+            _ => write_json_value(field.col, i, out)?,
+        }
     }
     out.push(b'}');
     Ok(())
@@ -404,7 +446,7 @@ pub fn write_json_value(arr: &dyn Array, i: usize, out: &mut Vec<u8>) -> Result<
         return Ok(());
     }
     if is_integer(dt) {
-        let _ = std::io::Write::write_fmt(out, format_args!("{}", int_value(arr, i)));
+        push_decimal(out, int_value(arr, i));
         return Ok(());
     }
     match dt {
@@ -417,6 +459,12 @@ pub fn write_json_value(arr: &dyn Array, i: usize, out: &mut Vec<u8>) -> Result<
         }
         DataType::Float32 => {
             write_es_number_f32(arr.as_primitive::<Float32Type>().value(i), out)?;
+        }
+        DataType::Decimal128(_, scale) if *scale > 0 => {
+            let v = arr
+                .as_primitive::<arrow_array::types::Decimal128Type>()
+                .value(i);
+            push_scaled(out, v, usize::from(scale.unsigned_abs()));
         }
         DataType::Decimal128(_, _) => {
             let text = arr
@@ -458,11 +506,19 @@ pub fn write_json_value(arr: &dyn Array, i: usize, out: &mut Vec<u8>) -> Result<
             write_timestamp(secs, nanos, out);
             out.push(b'"');
         }
-        DataType::List(_) => write_list(arr.as_list::<i32>().value(i), out)?,
-        DataType::LargeList(_) => write_list(arr.as_list::<i64>().value(i), out)?,
+        DataType::List(_) => {
+            let list = arr.as_list::<i32>();
+            let (from, to) = (list.value_offsets()[i], list.value_offsets()[i + 1]);
+            write_items(list.values().as_ref(), from as usize, to as usize, out)?;
+        }
+        DataType::LargeList(_) => {
+            let list = arr.as_list::<i64>();
+            let (from, to) = (list.value_offsets()[i], list.value_offsets()[i + 1]);
+            write_items(list.values().as_ref(), from as usize, to as usize, out)?;
+        }
         DataType::Struct(_) => {
             let s = arr.as_struct();
-            let fields = sorted_fields(s, |_| true)?;
+            let fields = sorted_fields(s, &|_| true)?;
             write_object(&fields, i, out)?;
         }
         DataType::Null => out.extend_from_slice(b"null"),
@@ -473,13 +529,15 @@ pub fn write_json_value(arr: &dyn Array, i: usize, out: &mut Vec<u8>) -> Result<
     Ok(())
 }
 
-fn write_list(items: ArrayRef, out: &mut Vec<u8>) -> Result<()> {
+/// Items `from..to` of a list column's values (its offsets index them directly: no slice of
+/// the values per row).
+fn write_items(values: &dyn Array, from: usize, to: usize, out: &mut Vec<u8>) -> Result<()> {
     out.push(b'[');
-    for j in 0..items.len() {
-        if j > 0 {
+    for j in from..to {
+        if j > from {
             out.push(b',');
         }
-        write_json_value(items.as_ref(), j, out)?;
+        write_json_value(values, j, out)?;
     }
     out.push(b']');
     Ok(())
@@ -489,6 +547,12 @@ fn write_list(items: ArrayRef, out: &mut Vec<u8>) -> Result<()> {
 pub fn write_json_string(s: &[u8], out: &mut Vec<u8>) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push(b'"');
+    // Most strings need no escape: one pass that only looks, then one copy.
+    if !s.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\') {
+        out.extend_from_slice(s);
+        out.push(b'"');
+        return;
+    }
     let mut start = 0;
     for (i, &b) in s.iter().enumerate() {
         let esc: &[u8] = match b {
@@ -716,6 +780,45 @@ mod tests {
         write_es_number_f32(0.1f32, &mut out).unwrap();
         assert_eq!(out, b"0.1");
         assert!(write_es_number(f64::NAN, &mut out).is_err());
+    }
+
+    #[test]
+    fn scaled_decimals_are_written_as_arrow_writes_them() {
+        use arrow_array::Decimal128Array;
+        let values: Vec<i128> = vec![
+            0,
+            1,
+            -1,
+            5,
+            -5,
+            9,
+            10,
+            99,
+            100,
+            101,
+            -150,
+            12345,
+            -12345,
+            1_000_000,
+            i128::from(i64::MAX),
+            i128::from(i64::MIN),
+            10i128.pow(37) - 1,
+            -(10i128.pow(37) - 1),
+        ];
+        for scale in [1i8, 2, 3, 6, 10, 20] {
+            let arr = Decimal128Array::from(values.clone())
+                .with_precision_and_scale(38, scale)
+                .unwrap();
+            for (i, v) in values.iter().enumerate() {
+                let mut out = Vec::new();
+                push_scaled(&mut out, *v, scale.unsigned_abs().into());
+                assert_eq!(
+                    String::from_utf8(out).unwrap(),
+                    arr.value_as_string(i),
+                    "{v} {scale}"
+                );
+            }
+        }
     }
 
     #[test]
