@@ -27,6 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from .clock import SYSTEM_CLOCK, Clock
@@ -188,6 +189,35 @@ class History:
             raise
         self.ok(key, payload, result, start)
         return result
+
+    def call_async(
+        self, key: bytes | None, payload: bytes, fn: Callable[[], Future[WriteResult]]
+    ) -> Future[WriteResult]:
+        """Start one async write `fn()` (a `write_async`) and record it when its future ends,
+        stamped with that moment: the checker trusts an attempt's end (an entry whose write
+        timed out was still pending then), and an async write can end long before anybody
+        reads its outcome. A call that raises before it returns a future is recorded and
+        re-raised."""
+        start = self.now()
+        try:
+            future = fn()
+        except Exception as exc:
+            self.failed(key, payload, exc, start)
+            raise
+
+        def ended(f: Future[WriteResult]) -> None:
+            end = self.now()
+            if f.cancelled():
+                self.failed(key, payload, "cancelled", start, end)
+                return
+            exc = f.exception()
+            if exc is None:
+                self.ok(key, payload, f.result(), start, end)
+            else:
+                self.failed(key, payload, exc, start, end)
+
+        future.add_done_callback(ended)
+        return future
 
     def check(
         self, messages: Iterable[LogMessage], window_ms: int, window_max_keys: int

@@ -409,3 +409,35 @@ def test_flags_entry_whose_only_attempts_were_answered_as_duplicates():
     fails_with(h, [msg(0, 0, K("a"))], INVENTED)
     failed(h, K("a"), (0, 1))  # corrected: the creating call is recorded (its ack was lost)
     passes(h, [msg(0, 0, K("a"))])
+
+
+def test_call_async_records_an_attempt_when_its_future_ends():
+    """An async write is recorded with the moment its future ended, not when its outcome is
+    read: the checker trusts an attempt's end (a timed-out entry was pending until then)."""
+    from concurrent.futures import Future
+
+    h = History()
+    key = explicit_key("k")
+    done: Future = Future()
+    assert h.call_async(key, b"p", lambda: done) is done
+    assert h.attempts == []  # nothing until it ends
+    before = h.now()
+    done.set_result(WriteResult(LogMessageId(0, 3), False))
+    after = h.now()
+    (a,) = h.attempts
+    assert a.message_id == LogMessageId(0, 3) and before.ns <= a.end.ns <= after.ns
+
+    timed_out: Future = Future()
+    h.call_async(key, b"q", lambda: timed_out)
+    before = h.now()
+    timed_out.set_exception(WriteTimeoutError("still pending"))
+    after = h.now()
+    later = h.attempts[-1]
+    assert later.timed_out and not later.ok and before.ns <= later.end.ns <= after.ns
+
+    def refused() -> Future:
+        raise wp.InvalidArgumentError("bad id")
+
+    with pytest.raises(wp.InvalidArgumentError):
+        h.call_async(key, b"r", refused)
+    assert h.attempts[-1].error == "InvalidArgumentError: bad id"
