@@ -699,6 +699,15 @@ def _check_together(v: Mapping[str, Any]) -> None:
     for a, b in (("meta.client_cert", "meta.client_key"), ("meta.user", "meta.password")):
         if (v[a] is None) != (v[b] is None):
             raise ConfigError(f"invalid config: {a} and {b} go together (set both, or neither)")
+    if v["objectstore.sse"] is not None and v["objectstore.type"] != "s3":
+        # Unlike the other S3 settings, this one is a promise about data at rest: ignoring it
+        # on a local store would leave files a user believes encrypted in the clear.
+        raise ConfigError(
+            f"invalid config objectstore.sse = {v['objectstore.sse']!r}: server-side encryption "
+            f"is S3's, and objectstore.type is {v['objectstore.type']!r}; local segment files "
+            "and snapshots are not encrypted by woodpecker_idem: use an encrypted file system "
+            "(docs/security.md), and leave objectstore.sse unset"
+        )
     if v["objectstore.sse_kms_key_id"] is not None and v["objectstore.sse"] != "aws:kms":
         # A key id without aws:kms would be dropped silently (or refused by S3 at the first put).
         raise ConfigError(

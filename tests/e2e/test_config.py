@@ -295,10 +295,20 @@ def test_cross_key_rules() -> None:
         Config.from_dict({"objectstore.type": "s3"})
     with pytest.raises(ConfigError, match="objectstore.sse_kms_key_id .*objectstore.sse is null"):
         Config.from_dict({"objectstore.sse_kms_key_id": "alias/wal"})
+    on_s3 = {"objectstore.type": "s3", "objectstore.bucket": "b"}
     with pytest.raises(ConfigError, match="objectstore.sse: aws:kms .*objectstore.sse is 'AES256'"):
-        Config.from_dict({"objectstore.sse": "AES256", "objectstore.sse_kms_key_id": "alias/wal"})
-    kms = Config.from_dict({"objectstore.sse": "aws:kms", "objectstore.sse_kms_key_id": "k"})
+        Config.from_dict(
+            {**on_s3, "objectstore.sse": "AES256", "objectstore.sse_kms_key_id": "alias/wal"}
+        )
+    kms = Config.from_dict(
+        {**on_s3, "objectstore.sse": "aws:kms", "objectstore.sse_kms_key_id": "k"}
+    )
     assert kms.objectstore.sse_kms_key_id == "k"
+    # encryption asked of a local store is refused, not silently ignored
+    with pytest.raises(
+        ConfigError, match="objectstore.sse = 'AES256': .*objectstore.type is 'local'"
+    ):
+        Config.from_dict({"objectstore.sse": "AES256"})
     s3 = Config.from_dict({"objectstore": {"type": "s3", "bucket": "b", "region": "eu-west-1"}})
     assert s3.objectstore.bucket == "b"
 

@@ -237,10 +237,16 @@ def test_kms_refusals_name_the_kms_permissions_and_the_key() -> None:
         ({"objectstore.sse": True}, "one of null, AES256, aws:kms"),
         ({"objectstore.sse_kms_key_id": "alias/wal"}, "objectstore.sse is null"),
         (
-            {"objectstore.sse": "AES256", "objectstore.sse_kms_key_id": "alias/wal"},
+            {
+                "objectstore.sse": "AES256",
+                "objectstore.sse_kms_key_id": "alias/wal",
+                "objectstore.type": "s3",
+                "objectstore.bucket": "b",
+            },
             "objectstore.sse is 'AES256'",
         ),
         ({"objectstore.sse": "aws:kms", "objectstore.sse_kms_key_id": ""}, "non-empty"),
+        ({"objectstore.sse": "AES256"}, "objectstore.type is 'local'"),  # not silently ignored
     ],
 )
 def test_config_refuses_bad_sse_settings(config: dict[str, Any], expected: str) -> None:
@@ -256,6 +262,8 @@ def test_config_accepts_sse_settings_from_the_environment() -> None:
 
     cfg = load_config(
         env={
+            "WOODPECKER_OBJECTSTORE_TYPE": "s3",
+            "WOODPECKER_OBJECTSTORE_BUCKET": "b",
             "WOODPECKER_OBJECTSTORE_SSE": "aws:kms",
             "WOODPECKER_OBJECTSTORE_SSE_KMS_KEY_ID": "alias/wal",
         }
