@@ -69,8 +69,8 @@ def test_every_relative_link_resolves_inside_the_repository(doc: Path) -> None:
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_markdown_file_named_exists(doc: Path) -> None:
-    """A doc that names `SOMETHING.md` (the README once sent users to a DESIGN.md that is not in
-    the repository) names a file that is here, relative to the doc or to the repository root."""
+    """A doc that names `SOMETHING.md` (the README once sent users to a design document that is not
+    in the repository) names a file that is here, relative to the doc or to the repository root."""
     for name in MENTION.findall(doc.read_text()):
         assert (doc.parent / name).exists() or (ROOT / name).exists(), f"{doc.name}: {name}"
 

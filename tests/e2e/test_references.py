@@ -1,5 +1,5 @@
 """Every file a source file or doc names is in the repository: comments and docs once cited a
-design document users do not have ("DESIGN.md section N"), and module paths go stale when files
+design document users do not have ("<DOC>.md section N"), and module paths go stale when files
 move. A name counts when it looks like a file (`name.md`, `dir/name.py`, ...) and is found
 relative to the citing file, its package, or one of the repository's roots."""
 
@@ -66,5 +66,5 @@ def test_every_file_named_exists(source: Path) -> None:
 def test_the_scan_sees_names(tmp_path: Path) -> None:
     """The scan finds a stale name (a rule that sees nothing passes anything)."""
     doc = tmp_path / "x.md"
-    doc.write_text("see DESIGN.md section 3, client/writer.py and docs/semantics.md\n")
-    assert missing(doc) == ["DESIGN.md", "client/writer.py"]
+    doc.write_text("see PLAN.md section 3, client/writer.py and docs/semantics.md\n")
+    assert missing(doc) == ["PLAN.md", "client/writer.py"]
