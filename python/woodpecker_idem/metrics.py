@@ -143,6 +143,16 @@ def _figures(writer: object) -> dict[str, Any]:
     return out
 
 
+def _reported_writers() -> Iterator[tuple[Any, Any, bool, bool]]:
+    """(writer, its log handle, live, fenced) of every writer whose figures are reported: open
+    or fenced (a closed writer's figures end with it)."""
+    for writer, handle in writer_registry.writers():
+        live = writer_registry.is_live(writer)
+        fenced = bool(getattr(writer, "fenced", False))
+        if live or fenced:
+            yield writer, handle, live, fenced
+
+
 def collect_histograms() -> dict[str, dict[str, tuple[tuple[float, ...], list[int], float]]]:
     """Every histogram now: name -> {log name: (bucket upper bounds, entries per bucket, not
     cumulative, with +Inf last; the sum)}, summed over this process's writers as `collect`."""
@@ -150,9 +160,7 @@ def collect_histograms() -> dict[str, dict[str, tuple[tuple[float, ...], list[in
         "ack_latency_seconds": {}
     }
     latency = out["ack_latency_seconds"]
-    for writer, handle in writer_registry.writers():
-        if not (writer_registry.is_live(writer) or getattr(writer, "fenced", False)):
-            continue
+    for writer, handle, _, _ in _reported_writers():
         figures = getattr(writer, "ack_latency", None)
         if figures is None:
             continue
@@ -169,11 +177,7 @@ def collect() -> dict[str, dict[str, float]]:
     """Every series now: name -> {log name: value}, summed over this process's writers (open or
     fenced: a closed writer's figures end with it), readers and retention runners."""
     out: dict[str, dict[str, float]] = {name: {} for name, _, _ in SERIES}
-    for writer, handle in writer_registry.writers():
-        live = writer_registry.is_live(writer)
-        fenced = bool(getattr(writer, "fenced", False))
-        if not (live or fenced):
-            continue
+    for writer, handle, live, fenced in _reported_writers():
         figures = _figures(writer)
         for name, _, _, key, scale in _SERIES:
             value = figures.get(key)
