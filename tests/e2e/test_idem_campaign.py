@@ -39,6 +39,7 @@ from typing import Any
 import pytest
 from drain import Drain
 from slowprofile import size
+from stopped import wait_stopped
 
 import woodpecker_idem as wp
 from woodpecker_idem import LogMessageId, WriteResult, explicit_key
@@ -108,19 +109,8 @@ class Worker:
         """SIGSTOP the worker and wait until everything it printed is in `lines`; False if it
         is gone already."""
         os.kill(self.proc.pid, signal.SIGSTOP)
-        deadline = time.monotonic() + 60
-        while True:  # a SIGSTOP is delivered asynchronously
-            try:
-                with open(f"/proc/{self.proc.pid}/stat") as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-            except FileNotFoundError:
-                return False
-            if state in ("Z", "X"):
-                return False
-            if state in ("T", "t"):
-                break
-            assert time.monotonic() < deadline, f"worker {self.tag} did not stop"
-            time.sleep(0.001)
+        if not wait_stopped(self.proc.pid):
+            return False
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         stable = 0

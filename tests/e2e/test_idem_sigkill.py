@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 from drain import Drain
 from slowprofile import size
+from stopped import wait_stopped
 
 import woodpecker_idem as wp
 from woodpecker_idem import LogMessageId, WriteResult, explicit_key
@@ -61,21 +62,6 @@ class Round:
 
 def _stamp() -> Stamp:
     return Stamp(wp.clock.SYSTEM_CLOCK.now_ms(), time.monotonic_ns())
-
-
-def _wait_stopped(pid: int, timeout: float = 60.0) -> None:
-    """Until `pid` is stopped (or gone): a SIGSTOP is delivered asynchronously."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            return
-        if state in ("T", "t", "Z", "X"):
-            return
-        assert time.monotonic() < deadline, f"producer {pid} did not stop (state {state})"
-        time.sleep(0.001)
 
 
 def run_round(
@@ -167,7 +153,7 @@ def run_round(
                     if stop_after:
                         time.sleep(stop_after)
                     os.kill(proc.pid, signal.SIGSTOP)
-                    _wait_stopped(proc.pid)
+                    wait_stopped(proc.pid)
                     while open_pipe and select.select([fd], [], [], 0)[0]:
                         open_pipe = read_lines(0)  # everything it printed before the stop
                     if rnd.handed_in_flight() - acked_before:
