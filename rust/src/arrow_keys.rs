@@ -213,26 +213,22 @@ fn push_decimal(out: &mut Vec<u8>, v: i128) {
 }
 
 /// `v` scaled by 10^-`scale` (`scale` > 0) as Arrow's `value_as_string` writes it, `-1.50`,
-/// `0.05`, without a `String` per value.
+/// `0.05`: its digits written in place, then the point (and leading zeros) put in.
 fn push_scaled(out: &mut Vec<u8>, v: i128, scale: usize) {
-    let mut digits = Vec::with_capacity(40);
-    push_decimal(&mut digits, v);
-    let (sign, digits) = match digits.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, &digits[..]),
-    };
-    if sign {
-        out.push(b'-');
-    }
-    if digits.len() <= scale {
-        out.extend_from_slice(b"0.");
-        out.resize(out.len() + scale - digits.len(), b'0');
-        out.extend_from_slice(digits);
+    let start = out.len() + usize::from(v < 0);
+    push_decimal(out, v);
+    let digits = out.len() - start;
+    if digits <= scale {
+        let zeros = scale - digits;
+        out.splice(
+            start..start,
+            b"0."
+                .iter()
+                .copied()
+                .chain(std::iter::repeat_n(b'0', zeros)),
+        );
     } else {
-        let (whole, frac) = digits.split_at(digits.len() - scale);
-        out.extend_from_slice(whole);
-        out.push(b'.');
-        out.extend_from_slice(frac);
+        out.insert(out.len() - scale, b'.');
     }
 }
 
