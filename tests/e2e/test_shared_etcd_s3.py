@@ -42,9 +42,8 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _snapshot_in(config: dict) -> bool:
-    s3 = boto3.client("s3", endpoint_url=config["objectstore.endpoint_url"])
-    listed = s3.list_objects_v2(Bucket=config["objectstore.bucket"])
+def _snapshot_in(s3: object, bucket: str) -> bool:
+    listed = s3.list_objects_v2(Bucket=bucket)  # type: ignore[attr-defined]
     return any("dedup_snapshot/" in o["Key"] for o in listed.get("Contents", []))
 
 
@@ -59,8 +58,9 @@ def _host_a(data_dir: Path, config: dict, timeout: float = 60.0) -> list[str]:
     acked: list[str] = []
     fd, buf = proc.stdout.fileno(), b""
     deadline = time.monotonic() + timeout
+    s3 = boto3.client("s3", endpoint_url=config["objectstore.endpoint_url"])
     try:
-        while len(acked) < KILL_AFTER or not _snapshot_in(config):
+        while len(acked) < KILL_AFTER or not _snapshot_in(s3, config["objectstore.bucket"]):
             assert time.monotonic() < deadline, f"host A stuck: {stderr.text()[-2000:]}"
             ready, _, _ = select.select([fd], [], [], 1.0)
             if not ready:
