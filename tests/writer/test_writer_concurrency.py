@@ -140,8 +140,17 @@ class Stress:
 
 
 def run_stress(
-    path: Path, *, idempotent: bool, threads: int, rounds: int, seed: int, **cfg: object
+    path: Path,
+    *,
+    idempotent: bool,
+    threads: int,
+    rounds: int,
+    seed: int,
+    resend: bool = False,
+    **cfg: object,
 ) -> None:
+    """`resend`: afterwards a new idempotent writer takes the log over (its window rebuilt
+    from the newest snapshot and the log after it) and every key is written again."""
     client = wp.connect(path, {"quorum.es": 1, **TIGHT, **cfg})
     log = client.open_log("stress", create=True)
     writer = (
@@ -166,10 +175,31 @@ def run_stress(
         t.join()
     assert not errors, errors
     metrics = dict(writer.metrics)
+    snapshots = writer._snapshotter.writes if idempotent else 0
     writer.close()
     # the faults met the writes: producers waited for room, segments rolled under them
     assert metrics["backpressure_waits"] > 0, metrics
     assert metrics["segments_rolled"] > 0, metrics
+    if resend:
+        assert snapshots > 1, snapshots  # snapshots were streamed while producers wrote
+        again = log.open_writer(
+            idempotent=True, window_duration_s=WINDOW_S, window_max_keys=WINDOW_KEYS
+        )
+        assert again.recovery.snapshot_key_count > 0, again.recovery
+        idents = [f"k{n}" for n in range(stress.next_key + 1)]
+        start = history.now()
+        res = again.write_many([payload_of(i) for i in idents], idents)
+        end = history.now()
+        for row, ident in enumerate(idents):
+            mid = wp.LogMessageId(res.segment_ids[row], res.entry_ids[row])
+            history.ok(
+                explicit_key(ident),
+                payload_of(ident),
+                wp.WriteResult(mid, bool(res.duplicate[row])),
+                start,
+                end,
+            )
+        again.close()
     log.open_writer().close()  # completes every segment
     # the entries the nodes store, read around the LogReader (and the reader held to them)
     verdict = history.check_log(log, WINDOW_S * 1000, WINDOW_KEYS)
@@ -196,6 +226,20 @@ def test_idempotent_producers_into_backpressure(tmp_path: Path, seed: int):
 )
 def test_idempotent_producers_under_other_limits(tmp_path: Path, limits: dict):
     run_stress(tmp_path, idempotent=True, threads=6, rounds=40, seed=7, **limits)
+
+
+def test_snapshots_streamed_under_producers_rebuild_the_window(tmp_path: Path):
+    """Snapshots stream from the live window while producers commit into backpressure; a
+    takeover rebuilds from the newest one, and a resend of every key lands nowhere new."""
+    run_stress(
+        tmp_path,
+        idempotent=True,
+        threads=6,
+        rounds=60,
+        seed=11,
+        resend=True,
+        **{"idempotency.snapshot_interval_s": 0.01, "idempotency.snapshot_threshold": 16},
+    )
 
 
 @pytest.mark.parametrize("seed", range(2))
