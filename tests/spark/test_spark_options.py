@@ -11,7 +11,12 @@ from sparkenv import orders, spark  # noqa: F401 - the session fixture
 from woodpecker_idem import connect
 from woodpecker_idem.errors import ConfigError, InvalidArgumentError
 from woodpecker_idem.spark import prepare
-from woodpecker_idem.spark.options import READ_OPTIONS, SinkOptions
+from woodpecker_idem.spark.options import (
+    READ_OPTIONS,
+    SINK_BATCH_ENTRIES,
+    SINK_BATCHES_IN_FLIGHT,
+    SinkOptions,
+)
 
 
 def parse(data_dir: Path, **options: str) -> SinkOptions:
@@ -79,6 +84,22 @@ def test_numbers_are_parsed_from_text_and_the_text_quoted(tmp_path, name, text, 
 def test_numbers_in_text_are_read(tmp_path):
     opts = parse(tmp_path, windowMaxKeys=" 5000 ", windowDurationS="1e2", partitions="3")
     assert (opts.window_max_keys, opts.window_duration_s, opts.partitions) == (5000, 100.0, 3)
+
+
+@pytest.mark.parametrize(
+    ("given", "batch", "in_flight"),
+    [
+        ({}, SINK_BATCH_ENTRIES, SINK_BATCHES_IN_FLIGHT * SINK_BATCH_ENTRIES),
+        ({"append.max_inflight_entries": "5000"}, 5000, 5000),
+        ({"append.max_batch_entries": "200"}, 200, 10_000),  # the config's in-flight default
+        ({"append.max_batch_entries": "300", "append.max_inflight_entries": "600"}, 300, 600),
+    ],
+)
+def test_the_sink_batches_in_bulk_unless_the_config_sizes_batches(
+    tmp_path, given, batch, in_flight
+):
+    append = parse(tmp_path, **given).settings.append
+    assert (append.max_batch_entries, append.max_inflight_entries) == (batch, in_flight)
 
 
 def test_a_misspelt_option_fails_the_spark_write_before_anything_is_written(spark, tmp_path):  # noqa: F811
