@@ -67,6 +67,8 @@ ACK_LATENCY_BOUNDS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     5.0, 10.0,
 )  # fmt: skip
+# A batch call looks this many of its first rows up before queueing any (see `_lookup`)
+LOOKAHEAD_ROWS = 64
 # status byte (0 new, 1 pending, 2 committed) -> duplicate flag
 _DUPLICATE = bytes.maketrans(b"\x00\x01\x02", b"\x00\x01\x01")
 _new = tuple.__new__  # a NamedTuple's own __new__ costs a microsecond on the duplicate path
@@ -445,10 +447,11 @@ class Accumulator:
 
     def _lookup(self, keys: bytes, n: int) -> tuple[bytes, bytes, bytes]:
         """The stage's answer for the rows whose keys are committed (status 2, with ids): a
-        batch sent again is answered without touching the queue. Asked for the first batch of
-        rows, and for the rest only if all of those were committed: in a batch of new rows each
-        run's `reserve_locked` judges every row anyway (unknown rows count as status 0)."""
-        head = self._batch_entries
+        batch sent again is answered without touching the queue. Asked for the first
+        LOOKAHEAD_ROWS rows, and for the rest only if all of those were committed: in a batch
+        of new rows each run's `reserve_locked` judges every row anyway (unknown rows count as
+        status 0), so looking further ahead would only look every key up twice."""
+        head = LOOKAHEAD_ROWS
         with self._lock:
             self._state.check_open_locked()
             now = self._clock.now_ms()
