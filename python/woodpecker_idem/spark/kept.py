@@ -11,9 +11,11 @@ takes the log over itself.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
-from collections.abc import Hashable
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,8 +24,8 @@ from ..types import LogMessageId
 
 if TYPE_CHECKING:
     from ..client.client import WoodpeckerClient
-    from ..meta.base import MetadataStore
     from ..writer.api import IdempotentLogWriter
+    from .options import SinkOptions
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +38,30 @@ class Kept:
     pid: int
 
 
-_KEPT: dict[Hashable, Kept] = {}
+_KEPT: dict[str, Kept] = {}
+# Writers are taken and kept from more than one thread (each task's own): a writer taken is out
+# of _KEPT, so one user at a time writes through it.
+_LOCK = threading.Lock()
 
 
-def take(key: Hashable, meta: MetadataStore) -> Kept | None:
+def kept_key(opts: SinkOptions, route: int) -> str:
+    """What a kept writer was opened for: a task with other window options or stores takes
+    the log over instead."""
+    what = [
+        opts.log,
+        route,
+        opts.data_dir,
+        opts.settings.to_dict(),
+        opts.window_max_keys,
+        opts.window_duration_s,
+    ]
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def take(key: str) -> Kept | None:
     """The writer kept under `key` if it may still write its log (None otherwise)."""
-    kept = _KEPT.pop(key, None)
+    with _LOCK:
+        kept = _KEPT.pop(key, None)
     if kept is None:
         return None
     if kept.pid != os.getpid():  # inherited across a fork: never touched here
@@ -49,7 +69,7 @@ def take(key: Hashable, meta: MetadataStore) -> Kept | None:
     try:
         if kept.writer.fenced:
             raise WriterFencedError("fenced")
-        meta.check_epoch(kept.writer.log_id, kept.writer.epoch)
+        kept.client.meta.check_epoch(kept.writer.log_id, kept.writer.epoch)
     except WriterFencedError:
         log.info("a kept writer of log id %d was taken over: closing it", kept.writer.log_id)
         discard(kept)
@@ -57,11 +77,12 @@ def take(key: Hashable, meta: MetadataStore) -> Kept | None:
     return kept
 
 
-def keep(key: Hashable, kept: Kept) -> None:
-    old = _KEPT.pop(key, None)
+def keep(key: str, kept: Kept) -> None:
+    with _LOCK:
+        old = _KEPT.pop(key, None)
+        _KEPT[key] = kept
     if old is not None:
         discard(old)
-    _KEPT[key] = kept
 
 
 def discard(kept: Kept) -> None:
