@@ -6,7 +6,8 @@ ends well; the next micro-batch's task for that route in this worker takes it ag
 taking the log over, which would seal the writer's segment and open a new one (a segment per log
 per micro-batch). A kept writer is used again only while it still holds the log's writer epoch:
 when another attempt or another worker has taken the log over since, it is closed and the task
-takes the log over itself.
+takes the log over itself. A task that runs in another worker of the same host hands its rows to
+the worker keeping the writer instead (holder.py, remote.py).
 """
 
 from __future__ import annotations
@@ -39,14 +40,14 @@ class Kept:
 
 
 _KEPT: dict[str, Kept] = {}
-# Writers are taken and kept from more than one thread (each task's own): a writer taken is out
-# of _KEPT, so one user at a time writes through it.
+# The worker's task thread and the threads serving sibling workers (holder.py) take and keep
+# writers: a writer taken is out of _KEPT, so one user at a time writes through it.
 _LOCK = threading.Lock()
 
 
 def kept_key(opts: SinkOptions, route: int) -> str:
     """What a kept writer was opened for: a task with other window options or stores takes
-    the log over instead."""
+    the log over instead. Text, so another worker can ask for it (holder.py)."""
     what = [
         opts.log,
         route,

@@ -1,5 +1,8 @@
 """One route's write in one task: the batch identity's decision, the rows it lets through, the
 writer's call, and what the task reports of it.
+
+The same code runs where the route's writer is: in the task's own Python worker, or in a sibling
+worker on the same host that holds the log's writer and serves the task's rows (holder.py).
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from ..errors import (
     WriterFencedError,
 )
 from ..meta.base import TxnMeta
+from . import holder
 from . import kept as kept_writers
 from .batches import (
     JOB_APP_PREFIX,
@@ -59,6 +60,7 @@ from .options import (
     int_option,
     log_name,
 )
+from .remote import RemoteRoute
 from .route import RouteWrite
 from .routing import ROUTE_COLUMN
 from .source import (
@@ -103,6 +105,8 @@ class WoodpeckerCommitMessage(WriterCommitMessage):
     # driver marks them committed once Spark counts the task as succeeded (a task's input can
     # end early when the task fails upstream of the sink, so the task cannot tell by itself)
     txns: list[tuple[int, TxnMeta]] = field(default_factory=list)
+    # routes whose rows this task handed to the Python worker of its host keeping their writer
+    handed_off: list[int] = field(default_factory=list)
 
 
 class TaskWriters:
@@ -111,14 +115,14 @@ class TaskWriters:
     def __init__(self, opts: SinkOptions, partition: int = -1, batch: BatchId | None = None):
         self._opts = opts
         self._client = opts.connect()
-        self._routes: dict[int, RouteWrite] = {}
+        self._routes: dict[int, RouteWrite | RemoteRoute] = {}
         self._plain: dict[int, LogWriter] = {}
         self._writer_name = f"Spark partition {partition}"
         self._batch = batch if opts.idempotent else None
         # a streaming query's writers stay open between its micro-batches
         self._keep = batch is not None and batch.app_id.startswith(STREAM_APP_PREFIX)
 
-    def _route(self, route: int) -> RouteWrite:
+    def _route(self, route: int) -> RouteWrite | RemoteRoute:
         r = self._routes.get(route)
         if r is not None:
             return r
@@ -132,13 +136,14 @@ class TaskWriters:
                 r = self._routes[route] = RouteWrite(name, batch=done)
                 return r
         r = self._routes[route] = self._open(route, handle)
-        if self._batch is not None:
+        if self._batch is not None and isinstance(r, RouteWrite):
             r.begin(self._client, handle, self._batch, self._writer_name)
         return r
 
-    def _open(self, route: int, handle: LogHandle) -> RouteWrite:
+    def _open(self, route: int, handle: LogHandle) -> RouteWrite | RemoteRoute:
         """The route's writer: the one this worker kept from the query's previous micro-batch,
-        else a new one here (a take-over)."""
+        else the one another worker of this host keeps (which writes the rows, and has begun
+        the batch), else a new one here (a take-over)."""
         if not self._keep:
             return RouteWrite(
                 handle.name, handle.open_writer(idempotent=True, **self._opts.writer_options())
@@ -148,6 +153,16 @@ class TaskWriters:
         kept = kept_writers.take(key)
         if kept is not None:  # no take-over, no new segment
             return RouteWrite(handle.name, kept.writer, kept.client, kept.tail)
+        remote = RemoteRoute.open(
+            self._opts,
+            self._client.store_id(),
+            handle,
+            key,
+            self._batch,
+            self._writer_name,
+        )
+        if remote is not None:
+            return remote
         client = self._opts.connect()  # a client of its own, kept open with the writer
         try:
             own = client.open_log(handle.name)
@@ -178,6 +193,7 @@ class TaskWriters:
                 msg.txns.append(report.txn)
             msg.skipped += report.skipped
             msg.replayed += report.replayed
+        msg.handed_off = sorted(k for k, r in self._routes.items() if isinstance(r, RemoteRoute))
 
     @property
     def routes(self) -> list[int]:
@@ -185,14 +201,18 @@ class TaskWriters:
 
     def close(self, ok: bool = False) -> None:
         """Close the writers; `ok` (the task wrote all it was given): a streaming task keeps
-        them open in this worker for the query's next micro-batch (see kept.py)."""
+        them open in this worker, or in the worker that wrote them, for the query's next
+        micro-batch (see kept.py)."""
         try:
             for route, r in self._routes.items():
+                if isinstance(r, RemoteRoute):
+                    r.close(keep=ok)
+                    continue
                 if r.writer is None:
                     continue
                 if ok and self._keep and r.client is not None:
                     kept = kept_writers.Kept(r.client, r.writer, r.tail, os.getpid())
-                    kept_writers.keep(kept_writers.kept_key(self._opts, route), kept)
+                    holder.keep(kept_writers.kept_key(self._opts, route), kept)
                     continue
                 try:
                     r.writer.close()
@@ -408,6 +428,7 @@ def report_commit(
         "duplicates": sum(m.duplicates for m in done),
         "attempts": sum(m.attempt + 1 for m in done),
         "retried_tasks": sum(1 for m in done if m.attempt > 0),
+        "handed_off": sum(len(m.handed_off) for m in done),
         "skipped": sum(m.skipped for m in done),
         "replayed": sum(m.replayed for m in done),
         "early_evictions": sum(m.early_evictions for m in done),
