@@ -210,8 +210,12 @@ def test_the_registry_names_the_latest_holder_and_forgets_the_dead():
     handoff.publish(directory, store, 7, handoff.Holder(dead_pid, "/nowhere.sock"))
     assert handoff.lookup(directory, store, 7) == handoff.Holder(dead_pid, "/nowhere.sock")
     assert not handoff.alive(dead_pid)
+    leftovers = [directory / f"{dead_pid}.sock", directory / f"{store}.holder.{dead_pid}.tmp"]
+    for path in leftovers:
+        path.write_text("")
     handoff.sweep(directory)
     assert handoff.lookup(directory, store, 7) is None
+    assert not any(path.exists() for path in leftovers)
     me = handoff.Holder(os.getpid(), "/here.sock")
     handoff.publish(directory, store, 7, me)
     handoff.sweep(directory)

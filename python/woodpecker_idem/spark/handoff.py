@@ -110,17 +110,22 @@ def alive(pid: int) -> bool:
 
 
 def sweep(directory: Path) -> None:
-    """Remove the sockets and entries of processes that are gone (a Python worker ends with
-    os._exit, cleaning nothing up)."""
+    """Remove the sockets, entries and half-written entries of processes that are gone (a
+    Python worker ends with os._exit, cleaning nothing up). An entry another worker publishes
+    between the read and the unlink here is lost: that log's next task elsewhere takes the log
+    over (a new segment), as with no holder named."""
     for path in directory.iterdir():
-        if path.suffix == ".sock" and path.stem.isdigit() and not alive(int(path.stem)):
-            with contextlib.suppress(OSError):
-                path.unlink()
+        pid: int | None = None
+        if path.suffix == ".sock" and path.stem.isdigit():
+            pid = int(path.stem)
+        elif path.suffix == ".tmp" and path.stem.rsplit(".", 1)[-1].isdigit():
+            pid = int(path.stem.rsplit(".", 1)[-1])
         elif path.suffix == ".holder":
             found = _read_entry(path)
-            if found is not None and not alive(found.pid):
-                with contextlib.suppress(OSError):
-                    path.unlink()
+            pid = found.pid if found is not None else None
+        if pid is not None and not alive(pid):
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 # --- the messages ----------------------------------------------------------------------------
