@@ -244,3 +244,12 @@ class EarlyEvictionError(WoodpeckerError):
     retry of them would be a new write. Raise `windowMaxKeys` (window_max_keys) for the data."""
 
     code = "EARLY_EVICTION"
+
+
+class HandoffError(WoodpeckerError):
+    """A streaming task handed its rows to the Python worker on its host that holds the log's
+    writer, and that worker went away or stopped answering mid-batch: the task cannot tell which
+    of its rows were written, so it fails. Spark's retry of it takes the log over and writes what
+    the batch still misses (its batch identity reads the log back)."""
+
+    code = "HANDOFF_FAILED"

@@ -36,7 +36,6 @@ from pyspark.sql.datasource import (
 
 from .._core import arrow_first_misrouted, arrow_rows, route_keys
 from ..errors import (
-    EarlyEvictionError,
     InvalidArgumentError,
     LogNotFoundError,
     MetadataConflictError,
@@ -44,14 +43,12 @@ from ..errors import (
     WriterFencedError,
 )
 from ..meta.base import TxnMeta
-from ..types import LogMessageId
+from . import holder
 from . import kept as kept_writers
 from .batches import (
     JOB_APP_PREFIX,
     STREAM_APP_PREFIX,
     BatchId,
-    RouteBatch,
-    begin,
     begin_done,
     task_batch_id,
 )
@@ -63,6 +60,8 @@ from .options import (
     int_option,
     log_name,
 )
+from .remote import RemoteRoute
+from .route import RouteWrite
 from .routing import ROUTE_COLUMN
 from .source import (
     group_size,
@@ -77,9 +76,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
-    from ..client.client import WoodpeckerClient
     from ..client.log import LogHandle
-    from ..writer.api import IdempotentLogWriter, LogWriter
+    from ..writer.api import LogWriter
 
 log = logging.getLogger(__name__)
 
@@ -107,17 +105,8 @@ class WoodpeckerCommitMessage(WriterCommitMessage):
     # driver marks them committed once Spark counts the task as succeeded (a task's input can
     # end early when the task fails upstream of the sink, so the task cannot tell by itself)
     txns: list[tuple[int, TxnMeta]] = field(default_factory=list)
-
-
-@dataclass
-class _Route:
-    """One route's writer in a task, and the identified batch it writes (if any)."""
-
-    writer: IdempotentLogWriter | None = None
-    batch: RouteBatch | None = None
-    evictions: int = 0
-    client: WoodpeckerClient | None = None  # the writer's own client, when it may be kept
-    tail: LogMessageId | None = None  # where the writer's next entry goes, once known
+    # routes whose rows this task handed to the Python worker of its host keeping their writer
+    handed_off: list[int] = field(default_factory=list)
 
 
 class TaskWriters:
@@ -126,44 +115,62 @@ class TaskWriters:
     def __init__(self, opts: SinkOptions, partition: int = -1, batch: BatchId | None = None):
         self._opts = opts
         self._client = opts.connect()
-        self._routes: dict[int, _Route] = {}
+        self._routes: dict[int, RouteWrite | RemoteRoute] = {}
         self._plain: dict[int, LogWriter] = {}
         self._writer_name = f"Spark partition {partition}"
         self._batch = batch if opts.idempotent else None
         # a streaming query's writers stay open between its micro-batches
         self._keep = batch is not None and batch.app_id.startswith(STREAM_APP_PREFIX)
 
-    def _route(self, route: int) -> _Route:
+    def _route(self, route: int) -> RouteWrite | RemoteRoute:
         r = self._routes.get(route)
         if r is not None:
             return r
-        r = self._routes[route] = _Route()
-        handle = self._client.open_log(log_name(self._opts.log, route))
+        name = log_name(self._opts.log, route)
+        handle = self._client.open_log(name)
         if self._batch is not None:
             have = self._client.meta.get_txn(handle.log_id, self._batch.app_id)
             if have is not None and have.committed and have.version >= self._batch.version:
                 # finished before: no take-over, no segment (begin() re-checks after one)
-                r.batch = begin_done(handle, self._batch, have, self._writer_name)
+                done = begin_done(handle, self._batch, have, self._writer_name)
+                r = self._routes[route] = RouteWrite(name, batch=done)
                 return r
-        kept = kept_writers.take(self._kept_key(route), self._client.meta) if self._keep else None
-        if kept is not None:  # the previous micro-batch's writer in this worker: no take-over
-            r.writer, r.client, r.tail = kept.writer, kept.client, kept.tail
-        elif self._keep:  # a client of its own, kept open with the writer after the task
-            r.client = self._opts.connect()
-            own = r.client.open_log(handle.name)
-            r.writer = own.open_writer(idempotent=True, **self._opts.writer_options())
-        else:
-            r.writer = handle.open_writer(idempotent=True, **self._opts.writer_options())
-        w = r.writer
-        r.evictions = w.window.early_evictions
-        if self._batch is not None:
-            start = r.tail if r.tail is not None else _log_end(handle)
-            r.batch = begin(self._client, handle, w.epoch, self._batch, self._writer_name, start)
+        r = self._routes[route] = self._open(route, handle)
+        if self._batch is not None and isinstance(r, RouteWrite):
+            r.begin(self._client, handle, self._batch, self._writer_name)
         return r
 
-    def _kept_key(self, route: int) -> tuple[object, ...]:
-        o = self._opts
-        return (o.log, route, o.data_dir, o.settings, o.window_max_keys, o.window_duration_s)
+    def _open(self, route: int, handle: LogHandle) -> RouteWrite | RemoteRoute:
+        """The route's writer: the one this worker kept from the query's previous micro-batch,
+        else the one another worker of this host keeps (which writes the rows, and has begun
+        the batch), else a new one here (a take-over)."""
+        if not self._keep:
+            return RouteWrite(
+                handle.name, handle.open_writer(idempotent=True, **self._opts.writer_options())
+            )
+        assert self._batch is not None
+        key = kept_writers.kept_key(self._opts, route)
+        kept = kept_writers.take(key)
+        if kept is not None:  # no take-over, no new segment
+            return RouteWrite(handle.name, kept.writer, kept.client, kept.tail)
+        remote = RemoteRoute.open(
+            self._opts,
+            self._client.store_id(),
+            handle,
+            key,
+            self._batch,
+            self._writer_name,
+        )
+        if remote is not None:
+            return remote
+        client = self._opts.connect()  # a client of its own, kept open with the writer
+        try:
+            own = client.open_log(handle.name)
+            writer = own.open_writer(idempotent=True, **self._opts.writer_options())
+        except BaseException:
+            client.close()
+            raise
+        return RouteWrite(handle.name, writer, client)
 
     def write(self, route: int, payloads: list[bytes], keys: bytes) -> int:
         """Write one route's rows; returns the rows not written because the log has them."""
@@ -175,47 +182,18 @@ class TaskWriters:
                 ).open_writer()
             plain.write_many(payloads)  # the same batch lane as write_keyed, without the window
             return 0
-        r = self._route(route)
-        n = len(payloads)
-        if r.batch is not None:
-            payloads, keys = r.batch.filter(payloads, keys)
-            if not payloads:
-                return n
-        assert r.writer is not None  # a batch that is not DONE has its writer
-        res = r.writer.write_keyed(payloads, keys)
-        last_new = res.duplicate.rfind(0)  # entries are given ids in row order
-        if last_new >= 0:
-            r.tail = LogMessageId(res.segment_ids[last_new], res.entry_ids[last_new] + 1)
-        self.check_evictions(route)
-        return n - len(payloads) + res.duplicate.count(1)
-
-    def check_evictions(self, route: int) -> None:
-        """Without a batch identity, a key the window let go early is one a retry of this task
-        would write again: fail now. With one, a retry reads the log back instead: the keys are
-        only counted (and reported), as keys other batches will not be deduped against."""
-        r = self._routes[route]
-        w = r.writer
-        assert w is not None
-        early = w.window.early_evictions - r.evictions
-        if early and r.batch is None:
-            raise EarlyEvictionError(
-                f"{early} keys of log {log_name(self._opts.log, route)} left the window by "
-                f"capacity (window_max_keys={w.window.max_keys}) before its duration while this "
-                "task wrote: retries of them would be new writes. Raise the windowMaxKeys option "
-                "above the rows one route receives within windowDurationS"
-            )
+        return self._route(route).write(payloads, keys)
 
     def finish(self, msg: WoodpeckerCommitMessage) -> None:
         """Every row handed over was written: tell the driver which batch records to mark."""
         for r in self._routes.values():
-            if r.writer is not None:
-                msg.early_evictions += r.writer.window.early_evictions - r.evictions
-            if r.batch is None:
-                continue
-            if r.writer is not None and r.batch.txn is not None:
-                msg.txns.append((r.writer.epoch, r.batch.txn))
-            msg.skipped += r.batch.skipped
-            msg.replayed += r.batch.replayed
+            report = r.report()
+            msg.early_evictions += report.early_evictions
+            if report.txn is not None:
+                msg.txns.append(report.txn)
+            msg.skipped += report.skipped
+            msg.replayed += report.replayed
+        msg.handed_off = sorted(k for k, r in self._routes.items() if isinstance(r, RemoteRoute))
 
     @property
     def routes(self) -> list[int]:
@@ -223,14 +201,18 @@ class TaskWriters:
 
     def close(self, ok: bool = False) -> None:
         """Close the writers; `ok` (the task wrote all it was given): a streaming task keeps
-        them open in this worker for the query's next micro-batch (see kept.py)."""
+        them open in this worker, or in the worker that wrote them, for the query's next
+        micro-batch (see kept.py)."""
         try:
             for route, r in self._routes.items():
+                if isinstance(r, RemoteRoute):
+                    r.close(keep=ok)
+                    continue
                 if r.writer is None:
                     continue
                 if ok and self._keep and r.client is not None:
                     kept = kept_writers.Kept(r.client, r.writer, r.tail, os.getpid())
-                    kept_writers.keep(self._kept_key(route), kept)
+                    holder.keep(kept_writers.kept_key(self._opts, route), kept)
                     continue
                 try:
                     r.writer.close()
@@ -241,15 +223,6 @@ class TaskWriters:
                 plain.close()
         finally:
             self._client.close()
-
-
-def _log_end(handle: LogHandle) -> LogMessageId:
-    """Where the next entry of the log goes, as its writer (just opened) finds it."""
-    reader = handle.open_reader("latest")
-    try:
-        return reader.position
-    finally:
-        reader.close()
 
 
 def _split_by_route(
@@ -455,6 +428,7 @@ def report_commit(
         "duplicates": sum(m.duplicates for m in done),
         "attempts": sum(m.attempt + 1 for m in done),
         "retried_tasks": sum(1 for m in done if m.attempt > 0),
+        "handed_off": sum(len(m.handed_off) for m in done),
         "skipped": sum(m.skipped for m in done),
         "replayed": sum(m.replayed for m in done),
         "early_evictions": sum(m.early_evictions for m in done),
