@@ -3,7 +3,7 @@
 //! - Explicit keys of a key column: string -> its UTF-8 bytes, binary -> as is, integer -> its
 //!   canonical decimal text (`-12`, `7`), each hashed like `keys::explicit_key` (same domain).
 //! - Content keys of a payload column (binary or string): MD5 of the value bytes.
-//! - Canonical JSON of a row (see [`write_json_value`] for the format), the payload of a row
+//! - Canonical JSON of a row (see [`json_rows`] for the format), the payload of a row
 //!   written without a payload column; its key is the content key of those bytes.
 //! - `route(key, P)`: the first 8 key bytes as a big-endian u64, modulo P. Spark computes the same
 //!   thing natively (`conv(substr(hex(md5), 1, 16), 16, 10) % P`), and the writer recomputes it.
@@ -289,7 +289,21 @@ pub fn struct_of<'a>(chunk: &'a ArrayRef, what: &str) -> Result<&'a StructArray>
 }
 
 /// Canonical JSON of every row of `chunks` (struct arrays: record batches), leaving out the
-/// top-level columns named in `exclude`.
+/// top-level columns named in `exclude`; the format every process must agree on:
+/// - objects (rows, structs): fields sorted by the UTF-8 bytes of their names, `{"a":1,"b":2}`,
+///   no whitespace, null fields written as `null`;
+/// - strings: UTF-8 as is, escaping only `"`, `\` and control characters (`\b \f \n \r \t`, other
+///   ones as `\u00XX` with lowercase hex), like Python's `json.dumps(..., ensure_ascii=False)`;
+/// - integers: decimal; decimal128: its exact text with its scale (`1.50`);
+/// - floats: ECMAScript's shortest round-trip form (RFC 8785): `1`, `0.1`, `1e+21`, `1.5e-7`;
+///   float32 values use their own shortest digits (float32 0.1 -> `0.1`); NaN and infinities are
+///   refused;
+/// - binary: standard padded base64 in a string;
+/// - date: `"YYYY-MM-DD"`; timestamp: the instant in UTC, `"YYYY-MM-DDTHH:MM:SS[.fff]Z"` with 0, 3,
+///   6 or 9 fraction digits (the fewest that are exact, whatever the unit);
+/// - lists: `[v,...]`.
+///
+/// Each column is made ready once per chunk ([`Col`]), then its values are written row by row.
 pub fn json_rows(chunks: &[ArrayRef], exclude: &[String]) -> Result<Rows> {
     let mut rows = Rows {
         data: Vec::new(),
@@ -316,13 +330,11 @@ fn at_row(e: ArrowKeyError, row: usize) -> ArrowKeyError {
     }
 }
 
-/// A column of an object (a row, or a struct column's value): its pre-encoded `"name":`, the
-/// column, and, for a struct column, its own fields, sorted once for the whole batch (sorting
-/// them again for every row cost more than writing the row).
+/// A column of an object (a row, or a struct column's value): its pre-encoded `"name":` and the
+/// column made ready for writing, both once for the whole batch.
 struct Field<'a> {
     key: Vec<u8>,
-    col: &'a dyn Array,
-    nested: Option<Fields<'a>>,
+    col: Col<'a>,
 }
 
 /// The fields of an object in byte order of their names.
@@ -345,24 +357,22 @@ fn sorted_fields<'a>(s: &'a StructArray, keep: &dyn Fn(&str) -> bool) -> Result<
             w[0].0
         ));
     }
+    let mut fields = Vec::with_capacity(named.len());
     for (name, col) in &named {
+        // every column's type is checked before any is made ready: the first unsupported one
+        // is the error, as it names the column
         check_json_type(col.data_type(), name)?;
     }
-    named
-        .into_iter()
-        .map(|(name, col)| {
-            let mut key = Vec::with_capacity(name.len() + 3);
-            write_json_string(name.as_bytes(), &mut key);
-            key.push(b':');
-            // A struct column's children are indexed as the column is (arrow slices them with
-            // it), so its fields serve every row of this batch.
-            let nested = match col.data_type() {
-                DataType::Struct(_) => Some(sorted_fields(col.as_struct(), &|_| true)?),
-                _ => None,
-            };
-            Ok(Field { key, col, nested })
-        })
-        .collect()
+    for (name, col) in named {
+        let mut key = Vec::with_capacity(name.len() + 3);
+        write_json_string(name.as_bytes(), &mut key);
+        key.push(b':');
+        fields.push(Field {
+            key,
+            col: Col::of(col)?,
+        });
+    }
+    Ok(fields)
 }
 
 fn write_object(fields: &Fields<'_>, i: usize, out: &mut Vec<u8>) -> Result<()> {
@@ -372,10 +382,7 @@ fn write_object(fields: &Fields<'_>, i: usize, out: &mut Vec<u8>) -> Result<()> 
             out.push(b',');
         }
         out.extend_from_slice(&field.key);
-        match &field.nested {
-            Some(nested) if !field.col.is_null(i) => write_object(nested, i, out)?,
-            _ => write_json_value(field.col, i, out)?,
-        }
+        field.col.write(i, out)?;
     }
     out.push(b'}');
     Ok(())
@@ -412,131 +419,200 @@ fn check_json_type(dt: &DataType, name: &str) -> Result<()> {
     }
 }
 
-/// Canonical JSON of value `i` of `arr`; the format every process must agree on:
-/// - objects (rows, structs): fields sorted by the UTF-8 bytes of their names, `{"a":1,"b":2}`,
-///   no whitespace, null fields written as `null`;
-/// - strings: UTF-8 as is, escaping only `"`, `\` and control characters (`\b \f \n \r \t`, other
-///   ones as `\u00XX` with lowercase hex), like Python's `json.dumps(..., ensure_ascii=False)`;
-/// - integers: decimal; decimal128: its exact text with its scale (`1.50`);
-/// - floats: ECMAScript's shortest round-trip form (RFC 8785): `1`, `0.1`, `1e+21`, `1.5e-7`;
-///   float32 values use their own shortest digits (float32 0.1 -> `0.1`); NaN and infinities are
-///   refused;
-/// - binary: standard padded base64 in a string;
-/// - date: `"YYYY-MM-DD"`; timestamp: the instant in UTC, `"YYYY-MM-DDTHH:MM:SS[.fff]Z"` with 0, 3,
-///   6 or 9 fraction digits (the fewest that are exact, whatever the unit);
-/// - lists: `[v,...]`.
-pub fn write_json_value(arr: &dyn Array, i: usize, out: &mut Vec<u8>) -> Result<()> {
-    if arr.is_null(i) {
-        out.extend_from_slice(b"null");
-        return Ok(());
-    }
-    let dt = arr.data_type();
-    if let Some(col) = ByteCol::of(arr) {
-        if col.is_text() {
-            write_json_string(col.value(i), out);
-        } else {
-            out.push(b'"');
-            base64(col.value(i), out);
-            out.push(b'"');
-        }
-        return Ok(());
-    }
-    if is_integer(dt) {
-        push_decimal(out, int_value(arr, i));
-        return Ok(());
-    }
-    match dt {
-        DataType::Boolean => {
-            let v = arr.as_boolean().value(i);
-            out.extend_from_slice(if v { b"true" } else { b"false" });
-        }
-        DataType::Float64 => {
-            write_es_number(arr.as_primitive::<Float64Type>().value(i), out)?;
-        }
-        DataType::Float32 => {
-            write_es_number_f32(arr.as_primitive::<Float32Type>().value(i), out)?;
-        }
-        DataType::Decimal128(_, scale) if *scale > 0 => {
-            let v = arr
-                .as_primitive::<arrow_array::types::Decimal128Type>()
-                .value(i);
-            push_scaled(out, v, usize::from(scale.unsigned_abs()));
-        }
-        DataType::Decimal128(_, _) => {
-            let text = arr
-                .as_primitive::<arrow_array::types::Decimal128Type>()
-                .value_as_string(i);
-            out.extend_from_slice(text.as_bytes());
-        }
-        DataType::Date32 => {
-            let days = arr.as_primitive::<Date32Type>().value(i);
-            out.push(b'"');
-            write_date(i64::from(days), out);
-            out.push(b'"');
-        }
-        DataType::Date64 => {
-            let ms = arr.as_primitive::<Date64Type>().value(i);
-            out.push(b'"');
-            write_date(ms.div_euclid(86_400_000), out);
-            out.push(b'"');
-        }
-        DataType::Timestamp(unit, _) => {
-            let (per_sec, v) = match unit {
-                TimeUnit::Second => (1, arr.as_primitive::<TimestampSecondType>().value(i)),
-                TimeUnit::Millisecond => (
-                    1_000,
-                    arr.as_primitive::<TimestampMillisecondType>().value(i),
-                ),
-                TimeUnit::Microsecond => (
-                    1_000_000,
-                    arr.as_primitive::<TimestampMicrosecondType>().value(i),
-                ),
-                TimeUnit::Nanosecond => (
-                    1_000_000_000,
-                    arr.as_primitive::<TimestampNanosecondType>().value(i),
-                ),
-            };
-            let secs = v.div_euclid(per_sec);
-            let nanos = v.rem_euclid(per_sec) * (1_000_000_000 / per_sec);
-            out.push(b'"');
-            write_timestamp(secs, nanos, out);
-            out.push(b'"');
-        }
-        DataType::List(_) => {
-            let list = arr.as_list::<i32>();
-            let (from, to) = (list.value_offsets()[i], list.value_offsets()[i + 1]);
-            write_items(list.values().as_ref(), from as usize, to as usize, out)?;
-        }
-        DataType::LargeList(_) => {
-            let list = arr.as_list::<i64>();
-            let (from, to) = (list.value_offsets()[i], list.value_offsets()[i + 1]);
-            write_items(list.values().as_ref(), from as usize, to as usize, out)?;
-        }
-        DataType::Struct(_) => {
-            let s = arr.as_struct();
-            let fields = sorted_fields(s, &|_| true)?;
-            write_object(&fields, i, out)?;
-        }
-        DataType::Null => out.extend_from_slice(b"null"),
-        other => {
-            return type_err(format!("canonical JSON does not cover type {other}"));
-        }
-    }
-    Ok(())
+/// The values of an integer column, of its own width.
+enum Ints<'a> {
+    I8(&'a [i8]),
+    I16(&'a [i16]),
+    I32(&'a [i32]),
+    I64(&'a [i64]),
+    U8(&'a [u8]),
+    U16(&'a [u16]),
+    U32(&'a [u32]),
+    U64(&'a [u64]),
 }
 
-/// Items `from..to` of a list column's values (its offsets index them directly: no slice of
-/// the values per row).
-fn write_items(values: &dyn Array, from: usize, to: usize, out: &mut Vec<u8>) -> Result<()> {
-    out.push(b'[');
-    for j in from..to {
-        if j > from {
-            out.push(b',');
+impl Ints<'_> {
+    fn get(&self, i: usize) -> i128 {
+        match self {
+            Self::I8(v) => v[i].into(),
+            Self::I16(v) => v[i].into(),
+            Self::I32(v) => v[i].into(),
+            Self::I64(v) => v[i].into(),
+            Self::U8(v) => v[i].into(),
+            Self::U16(v) => v[i].into(),
+            Self::U32(v) => v[i].into(),
+            Self::U64(v) => v[i].into(),
         }
-        write_json_value(values, j, out)?;
     }
-    out.push(b']');
-    Ok(())
+}
+
+/// A list column's offsets (they index its values directly: no slice of the values per row).
+enum Offsets<'a> {
+    Small(&'a [i32]),
+    Large(&'a [i64]),
+}
+
+/// How a column's values are written, resolved once per batch (a value then costs one match;
+/// resolving the type through `dyn Array` for every value cost more than writing most values).
+enum Kind<'a> {
+    Null,
+    Bool(&'a arrow_array::BooleanArray),
+    Int(Ints<'a>),
+    F32(&'a [f32]),
+    F64(&'a [f64]),
+    /// Values and scale > 0, written in place
+    Scaled(&'a [i128], usize),
+    /// Scale <= 0: as Arrow writes it
+    Decimal(&'a arrow_array::Decimal128Array),
+    Text(ByteCol<'a>),
+    Bytes(ByteCol<'a>),
+    Date32(&'a [i32]),
+    Date64(&'a [i64]),
+    /// Values and how many of them make a second
+    Timestamp(&'a [i64], i64),
+    List(Offsets<'a>, Box<Col<'a>>),
+    Struct(Fields<'a>),
+}
+
+/// A column ready for canonical JSON: its null bits and how its values are written.
+struct Col<'a> {
+    nulls: Option<&'a arrow_buffer::NullBuffer>,
+    kind: Kind<'a>,
+}
+
+impl<'a> Col<'a> {
+    /// `arr` made ready; its type must pass `check_json_type`.
+    fn of(arr: &'a dyn Array) -> Result<Self> {
+        let kind = if let Some(col) = ByteCol::of(arr) {
+            if col.is_text() {
+                Kind::Text(col)
+            } else {
+                Kind::Bytes(col)
+            }
+        } else {
+            match arr.data_type() {
+                DataType::Null => Kind::Null,
+                DataType::Boolean => Kind::Bool(arr.as_boolean()),
+                DataType::Int8 => Kind::Int(Ints::I8(arr.as_primitive::<Int8Type>().values())),
+                DataType::Int16 => Kind::Int(Ints::I16(arr.as_primitive::<Int16Type>().values())),
+                DataType::Int32 => Kind::Int(Ints::I32(arr.as_primitive::<Int32Type>().values())),
+                DataType::Int64 => Kind::Int(Ints::I64(arr.as_primitive::<Int64Type>().values())),
+                DataType::UInt8 => Kind::Int(Ints::U8(arr.as_primitive::<UInt8Type>().values())),
+                DataType::UInt16 => Kind::Int(Ints::U16(arr.as_primitive::<UInt16Type>().values())),
+                DataType::UInt32 => Kind::Int(Ints::U32(arr.as_primitive::<UInt32Type>().values())),
+                DataType::UInt64 => Kind::Int(Ints::U64(arr.as_primitive::<UInt64Type>().values())),
+                DataType::Float32 => Kind::F32(arr.as_primitive::<Float32Type>().values()),
+                DataType::Float64 => Kind::F64(arr.as_primitive::<Float64Type>().values()),
+                DataType::Decimal128(_, scale) if *scale > 0 => Kind::Scaled(
+                    arr.as_primitive::<arrow_array::types::Decimal128Type>()
+                        .values(),
+                    usize::from(scale.unsigned_abs()),
+                ),
+                DataType::Decimal128(_, _) => {
+                    Kind::Decimal(arr.as_primitive::<arrow_array::types::Decimal128Type>())
+                }
+                DataType::Date32 => Kind::Date32(arr.as_primitive::<Date32Type>().values()),
+                DataType::Date64 => Kind::Date64(arr.as_primitive::<Date64Type>().values()),
+                DataType::Timestamp(unit, _) => match unit {
+                    TimeUnit::Second => {
+                        Kind::Timestamp(arr.as_primitive::<TimestampSecondType>().values(), 1)
+                    }
+                    TimeUnit::Millisecond => Kind::Timestamp(
+                        arr.as_primitive::<TimestampMillisecondType>().values(),
+                        1_000,
+                    ),
+                    TimeUnit::Microsecond => Kind::Timestamp(
+                        arr.as_primitive::<TimestampMicrosecondType>().values(),
+                        1_000_000,
+                    ),
+                    TimeUnit::Nanosecond => Kind::Timestamp(
+                        arr.as_primitive::<TimestampNanosecondType>().values(),
+                        1_000_000_000,
+                    ),
+                },
+                DataType::List(_) => {
+                    let list = arr.as_list::<i32>();
+                    let items = Col::of(list.values().as_ref())?;
+                    Kind::List(Offsets::Small(list.value_offsets()), Box::new(items))
+                }
+                DataType::LargeList(_) => {
+                    let list = arr.as_list::<i64>();
+                    let items = Col::of(list.values().as_ref())?;
+                    Kind::List(Offsets::Large(list.value_offsets()), Box::new(items))
+                }
+                // A struct column's children are indexed as the column is (arrow slices them
+                // with it), so its fields serve every row of this batch.
+                DataType::Struct(_) => Kind::Struct(sorted_fields(arr.as_struct(), &|_| true)?),
+                other => return type_err(format!("canonical JSON does not cover type {other}")),
+            }
+        };
+        Ok(Self {
+            nulls: arr.nulls(),
+            kind,
+        })
+    }
+
+    /// Canonical JSON of value `i` (see [`write_json_value`] for the format).
+    fn write(&self, i: usize, out: &mut Vec<u8>) -> Result<()> {
+        if self.nulls.is_some_and(|n| n.is_null(i)) {
+            out.extend_from_slice(b"null");
+            return Ok(());
+        }
+        match &self.kind {
+            Kind::Null => out.extend_from_slice(b"null"),
+            Kind::Bool(a) => out.extend_from_slice(if a.value(i) { b"true" } else { b"false" }),
+            Kind::Int(v) => push_decimal(out, v.get(i)),
+            Kind::F32(v) => write_es_number_f32(v[i], out)?,
+            Kind::F64(v) => write_es_number(v[i], out)?,
+            Kind::Scaled(v, scale) => push_scaled(out, v[i], *scale),
+            Kind::Decimal(a) => out.extend_from_slice(a.value_as_string(i).as_bytes()),
+            Kind::Text(col) => write_json_string(col.value(i), out),
+            Kind::Bytes(col) => {
+                out.push(b'"');
+                base64(col.value(i), out);
+                out.push(b'"');
+            }
+            Kind::Date32(v) => {
+                out.push(b'"');
+                write_date(i64::from(v[i]), out);
+                out.push(b'"');
+            }
+            Kind::Date64(v) => {
+                out.push(b'"');
+                write_date(v[i].div_euclid(86_400_000), out);
+                out.push(b'"');
+            }
+            Kind::Timestamp(v, per_sec) => {
+                let secs = v[i].div_euclid(*per_sec);
+                let nanos = v[i].rem_euclid(*per_sec) * (1_000_000_000 / per_sec);
+                out.push(b'"');
+                write_timestamp(secs, nanos, out);
+                out.push(b'"');
+            }
+            Kind::List(offsets, items) => {
+                let (from, to) = match offsets {
+                    Offsets::Small(o) => (o[i] as usize, o[i + 1] as usize),
+                    Offsets::Large(o) => (o[i] as usize, o[i + 1] as usize),
+                };
+                out.push(b'[');
+                for j in from..to {
+                    if j > from {
+                        out.push(b',');
+                    }
+                    items.write(j, out)?;
+                }
+                out.push(b']');
+            }
+            Kind::Struct(fields) => write_object(fields, i, out)?,
+        }
+        Ok(())
+    }
+}
+
+/// Canonical JSON of value `i` of `arr` (the format: [`json_rows`]).
+#[cfg(test)]
+pub fn write_json_value(arr: &dyn Array, i: usize, out: &mut Vec<u8>) -> Result<()> {
+    Col::of(arr)?.write(i, out)
 }
 
 /// A JSON string of UTF-8 bytes (valid UTF-8: Arrow string columns are validated on import).
@@ -676,27 +752,49 @@ fn civil(days: i64) -> (i64, i64, i64) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
+/// `v` (0 <= v < 10^width) in exactly `width` digits.
+fn push_digits(out: &mut Vec<u8>, mut v: i64, width: usize) {
+    let at = out.len();
+    out.resize(at + width, b'0');
+    for d in out[at..].iter_mut().rev() {
+        *d = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
+}
+
 fn write_date(days: i64, out: &mut Vec<u8>) {
     let (y, m, d) = civil(days);
-    let _ = std::io::Write::write_fmt(out, format_args!("{y:04}-{m:02}-{d:02}"));
+    if (0..10_000).contains(&y) {
+        push_digits(out, y, 4);
+    } else {
+        // what `{y:04}` writes: a sign, and at least four characters in all
+        let _ = std::io::Write::write_fmt(out, format_args!("{y:04}"));
+    }
+    out.push(b'-');
+    push_digits(out, m, 2);
+    out.push(b'-');
+    push_digits(out, d, 2);
 }
 
 fn write_timestamp(secs: i64, nanos: i64, out: &mut Vec<u8>) {
     write_date(secs.div_euclid(86_400), out);
     let s = secs.rem_euclid(86_400);
-    let _ = std::io::Write::write_fmt(
-        out,
-        format_args!("T{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60),
-    );
-    let _ = if nanos == 0 {
-        Ok(())
-    } else if nanos % 1_000_000 == 0 {
-        std::io::Write::write_fmt(out, format_args!(".{:03}", nanos / 1_000_000))
-    } else if nanos % 1_000 == 0 {
-        std::io::Write::write_fmt(out, format_args!(".{:06}", nanos / 1_000))
-    } else {
-        std::io::Write::write_fmt(out, format_args!(".{nanos:09}"))
-    };
+    out.push(b'T');
+    push_digits(out, s / 3600, 2);
+    out.push(b':');
+    push_digits(out, s / 60 % 60, 2);
+    out.push(b':');
+    push_digits(out, s % 60, 2);
+    if nanos != 0 {
+        out.push(b'.');
+        if nanos % 1_000_000 == 0 {
+            push_digits(out, nanos / 1_000_000, 3);
+        } else if nanos % 1_000 == 0 {
+            push_digits(out, nanos / 1_000, 6);
+        } else {
+            push_digits(out, nanos, 9);
+        }
+    }
     out.push(b'Z');
 }
 
@@ -813,6 +911,48 @@ mod tests {
                     arr.value_as_string(i),
                     "{v} {scale}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn dates_and_times_are_written_as_the_formatter_writes_them() {
+        // years before 0 and after 9999 too (they take the formatter's own path)
+        for days in [
+            -800_000i64,
+            -719_529,
+            -719_528,
+            -1,
+            0,
+            1,
+            19_723,
+            2_932_896,
+            2_932_897,
+        ] {
+            for (secs_of_day, nanos) in
+                [(0i64, 0i64), (86_399, 5_000_000), (3_723, 120_000), (1, 7)]
+            {
+                let secs = days * 86_400 + secs_of_day;
+                let mut got = Vec::new();
+                write_timestamp(secs, nanos, &mut got);
+                let (y, m, d) = civil(secs.div_euclid(86_400));
+                let s = secs.rem_euclid(86_400);
+                let frac = if nanos == 0 {
+                    String::new()
+                } else if nanos % 1_000_000 == 0 {
+                    format!(".{:03}", nanos / 1_000_000)
+                } else if nanos % 1_000 == 0 {
+                    format!(".{:06}", nanos / 1_000)
+                } else {
+                    format!(".{nanos:09}")
+                };
+                let want = format!(
+                    "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}{frac}Z",
+                    s / 3600,
+                    s / 60 % 60,
+                    s % 60
+                );
+                assert_eq!(String::from_utf8(got).unwrap(), want);
             }
         }
     }
