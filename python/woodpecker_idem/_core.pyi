@@ -46,6 +46,8 @@ __all__ = [
     "decode_snapshot",
     "encode_entry",
     "encode_frame",
+    "first_bad_payloads",
+    "payload_bytes",
     "encode_snapshot",
     "explicit_key",
     "explicit_keys",
@@ -253,6 +255,20 @@ def encode_entry(
         InvalidTypeError: `payload`/`idempotency_key` not bytes-like, or `properties` not a
             dict of str to str.
     """
+
+def payload_bytes(payloads: list[bytes], start: int, end: int, overhead: int) -> int:
+    """Bytes of the payloads `start..end` of `payloads`, with `overhead` more per row (what a
+    chunk of rows counts against the batch limits).
+
+    Raises:
+        InvalidArgumentError: the range is outside `payloads`.
+        InvalidTypeError: a payload in the range is not bytes.
+    """
+
+def first_bad_payloads(payloads: list[bytes], max_bytes: int) -> tuple[int | None, int | None]:
+    """The first row that is not exactly `bytes`, and the first one longer than `max_bytes`
+    (None for either when there is none): one pass over a batch checked whole before any of it
+    is written."""
 
 def encode_frame(
     segment_id: int,

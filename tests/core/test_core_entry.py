@@ -18,6 +18,8 @@ from woodpecker_idem._core import (
     decode_entries,
     decode_messages,
     encode_entry,
+    first_bad_payloads,
+    payload_bytes,
 )
 from woodpecker_idem._proto.logstore_pb2 import LogEntry
 from woodpecker_idem.types import LogMessage, LogMessageId
@@ -198,3 +200,31 @@ def test_check_entries_passes_what_decodes_and_names_the_first_bad_entry() -> No
         check_entries(good, 7, 5)
     with pytest.raises(InvalidTypeError, match=r"raw\[2\] must be bytes, not bytearray"):
         check_entries([good[0], good[1], bytearray(good[2])], 3, 0)  # type: ignore[list-item]
+
+
+@given(st.lists(st.binary(max_size=40), max_size=30), st.data())
+def test_payload_bytes_counts_a_range_with_its_overhead(payloads, data):
+    start = data.draw(st.integers(0, len(payloads)))
+    end = data.draw(st.integers(start, len(payloads)))
+    want = sum(len(p) for p in payloads[start:end]) + 64 * (end - start)
+    assert payload_bytes(payloads, start, end, 64) == want
+
+
+def test_payload_bytes_refuses_a_bad_range_or_row():
+    with pytest.raises(InvalidArgumentError, match=r"rows 1\.\.3 are not within the 2 payloads"):
+        payload_bytes([b"a", b"b"], 1, 3, 0)
+    with pytest.raises(InvalidTypeError, match=r"payloads\[1\] must be bytes, not str"):
+        payload_bytes([b"a", "b"], 0, 2, 0)
+
+
+def test_first_bad_payloads_finds_the_first_of_each_kind():
+    assert first_bad_payloads([b"a", b"bb"], 2) == (None, None)
+    assert first_bad_payloads([], 0) == (None, None)
+    assert first_bad_payloads([b"a", b"toolong", b"x", b"also long"], 3) == (None, 1)
+
+    class Sub(bytes):
+        pass
+
+    # not exactly bytes: a bytearray (or a bytes subclass) is the batch's first bad row
+    assert first_bad_payloads([b"toolong", bytearray(b"a"), b"z"], 3) == (1, 0)
+    assert first_bad_payloads([b"a", Sub(b"b")], 3) == (1, None)

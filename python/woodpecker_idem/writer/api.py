@@ -19,7 +19,14 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from .._core import arrow_rows, content_key, content_keys, explicit_key, explicit_keys
+from .._core import (
+    arrow_rows,
+    content_key,
+    content_keys,
+    explicit_key,
+    explicit_keys,
+    first_bad_payloads,
+)
 from ..args import timeout_arg, wait_for
 from ..errors import (
     InvalidArgumentError,
@@ -395,7 +402,9 @@ def checked_payloads(payloads: Sequence[bytes], max_bytes: int) -> list[bytes]:
         raise InvalidTypeError(
             f"payloads must be a sequence (a list or tuple), not {type(payloads).__name__}"
         )
-    return [  # plain bytes within the limit need nothing more (the common case)
+    if type(payloads) is list and first_bad_payloads(payloads, max_bytes) == (None, None):
+        return payloads  # plain bytes within the limit need nothing more (the common case)
+    return [
         p if isinstance(p, bytes) and len(p) <= max_bytes else _checked_row(p, i, max_bytes)
         for i, p in enumerate(payloads)
     ]
@@ -416,19 +425,19 @@ def keyed_rows(payloads: list[bytes], keys: bytes, max_bytes: int) -> list[bytes
     n = len(payloads)
     if len(keys) != 16 * n:
         raise InvalidArgumentError(f"keys has {len(keys)} bytes; {n} payloads need {16 * n}")
-    if payloads and set(map(type, payloads)) != {bytes}:
-        row = next(i for i, p in enumerate(payloads) if type(p) is not bytes)
+    rows = payloads if type(payloads) is list else list(payloads)
+    not_bytes, too_large = first_bad_payloads(rows, max_bytes)  # one pass, in Rust
+    if not_bytes is not None:
         raise InvalidTypeError(
-            f"payloads[{row}] must be bytes, not {type(payloads[row]).__name__}; nothing of "
-            "the batch was written"
+            f"payloads[{not_bytes}] must be bytes, not {type(rows[not_bytes]).__name__}; "
+            "nothing of the batch was written"
         )
-    if payloads and max(map(len, payloads)) > max_bytes:
-        row = next(i for i, p in enumerate(payloads) if len(p) > max_bytes)
+    if too_large is not None:
         raise PayloadTooLargeError(
-            f"row {row}: payload is {len(payloads[row])} bytes; append.max_entry_bytes "
+            f"row {too_large}: payload is {len(rows[too_large])} bytes; append.max_entry_bytes "
             f"allows {max_bytes}; nothing of the batch was written"
         )
-    return payloads if type(payloads) is list else list(payloads)
+    return rows
 
 
 __all__ = ["IdempotentLogWriter", "LogWriter", "Pipeline"]

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, cast
 
-from .._core import concat
+from .._core import concat, payload_bytes
 from ..errors import QuorumUnavailableError, WriterFencedError
 from ..logstore.blocks import split_frame
 from ..meta.base import SegmentMeta
@@ -53,7 +53,7 @@ ROW_OVERHEAD = 64
 def chunk_end(payloads: list[bytes], start: int, end: int, limit: int) -> tuple[int, int]:
     """(bytes, end) of the rows from `start` (before `end`) whose payloads fit `limit` bytes
     with their overhead (at least one row)."""
-    nbytes = sum(map(len, payloads[start:end])) + ROW_OVERHEAD * (end - start)
+    nbytes = payload_bytes(payloads, start, end, ROW_OVERHEAD)
     if nbytes <= limit:
         return nbytes, end
     nbytes = 0

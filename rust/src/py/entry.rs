@@ -62,6 +62,58 @@ fn property_strings<'py>(
     Ok(owned)
 }
 
+/// Bytes of the payloads `start..end` of `payloads` (a list of bytes, as the batch lane keeps
+/// them), with `overhead` more per row: what a chunk of rows counts against the batch limits.
+#[pyfunction]
+pub fn payload_bytes(
+    payloads: &Bound<'_, PyList>,
+    start: usize,
+    end: usize,
+    overhead: usize,
+) -> PyResult<usize> {
+    let n = payloads.len();
+    if start > end || end > n {
+        return Err(InvalidArgumentError::new_err(format!(
+            "rows {start}..{end} are not within the {n} payloads"
+        )));
+    }
+    let mut total = overhead * (end - start);
+    for i in start..end {
+        let item = payloads.get_item(i)?;
+        let bytes = item.cast::<PyBytes>().map_err(|_| {
+            InvalidTypeError::new_err(format!(
+                "payloads[{i}] must be bytes, not {}",
+                type_name(&item)
+            ))
+        })?;
+        total += bytes.as_bytes().len();
+    }
+    Ok(total)
+}
+
+/// The first row of `payloads` (a list) that is not `bytes`, and the first one longer than
+/// `max_bytes`: (None, None) when every row is bytes within the limit. One pass, for a batch
+/// checked whole before any of it is written.
+#[pyfunction]
+pub fn first_bad_payloads(
+    payloads: &Bound<'_, PyList>,
+    max_bytes: usize,
+) -> (Option<usize>, Option<usize>) {
+    let mut too_large = None;
+    for (i, item) in payloads.iter().enumerate() {
+        // exactly bytes, as the Python check (`type(p) is bytes`) had it
+        match item.cast_exact::<PyBytes>() {
+            Ok(b) => {
+                if too_large.is_none() && b.as_bytes().len() > max_bytes {
+                    too_large = Some(i);
+                }
+            }
+            _ => return (Some(i), too_large),
+        }
+    }
+    (None, too_large)
+}
+
 /// One frame (records end to end, entry ids counting up from `first_entry_id`) of the rows
 /// `start..end` of `payloads` (a list of bytes), skipping rows whose `status` byte (one per row of
 /// the range, as `DedupWindow.reserve_many` gives) is not 0. `timestamp_ms` is one int for every

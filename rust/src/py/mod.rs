@@ -16,7 +16,9 @@ mod window;
 mod window_entry;
 
 pub use arrow::register as register_arrow;
-pub use entry::{concat, count_records, encode_entry, encode_frame};
+pub use entry::{
+    concat, count_records, encode_entry, encode_frame, first_bad_payloads, payload_bytes,
+};
 pub use fileput::put_file;
 pub use keypipe::PyKeyPipe;
 pub use keys::{
