@@ -386,6 +386,18 @@ def test_write_keyed_refuses_a_row_that_is_not_bytes(env_factory):
     assert not any(res.duplicate)
 
 
+def test_write_keyed_refuses_a_row_over_the_entry_limit_naming_it(env_factory):
+    env = env_factory(**{"append.max_entry_bytes": 1024})
+    w = env.writer()
+    payloads, ids = rows(4)
+    keys = b"".join(explicit_key(i) for i in ids)
+    big = [payloads[0], b"x" * 1025, payloads[2], b"y" * 2000]
+    with pytest.raises(wp.PayloadTooLargeError, match=r"row 1: payload is 1025 bytes"):
+        w.write_keyed(big, keys)
+    assert len(w.window) == 0  # nothing of the batch was written
+    assert not any(w.write_keyed(payloads, keys).duplicate)
+
+
 def _snapshots_by_keys(tmp_path):
     """A client whose snapshots come by new keys (every 100), not by time."""
     return wp.connect(
