@@ -583,6 +583,7 @@ class Config:
             else:
                 values[key.name] = key.default
         _check_together(values)
+        _check_backend_keys(explicit, values)
         norm = {k: values[k] for k in explicit}
         object.__setattr__(self, "_explicit", MappingProxyType(norm))
         object.__setattr__(self, "_values", MappingProxyType(values))
@@ -700,8 +701,8 @@ def _check_together(v: Mapping[str, Any]) -> None:
         if (v[a] is None) != (v[b] is None):
             raise ConfigError(f"invalid config: {a} and {b} go together (set both, or neither)")
     if v["objectstore.sse"] is not None and v["objectstore.type"] != "s3":
-        # Unlike the other S3 settings, this one is a promise about data at rest: ignoring it
-        # on a local store would leave files a user believes encrypted in the clear.
+        # Before the rule for every S3-only key (_check_backend_keys), with its own reason: it is
+        # a promise about data at rest, and a local store would leave the files in the clear.
         raise ConfigError(
             f"invalid config objectstore.sse = {v['objectstore.sse']!r}: server-side encryption "
             f"is S3's, and objectstore.type is {v['objectstore.type']!r}; local segment files "
@@ -720,6 +721,59 @@ def _check_together(v: Mapping[str, Any]) -> None:
             "invalid config: objectstore.profile and objectstore.access_key_id both set; "
             "use one way to give S3 credentials"
         )
+
+
+# Keys only one backend reads (by the key that picks the backend): set while another backend is
+# picked, they would do nothing, so they are refused. objectstore.root serves both stores.
+_BACKEND_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
+    "objectstore.type": {
+        "local": ("objectstore.path",),
+        "s3": (
+            "objectstore.endpoint_url",
+            "objectstore.bucket",
+            "objectstore.region",
+            "objectstore.access_key_id",
+            "objectstore.secret_access_key",
+            "objectstore.profile",
+            "objectstore.sse",
+            "objectstore.sse_kms_key_id",
+            "objectstore.create_bucket",
+            "objectstore.probe_timeout_s",
+            "objectstore.connect_timeout_s",
+            "objectstore.read_timeout_s",
+            "objectstore.retry_budget_s",
+        ),
+    },
+    "meta.type": {
+        "sqlite": ("meta.path",),
+        "etcd": (
+            "meta.endpoints",
+            "meta.prefix",
+            "meta.timeout_ms",
+            "meta.ca_cert",
+            "meta.client_cert",
+            "meta.client_key",
+            "meta.user",
+            "meta.password",
+        ),
+    },
+}
+
+
+def _check_backend_keys(explicit: Mapping[str, Any], v: Mapping[str, Any]) -> None:
+    """Refuse a key set for a backend the config does not use (it would be ignored). A key
+    given its default (`objectstore.endpoint_url: null`) changes nothing, and passes."""
+    for picker, backends in _BACKEND_KEYS.items():
+        for backend, names in backends.items():
+            if v[picker] == backend:
+                continue
+            for name in names:
+                if name in explicit and v[name] != _BY_NAME[name].default:
+                    shown = "<hidden>" if name in _SECRETS else repr(v[name])
+                    raise ConfigError(
+                        f"invalid config {name} = {shown}: only {picker} {backend} reads it, "
+                        f"and {picker} is {v[picker]!r}; remove it, or set {picker}: {backend}"
+                    )
 
 
 # --- loading -------------------------------------------------------------------------------------

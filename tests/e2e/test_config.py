@@ -434,36 +434,79 @@ def test_derived_paths(tmp_path: Path) -> None:
 # --- S3 credentials and failure budget (issue 13) ------------------------------------------------
 
 
+S3 = {"objectstore.type": "s3", "objectstore.bucket": "b"}
+S3_ENV = {"WOODPECKER_OBJECTSTORE_TYPE": "s3", "WOODPECKER_OBJECTSTORE_BUCKET": "b"}
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"objectstore.bucket": "b"}, r"objectstore.bucket = 'b': only objectstore.type s3 reads"),
+        ({"objectstore.read_timeout_s": 9}, r"objectstore.read_timeout_s = 9(\.0)?: only"),
+        (
+            {**S3, "objectstore.path": "/data/objects"},
+            r"objectstore.path = '/data/objects': only objectstore.type local reads it, and "
+            r"objectstore.type is 's3'",
+        ),
+        ({"meta.endpoints": ["h:2379"]}, r"meta.endpoints = .*only meta.type etcd reads it"),
+        (
+            {"meta.type": "etcd", "meta.endpoints": ["h:2379"], "meta.path": "/m.sqlite"},
+            r"meta.path = '/m.sqlite': only meta.type sqlite reads it, and meta.type is 'etcd'; "
+            r"remove it, or set meta.type: sqlite",
+        ),
+    ],
+)
+def test_a_key_of_a_backend_not_in_use_is_refused(given, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Config(given)
+
+
+def test_a_backend_key_left_at_its_default_passes() -> None:
+    assert Config({"objectstore.endpoint_url": None, "meta.prefix": "/woodpecker"})
+
+
+def test_credentials_of_a_backend_not_in_use_are_refused_and_the_secret_unshown() -> None:
+    with pytest.raises(ConfigError, match="meta.user = 'u': only meta.type etcd") as info:
+        Config({"meta.user": "u", "meta.password": "pw-1234"})
+    assert "pw-1234" not in str(info.value)
+    with pytest.raises(ConfigError, match="objectstore.access_key_id = 'AKIA2'") as info:
+        Config({"objectstore.access_key_id": "AKIA2", "objectstore.secret_access_key": "s3-99"})
+    assert "s3-99" not in str(info.value)
+
+
 def test_create_bucket_is_a_bool_from_yaml_and_env() -> None:
-    assert load_config(env={}).objectstore.create_bucket is False
-    env = {"WOODPECKER_OBJECTSTORE_CREATE_BUCKET": "true"}
+    assert load_config(env=S3_ENV).objectstore.create_bucket is False
+    env = {**S3_ENV, "WOODPECKER_OBJECTSTORE_CREATE_BUCKET": "true"}
     assert load_config(env=env).objectstore.create_bucket is True
-    env = {"WOODPECKER_OBJECTSTORE_CREATE_BUCKET": "off"}
+    env = {**S3_ENV, "WOODPECKER_OBJECTSTORE_CREATE_BUCKET": "off"}
     assert load_config(env=env).objectstore.create_bucket is False
     with pytest.raises(ConfigError, match="objectstore.create_bucket.*true or false"):
-        load_config(env={"WOODPECKER_OBJECTSTORE_CREATE_BUCKET": "maybe"})
+        load_config(env={**S3_ENV, "WOODPECKER_OBJECTSTORE_CREATE_BUCKET": "maybe"})
     with pytest.raises(ConfigError, match="objectstore.create_bucket.*true or false"):
-        Config({"objectstore.create_bucket": "yes"})
+        Config({**S3, "objectstore.create_bucket": "yes"})
 
 
 def test_s3_budgets_are_validated() -> None:
-    assert Config({"objectstore.probe_timeout_s": 0.5}).objectstore.probe_timeout_s == 0.5
+    assert Config({**S3, "objectstore.probe_timeout_s": 0.5}).objectstore.probe_timeout_s == 0.5
     for key in ("probe_timeout_s", "connect_timeout_s", "read_timeout_s", "retry_budget_s"):
         with pytest.raises(ConfigError, match=f"objectstore.{key}"):
-            Config({f"objectstore.{key}": 0})
+            Config({**S3, f"objectstore.{key}": 0})
 
 
 def test_s3_credentials_go_together_and_the_secret_is_never_shown() -> None:
-    cfg = Config({"objectstore.access_key_id": "AKIA1", "objectstore.secret_access_key": "s3cr3t"})
+    cfg = Config(
+        {**S3, "objectstore.access_key_id": "AKIA1", "objectstore.secret_access_key": "s3cr3t"}
+    )
     assert cfg.objectstore.secret_access_key == "s3cr3t"
     assert "s3cr3t" not in repr(cfg) and "AKIA1" in repr(cfg)
     with pytest.raises(ConfigError, match="go together"):
-        Config({"objectstore.access_key_id": "AKIA1"})
+        Config({**S3, "objectstore.access_key_id": "AKIA1"})
     with pytest.raises(ConfigError, match="go together"):
-        Config({"objectstore.secret_access_key": "s3cr3t"})
+        Config({**S3, "objectstore.secret_access_key": "s3cr3t"})
     with pytest.raises(ConfigError, match="profile") as info:
         Config(
             {
+                **S3,
                 "objectstore.profile": "p",
                 "objectstore.access_key_id": "AKIA1",
                 "objectstore.secret_access_key": "s3cr3t",
@@ -471,5 +514,5 @@ def test_s3_credentials_go_together_and_the_secret_is_never_shown() -> None:
         )
     assert "s3cr3t" not in str(info.value)
     with pytest.raises(ConfigError, match="secret_access_key") as info:
-        Config({"objectstore.secret_access_key": 12345678})
+        Config({**S3, "objectstore.secret_access_key": 12345678})
     assert "12345678" not in str(info.value)

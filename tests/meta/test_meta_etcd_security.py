@@ -101,9 +101,10 @@ def test_bad_or_missing_credentials(auth_etcd: EtcdServer, tmp_path: Path) -> No
 
 
 def test_security_keys_go_in_pairs_and_the_password_is_never_shown() -> None:
+    etcd = {"meta.type": "etcd", "meta.endpoints": ["127.0.0.1:2379"]}
     with pytest.raises(ConfigError, match="meta.user and meta.password go together"):
-        wp.load_config(overrides={"meta.user": "root"})
+        wp.load_config(overrides={**etcd, "meta.user": "root"})
     with pytest.raises(ConfigError, match="meta.client_cert and meta.client_key"):
-        wp.load_config(overrides={"meta.client_cert": "/x.pem"})
-    cfg = wp.load_config(overrides={"meta.user": "root", "meta.password": PASSWORD})
+        wp.load_config(overrides={**etcd, "meta.client_cert": "/x.pem"})
+    cfg = wp.load_config(overrides={**etcd, "meta.user": "root", "meta.password": PASSWORD})
     assert PASSWORD not in repr(cfg)
