@@ -15,7 +15,8 @@ three writes of the whole DataFrame. `extra_info` of `--benchmark-json` holds th
 side (medians) and the ratios (medians of the per-round ratios): `idempotent_vs_plain`,
 `idempotent_vs_parquet`, `plain_vs_parquet`. Asserted: issue 14's target, idempotent >= 0.9x
 plain (one slow round moves a 3-round median a lot on the shared machine: raise the rounds to
-judge). Reported: vs parquet (aim >= 0.5x) and key hashing vs md5.
+judge). Reported: vs parquet (issue 21's target, 0.9x, is not reached: see docs/spark.md,
+"Throughput") and key hashing vs md5.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def test_sink_rows_per_second_idempotent_plain_parquet(spark, tmp_path, benchmar
         f"\nspark sink, {ROWS:,} rows of 100 B, P={P}, {ROUNDS} interleaved rounds (medians): "
         f"idempotent {rates['idempotent']:,.0f} rows/s, plain {rates['plain']:,.0f} rows/s, "
         f"parquet {rates['parquet']:,.0f} rows/s; idempotent/plain {vs_plain:.2f}x (target "
-        f">= 0.9x), idempotent/parquet {vs_parquet:.2f}x (aim >= 0.5x; reported), "
+        f">= 0.9x), idempotent/parquet {vs_parquet:.2f}x (target 0.9x, not reached; reported), "
         f"plain/parquet {plain_vs_parquet:.2f}x"
     )
     assert vs_plain >= 0.9, f"idempotent/plain {vs_plain:.2f}x: {times}"
@@ -149,7 +150,7 @@ def realistic(spark):
 @pytest.mark.timeout(3600)
 def test_sink_realistic_rows_vs_parquet(spark, tmp_path, benchmark):
     """The sink (idempotent, defaults: canonical JSON payloads) against Spark's parquet writer on
-    the same prepared DataFrame of realistic rows, interleaved. Reported (aim >= 0.7x)."""
+    the same prepared DataFrame of realistic rows, interleaved. Asserted: >= 0.7x (issue 21)."""
     from woodpecker_idem.spark import prepare
 
     prepared = prepare(realistic(spark), "order_id", P).cache()
@@ -191,9 +192,10 @@ def test_sink_realistic_rows_vs_parquet(spark, tmp_path, benchmark):
     print(
         f"\nspark sink, {ROWS:,} realistic rows (10 columns, canonical JSON), P={P}, {ROUNDS} "
         f"interleaved rounds (medians): idempotent {rates['idempotent']:,.0f} rows/s, parquet "
-        f"{rates['parquet']:,.0f} rows/s; idempotent/parquet {ratio:.2f}x (aim >= 0.7x; reported)"
+        f"{rates['parquet']:,.0f} rows/s; idempotent/parquet {ratio:.2f}x (target >= 0.7x)"
     )
     prepared.unpersist()
+    assert ratio >= 0.7, f"idempotent/parquet {ratio:.2f}x on realistic rows: {times}"
 
 
 @pytest.mark.timeout(1800)
