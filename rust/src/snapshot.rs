@@ -869,14 +869,18 @@ mod tests {
         "ffffffffffffffffff01",
     );
 
-    #[test]
-    fn golden_bytes() {
-        let row = |tag: &[u8], segment_id, entry_id, timestamp_ms| Record {
+    fn golden_row(tag: &[u8], segment_id: u32, entry_id: u32, timestamp_ms: i64) -> Record {
+        Record {
             key: content_key(tag),
             segment_id,
             entry_id,
             timestamp_ms,
-        };
+        }
+    }
+
+    /// The rows and watermarks both golden snapshots hold: ids and times at their extremes.
+    fn golden_rows() -> (Vec<Record>, [(u32, i64); 3]) {
+        let row = golden_row;
         let entries = vec![
             row(b"a", 7, 0, 1_700_000_000_000),
             row(b"b", 7, 1, 1_700_000_000_005),
@@ -885,7 +889,12 @@ mod tests {
             row(b"e", u32::MAX, 0, i64::MAX),
             row(b"f", 0, 5, -1),
         ];
-        let marks = [(8, 17), (7, -1), (0, 1 << 40)];
+        (entries, [(8, 17), (7, -1), (0, 1 << 40)])
+    }
+
+    #[test]
+    fn golden_bytes() {
+        let (entries, marks) = golden_rows();
         let bytes = encode_v1(
             u64::MAX,
             3,
@@ -905,7 +914,7 @@ mod tests {
         assert_eq!(decoded.segment_ends(), ends);
         assert_eq!(decoded.shared_position(), None);
         let mut twice = decoded.clone();
-        twice.entries.push(row(b"g", 7, 1, 0));
+        twice.entries.push(golden_row(b"g", 7, 1, 0));
         assert_eq!(twice.shared_position(), Some((7, 1)));
     }
 
@@ -921,21 +930,7 @@ mod tests {
 
     #[test]
     fn golden_v2_bytes() {
-        let row = |tag: &[u8], segment_id, entry_id, timestamp_ms| Record {
-            key: content_key(tag),
-            segment_id,
-            entry_id,
-            timestamp_ms,
-        };
-        let entries = [
-            row(b"a", 7, 0, 1_700_000_000_000),
-            row(b"b", 7, 1, 1_700_000_000_005),
-            row(b"c", 7, 300, 1_699_999_999_990),
-            row(b"d", u32::MAX, u32::MAX, i64::MIN),
-            row(b"e", u32::MAX, 0, i64::MAX),
-            row(b"f", 0, 5, -1),
-        ];
-        let marks = [(8, 17), (7, -1), (0, 1 << 40)];
+        let (entries, marks) = golden_rows();
         let bytes = encode(
             u64::MAX,
             3,
