@@ -160,18 +160,7 @@ class LocalObjectStore(ObjectStore):
             except NotADirectoryError:
                 raise InvalidArgumentError(f"key {key!r} lies below an existing object") from None
             except OSError as exc:
-                if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST) and os.path.isdir(
-                    final
-                ):
-                    raise InvalidArgumentError(
-                        f"key {key!r} names a directory of other objects"
-                    ) from None
-                if exc.errno in _FULL:  # retriable once space is freed, like an S3 outage
-                    raise StorageUnavailableError(
-                        f"object store {self.root}: cannot write {key!r}: {exc.strerror}; free "
-                        "space (woodpecker-idem truncate or drop-group, retention) or grow the "
-                        "disk"
-                    ) from exc
+                self._raise_put_error(exc, key, final)
                 raise
             if outcome == _PUBLISHED:
                 return True
@@ -183,6 +172,17 @@ class LocalObjectStore(ObjectStore):
                 self._make_dirs(head)
             # _TEMP_TAKEN: a leftover of a crashed process that had our pid: pick another name
         raise OSError(errno.ENOENT, f"directory keeps vanishing (attempts={_attempt + 1})", head)
+
+    def _raise_put_error(self, exc: OSError, key: str, final: str) -> None:
+        """What a failed write of `key` means to the caller, raised; returns when `exc` is
+        nothing more than itself (the caller raises it)."""
+        if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST) and os.path.isdir(final):
+            raise InvalidArgumentError(f"key {key!r} names a directory of other objects") from None
+        if exc.errno in _FULL:  # retriable once space is freed, like an S3 outage
+            raise StorageUnavailableError(
+                f"object store {self.root}: cannot write {key!r}: {exc.strerror}; free space "
+                "(woodpecker-idem truncate or drop-group, retention) or grow the disk"
+            ) from exc
 
     def put_parts(self, key: str, parts: Iterable[bytes]) -> int:
         """Atomic, durable put of the parts end to end, written as they come: a temp file in
@@ -219,24 +219,11 @@ class LocalObjectStore(ObjectStore):
                     os.fsync(fd)
             finally:
                 os.close(fd)
-            try:
-                os.replace(tmp, final)
-            except OSError as exc:
-                if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST) and os.path.isdir(
-                    final
-                ):
-                    raise InvalidArgumentError(
-                        f"key {key!r} names a directory of other objects"
-                    ) from None
-                raise
+            os.replace(tmp, final)
             published = True
             self._sync_dir(head)
         except OSError as exc:
-            if exc.errno in _FULL:  # retriable once space is freed, like an S3 outage
-                raise StorageUnavailableError(
-                    f"object store {self.root}: cannot write {key!r}: {exc.strerror}; free "
-                    "space (woodpecker-idem truncate or drop-group, retention) or grow the disk"
-                ) from exc
+            self._raise_put_error(exc, key, final)
             raise
         finally:
             if not published:
