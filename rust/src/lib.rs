@@ -4,7 +4,7 @@
 //! `entry`, `fileput`) have no Python dependency and are unit-tested with `cargo test`; `py` (one
 //! file per class), `args` and `errors` are the PyO3 layer. The contract is `docs/core-api.md`.
 
-#![deny(unsafe_code)] // three exceptions, each proven sound where it is: md5x::digest_many, py::arrow (Arrow C data interface import), py::tuples::new_tuple_of (a NamedTuple built in place) and untrack
+#![deny(unsafe_code)] // exceptions, each proven sound where it is: md5x::digest_many, py::arrow (Arrow C data interface import), py::tuples::new_tuple_of (a NamedTuple built in place) and untrack, slot_index::prefetch_read (a cache hint)
 
 mod args;
 mod arrow_keys;

@@ -69,6 +69,12 @@ impl Pending {
             + self.index.allocation_size()
     }
 
+    /// Start loading the index cell of hash `h` into the cache ([`SlotIndex::prefetch`]).
+    #[inline]
+    pub fn prefetch(&self, h: u64) {
+        self.index.prefetch(h);
+    }
+
     /// The pending record of `key` (hash `h`).
     #[inline]
     pub fn find(&self, key: &Key, h: u64, hash: impl Fn(&Key) -> u64) -> Option<&Record> {

@@ -246,7 +246,11 @@ impl Window {
     /// Uncounted lookup. With `now_ms`, a committed entry at least `window_ms` old is absent.
     #[inline]
     pub fn peek(&self, key: &Key, now_ms: Option<i64>) -> Lookup {
-        let h = key_hash(self.seed, key);
+        self.peek_hashed(key, key_hash(self.seed, key), now_ms)
+    }
+
+    #[inline]
+    fn peek_hashed(&self, key: &Key, h: u64, now_ms: Option<i64>) -> Lookup {
         if let Some(r) = self.find_committed(key, h) {
             return match now_ms {
                 Some(now) if age(now, r.timestamp_ms) >= i128::from(self.window_ms) => {
@@ -258,6 +262,30 @@ impl Window {
         match self.find_pending(key, h) {
             Some(r) => Lookup::Pending(*r),
             None => Lookup::Absent,
+        }
+    }
+
+    /// The hashes of a batch's `keys` (N*16 bytes), with the index cells of the first few asked
+    /// for: a batch pass then asks for those of the key [`PREFETCH_AHEAD`] ahead of each one it
+    /// works on ([`Window::prefetch_ahead`]), so their cache misses overlap.
+    fn prefetched_hashes(&self, keys: &[u8]) -> Vec<u64> {
+        let seed = self.seed;
+        let hashes: Vec<u64> = keys
+            .chunks_exact(KEY_LEN)
+            .map(|k| key_hash(seed, &<Key>::try_from(k).unwrap_or_default()))
+            .collect();
+        for &h in hashes.iter().take(PREFETCH_AHEAD) {
+            self.index.prefetch(h);
+            self.pending.prefetch(h);
+        }
+        hashes
+    }
+
+    #[inline]
+    fn prefetch_ahead(&self, hashes: &[u64], i: usize) {
+        if let Some(&ahead) = hashes.get(i + PREFETCH_AHEAD) {
+            self.index.prefetch(ahead);
+            self.pending.prefetch(ahead);
         }
     }
 
@@ -633,13 +661,16 @@ impl Window {
         ents: &mut [u8],
     ) -> usize {
         let mut hits = 0;
+        let hashes = self.prefetched_hashes(keys);
         let rows = keys
             .chunks_exact(KEY_LEN)
             .zip(status.iter_mut())
             .zip(segs.chunks_exact_mut(8).zip(ents.chunks_exact_mut(8)));
-        for ((k, st), (sg, en)) in rows {
+        for (i, ((k, st), (sg, en))) in rows.enumerate() {
             let key = <Key>::try_from(k).unwrap_or_default();
-            let (code, seg, ent) = match self.peek(&key, now_ms) {
+            self.prefetch_ahead(&hashes, i);
+            let h = hashes.get(i).copied().unwrap_or_default();
+            let (code, seg, ent) = match self.peek_hashed(&key, h, now_ms) {
                 Lookup::Absent => (ABSENT, -1i64, -1i64),
                 Lookup::Pending(r) => (PENDING, i64::from(r.segment_id), i64::from(r.entry_id)),
                 Lookup::Committed(r) => (COMMITTED, i64::from(r.segment_id), i64::from(r.entry_id)),
@@ -672,15 +703,18 @@ impl Window {
         let mut next = first_entry_id;
         // The segment's order queue, looked up once for the batch (not once per key).
         let mut order = self.pending_order.remove(&segment_id).unwrap_or_default();
+        let seed = self.seed;
+        let hashes = self.prefetched_hashes(keys);
         let rows = keys
             .chunks_exact(KEY_LEN)
             .zip(timestamps_ms)
             .zip(status.iter_mut())
             .zip(segs.chunks_exact_mut(8).zip(ents.chunks_exact_mut(8)));
-        for (((k, &ts), st), (sg, en)) in rows {
+        for (i, (((k, &ts), st), (sg, en))) in rows.enumerate() {
             let key = <Key>::try_from(k).unwrap_or_default();
+            self.prefetch_ahead(&hashes, i);
             // `get` then `add_pending`, with one probe of each table instead of two.
-            let h = key_hash(self.seed, &key);
+            let h = hashes.get(i).copied().unwrap_or_default();
             let mut expired = false;
             let committed = match self.find_committed(&key, h) {
                 Some(r) if age(ts, r.timestamp_ms) < i128::from(self.window_ms) => Some(*r),
@@ -700,7 +734,6 @@ impl Window {
                     timestamp_ms: ts,
                 };
                 // pending already, or pending now: one walk of the pending index
-                let seed = self.seed;
                 match self.pending.find_or_insert(rec, h, |k| key_hash(seed, k)) {
                     Reserved::Held(held) => {
                         self.counters.hits += 1;
@@ -748,6 +781,11 @@ impl Window {
             });
     }
 }
+
+/// How many keys ahead of the one it works on a batch pass asks for index cells
+/// ([`SlotIndex::prefetch`]): enough for their cache misses to overlap (a miss costs about as
+/// much as the work on several keys), few enough that the cells are still cached when reached.
+const PREFETCH_AHEAD: usize = 8;
 
 /// Batches at least this long are looked up on several threads.
 pub const GET_MANY_PARALLEL_MIN: usize = 65_536;
