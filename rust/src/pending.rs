@@ -69,6 +69,12 @@ impl Pending {
             + self.index.allocation_size()
     }
 
+    /// The record at slab position `at` (a position `insert` returned and no removal since).
+    #[inline]
+    pub fn record_at(&self, at: u32) -> Option<&Record> {
+        self.slab.get(at as usize)
+    }
+
     /// Start loading the index cell of hash `h` into the cache ([`SlotIndex::prefetch`]).
     #[inline]
     pub fn prefetch(&self, h: u64) {

@@ -201,11 +201,10 @@ impl SlotIndex {
     }
 
     /// Start loading the home cell of hash `h` into the cache, so that a lookup or insert of it a
-    /// few keys later finds it there: a batch pass (the window's `get_many` and `reserve_many`)
-    /// asks for the cells of the keys ahead of the one it works on, and their cache misses
-    /// overlap instead of coming one after another. A hint only: nothing depends on it, and a
-    /// table that grows meanwhile just makes it useless. (A quorum ack's `commit_through` gained
-    /// nothing from it: its cost is not in these misses.)
+    /// few keys later finds it there: a batch pass (the window's `get_many`, `reserve_many`, and a
+    /// quorum ack's `commit_through`) asks for the cells of the keys ahead of the one it works on,
+    /// and their cache misses overlap instead of coming one after another. A hint only: nothing
+    /// depends on it, and a table that grows meanwhile just makes it useless.
     #[inline]
     pub fn prefetch(&self, h: u64) {
         if !self.cells.is_empty() {

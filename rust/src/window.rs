@@ -347,9 +347,15 @@ impl Window {
         };
         let mut n = 0;
         let seed = self.seed;
+        for &(_, at) in order.iter().take(PREFETCH_AHEAD) {
+            self.prefetch_pending(at, commit);
+        }
         while let Some(&(entry_id, at)) = order.front() {
             if last.is_some_and(|last| entry_id > last) {
                 break;
+            }
+            if let Some(&(_, ahead)) = order.get(PREFETCH_AHEAD) {
+                self.prefetch_pending(ahead, commit);
             }
             order.pop_front();
             // The queue holds exactly the segment's pending keys (take_pending keeps it so).
@@ -366,6 +372,19 @@ impl Window {
         }
         self.pending.release_if_drained();
         n
+    }
+
+    /// Start loading the index cells that taking the pending record at slab position `at` out
+    /// (and, with `commit`, indexing it as committed) will walk: see [`PREFETCH_AHEAD`].
+    #[inline]
+    fn prefetch_pending(&self, at: u32, commit: bool) {
+        if let Some(rec) = self.pending.record_at(at) {
+            let h = key_hash(self.seed, &rec.key);
+            self.pending.prefetch(h);
+            if commit {
+                self.index.prefetch(h);
+            }
+        }
     }
 
     fn take_pending(&mut self, key: &Key, h: u64) -> Option<Record> {
