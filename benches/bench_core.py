@@ -14,6 +14,7 @@ counterpart (`get_many`, `add_committed_many`) are judged on the fastest run. Ev
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import json
@@ -78,15 +79,30 @@ def interleaved(
     `reps` runs a (fast) function several times per round, each run one sample, so a short call is
     not judged on a handful of samples taken while a neighbour hogs the shared cores.
     """
-    times: dict[str, list[float]] = {name: [] for name in fns}
+
+    def timed(fn: Callable[[], Any]) -> Callable[[], float]:
+        def run() -> float:
+            gc.collect()
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+
+        return run
+
+    return interleaved_samples({name: timed(fn) for name, fn in fns.items()}, rounds, reps)
+
+
+def interleaved_samples(
+    fns: dict[str, Callable[[], float]], rounds: int, reps: dict[str, int] | None = None
+) -> dict[str, float]:
+    """As `interleaved`, for functions that time their own measured part (set-up and clean-up
+    left out) and return it: the median of each one's returns."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             for _rep in range((reps or {}).get(name, 1)):
-                gc.collect()
-                t0 = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+                samples[name].append(fn())
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def best_and_median(fn: Callable[[], Any], rounds: int) -> tuple[float, float]:
@@ -283,12 +299,10 @@ def test_window_batch_costs_about_the_same_per_key_in_a_big_window(benchmark: An
         assert w.drop_segment(7) == new_keys  # back as it was, for the next round
         return spent / new_keys
 
-    runs: dict[int, list[float]] = {held: [] for held in windows}
-    for r in range(15):
-        for held in windows if r % 2 == 0 else list(windows)[::-1]:
-            runs[held].append(one_pass(windows[held]))
+    med = interleaved_samples(
+        {held: functools.partial(one_pass, w) for held, w in windows.items()}, rounds=15
+    )
     benchmark.pedantic(one_pass, args=(windows[1_000_000],), rounds=1, iterations=1)
-    med = {held: statistics.median(v) for held, v in runs.items()}
     ratio = med[1_000_000] / med[10_000]
     record(
         benchmark,
@@ -318,13 +332,8 @@ def test_window_commit_costs_about_the_same_per_key_with_many_pending(benchmark:
         assert w.committed_count == pending
         return spent / pending
 
-    sizes = (10_000, 500_000)
-    runs: dict[int, list[float]] = {n: [] for n in sizes}
-    for r in range(9):
-        for n in sizes if r % 2 == 0 else sizes[::-1]:
-            runs[n].append(one_pass(n))
+    med = interleaved_samples({n: functools.partial(one_pass, n) for n in (10_000, 500_000)}, 9)
     benchmark.pedantic(one_pass, args=(500_000,), rounds=1, iterations=1)
-    med = {n: statistics.median(v) for n, v in runs.items()}
     ratio = med[500_000] / med[10_000]
     record(
         benchmark,
