@@ -101,7 +101,8 @@ def content_keys(payloads: Sequence[Buffer]) -> bytes:
     """Content keys of many payloads at once, concatenated (N*16 bytes).
 
     One call per batch keeps Python overhead out of the per-entry cost: hashing runs without the
-    GIL and large batches (>= 4096 payloads) are split over the available cores.
+    GIL and large batches (about 2 MiB of work: 16,384 short payloads, or fewer long ones) are
+    split over the available cores.
 
     Args:
         payloads: A sequence (list, tuple or other iterable) of bytes-like payloads.
