@@ -122,6 +122,29 @@ def record(benchmark: Any, **figures: Any) -> None:
     print(f"\n[{benchmark.name}] " + ", ".join(f"{k}={v}" for k, v in figures.items()))
 
 
+def per_key_ratio(
+    benchmark: Any,
+    passes: dict[int, Callable[[], float]],
+    rounds: int,
+    names: dict[int, str],
+    ratio_name: str,
+) -> float:
+    """Interleaved medians of two passes that each return seconds per key (keyed by their size,
+    small and big), one more run of the big one for pytest-benchmark's table, both medians
+    recorded in ns per key as `ns_per_key_<name>` and their ratio as `ratio_name`. Returns big
+    over small."""
+    small, big = sorted(passes)
+    med = interleaved_samples(passes, rounds)
+    benchmark.pedantic(passes[big], rounds=1, iterations=1)
+    ratio = med[big] / med[small]
+    record(
+        benchmark,
+        **{f"ns_per_key_{names[n]}": round(med[n] * 1e9, 1) for n in (small, big)},
+        **{ratio_name: round(ratio, 3)},
+    )
+    return ratio
+
+
 def random_keys(n: int, seed: int) -> bytes:
     return random.Random(seed).randbytes(16 * n)
 
@@ -299,17 +322,9 @@ def test_window_batch_costs_about_the_same_per_key_in_a_big_window(benchmark: An
         assert w.drop_segment(7) == new_keys  # back as it was, for the next round
         return spent / new_keys
 
-    med = interleaved_samples(
-        {held: functools.partial(one_pass, w) for held, w in windows.items()}, rounds=15
-    )
-    benchmark.pedantic(one_pass, args=(windows[1_000_000],), rounds=1, iterations=1)
-    ratio = med[1_000_000] / med[10_000]
-    record(
-        benchmark,
-        ns_per_key_10k_held=round(med[10_000] * 1e9, 1),
-        ns_per_key_1m_held=round(med[1_000_000] * 1e9, 1),
-        big_over_small=round(ratio, 3),
-    )
+    passes = {held: functools.partial(one_pass, w) for held, w in windows.items()}
+    names = {10_000: "10k_held", 1_000_000: "1m_held"}
+    ratio = per_key_ratio(benchmark, passes, 15, names, "big_over_small")
     assert ratio <= BIG_WINDOW_RATIO
 
 
@@ -332,15 +347,9 @@ def test_window_commit_costs_about_the_same_per_key_with_many_pending(benchmark:
         assert w.committed_count == pending
         return spent / pending
 
-    med = interleaved_samples({n: functools.partial(one_pass, n) for n in (10_000, 500_000)}, 9)
-    benchmark.pedantic(one_pass, args=(500_000,), rounds=1, iterations=1)
-    ratio = med[500_000] / med[10_000]
-    record(
-        benchmark,
-        ns_per_key_10k_pending=round(med[10_000] * 1e9, 1),
-        ns_per_key_500k_pending=round(med[500_000] * 1e9, 1),
-        many_over_few=round(ratio, 3),
-    )
+    passes = {n: functools.partial(one_pass, n) for n in (10_000, 500_000)}
+    names = {10_000: "10k_pending", 500_000: "500k_pending"}
+    ratio = per_key_ratio(benchmark, passes, 9, names, "many_over_few")
     assert ratio <= MANY_PENDING_RATIO
 
 
