@@ -176,9 +176,7 @@ def test_closing_the_client_ends_its_background_work(tmp_path: Path, wp_connect)
     """One scheduler per client: closing the client cancels its writers' ticks, lease renewals
     and snapshot checks and joins the threads; nothing of it runs against the closed stores."""
     client = wp_connect(tmp_path, {"idempotency.snapshot_interval_s": 0.05})
-    writers = [
-        client.open_log(f"l{i}", create=True).open_writer(idempotent=True) for i in range(4)
-    ]
+    writers = [client.open_log(f"l{i}", create=True).open_writer(idempotent=True) for i in range(4)]
     for w in writers:
         w.write(b"x", idempotency_id="x")
     threads = client.threads()

@@ -13,9 +13,9 @@ from woodpecker_idem import (
     explicit_key,
 )
 from woodpecker_idem._core import arrow_canonical_json
+from woodpecker_idem.client import LogHandle
 
-
-_LOG_OF: dict[int, wp.LogHandle] = {}  # a writer's log (by id(writer)), for read_all
+_LOG_OF: dict[int, LogHandle] = {}  # a writer's log (by id(writer)), for read_all
 
 
 @pytest.fixture
