@@ -18,6 +18,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
+from ..ensemble.recovery import recover_segment, seal
 from ..errors import (
     EntryConflictError,
     NodeUnavailableError,
@@ -34,7 +35,6 @@ from ..types import SegmentState
 from .adopted import check_adopted
 from .dedup import Dedup
 from .lifecycle import Maintenance
-from .recovery import recover_segment, seal
 from .results import Outcomes, resolve
 from .segments import RETRY_INITIAL_S, RETRY_MAX_S, Batch, OpenSegment, SegmentStatus, span
 

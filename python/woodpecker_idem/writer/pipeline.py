@@ -7,7 +7,8 @@ this same pipeline; they differ only in the dedup stage it consults (`dedup.Dedu
   segments.py       the open segments, the current one, the roll
   sender.py         group commit; batches go to the client's node senders, acks come back to
                     `on_ack`
-  completion.py     completing segments (takeover, repair, drained, close); recovery.py its rule
+  completion.py     completing segments (takeover, repair, drained, close); the rule is
+                    ensemble/recovery.py
   lifecycle.py      the state (open/closed/fenced), lease, the tick and the maintenance tasks
                     (on the client's scheduler), forks, exit, Ctrl-C
   results.py        futures and a batch call's rows
