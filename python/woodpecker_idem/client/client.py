@@ -4,6 +4,8 @@ Built by the composition root (`woodpecker_idem.connect`); this package does not
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import weakref
 from pathlib import Path
@@ -29,6 +31,8 @@ from ..retention import RetentionPolicy, RetentionRunner
 from .log import ClosableWriter, LogHandle, WriterFactory
 
 W = TypeVar("W", bound=ClosableWriter)
+
+DELETE_LEASE_MS = 2_000  # the lease the delete takes with the log's last epoch (gone with it)
 
 
 class WoodpeckerClient:
@@ -233,11 +237,21 @@ class WoodpeckerClient:
         return [m.name for m in self.meta.list_logs()]
 
     def delete_log(self, name: str) -> None:
-        """Remove the log's entries, snapshots and metadata."""
+        """Remove the log's entries, snapshots and metadata. A writer still writing it, in this
+        process or another, is fenced first: nothing is acknowledged once the delete is
+        committed, and its next write fails with `WriterFencedError`. (A segment such a writer
+        still had open stays on its nodes, fenced, so that its adds keep meeting the fence.)"""
         self.check_open()
         _check_name(name)
         meta = self.meta.get_log(name)
-        self.ensemble.delete_log(meta.log_id)
+        # A new epoch refuses the live writer's metadata writes (a roll, a repair's seal); then
+        # each unfinished segment is fenced on its nodes, which refuses its adds. Its acks end
+        # here, before the records go (the last step commits the delete).
+        owner = f"delete_log:{socket.gethostname()}:{os.getpid()}"
+        self.meta.take_over(meta.log_id, owner, self.clock.now_ms(), DELETE_LEASE_MS)
+        segments = self.meta.list_segments(meta.log_id)
+        self.ensemble.fence_segments(segments)
+        self.ensemble.delete_log(meta.log_id, segments)
         self.objects.delete_prefix(f"dedup_snapshot/{meta.log_id}/")
         self.meta.delete_log(name)
 

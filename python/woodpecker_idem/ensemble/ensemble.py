@@ -4,15 +4,20 @@ every call) and the background work of its writers (`Scheduler`), all in one pla
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 
+from ..errors import NodeUnavailableError
 from ..logstore.transport import LogStoreTransport
-from ..meta.base import MetadataStore
+from ..meta.base import MetadataStore, SegmentMeta
+from ..types import SegmentState
 from .members import NodeDirectory
 from .placement import new_ensemble
 from .scheduler import Scheduler
 from .senders import NodeCalls, NodeSender
+
+log = logging.getLogger(__name__)
 
 
 class Ensemble:
@@ -62,10 +67,37 @@ class Ensemble:
         """The nodes of a new segment: `es` live nodes, avoiding `exclude` while others are live."""
         return new_ensemble(self.directory.live(), es, segment_id, exclude)
 
-    def delete_log(self, log_id: int) -> None:
-        """Remove everything of the log from every node of the directory."""
-        for node in self.directory.live():
-            self.calls.delete_log(node, log_id)
+    def fence_segments(self, segments: Iterable[SegmentMeta]) -> None:
+        """Fence every unfinished (ACTIVE) segment of `segments` on each of its nodes: a writer
+        still adding to one is refused from now on. A node that does not answer is skipped
+        (logged): it may still take adds until its writer's next metadata write fails."""
+        for seg in segments:
+            if seg.state is not SegmentState.ACTIVE:
+                continue
+            for node in seg.nodes:
+                try:
+                    self.calls.fence(node, seg.log_id, seg.segment_id)
+                except NodeUnavailableError as exc:
+                    log.warning(
+                        "segment %s/%s not fenced on %s: %s", seg.log_id, seg.segment_id, node, exc
+                    )
+
+    def delete_log(self, log_id: int, segments: Collection[SegmentMeta]) -> None:
+        """Remove the log from the nodes: every node of the directory drops the whole log, unless
+        one of `segments` (the log's, from its metadata) is still ACTIVE. Such a segment, fenced
+        by `fence_segments` first, is left in place with its fence: a writer elsewhere that has
+        not noticed the delete meets that fence on its next add (a fence deleted with its
+        segment would let that add land, and be acknowledged, in a deleted log)."""
+        if not any(seg.state is SegmentState.ACTIVE for seg in segments):
+            for node in self.directory.live():
+                self.calls.delete_log(node, log_id)
+            return
+        for seg in segments:
+            if seg.state is SegmentState.ACTIVE:
+                log.info("log %s: segment %s left fenced on %s", log_id, seg.segment_id, seg.nodes)
+                continue
+            for node in seg.nodes:
+                self.calls.delete_segment(node, log_id, seg.segment_id)
 
     def threads(self) -> list[threading.Thread]:
         """The threads of the layer: the scheduler's and the senders' live workers."""

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import (
     ClientClosedError,
+    LogNotFoundError,
     WriterClosedError,
     WriterFencedError,
     WriterForkedError,
@@ -132,7 +133,15 @@ class Lease:
         except WriterFencedError as exc:
             self._fence(exc)
             return False
+        except LogNotFoundError as exc:
+            self._fence(deleted(self._log_id, exc))
+            return False
         return True
+
+
+def deleted(log_id: int, exc: LogNotFoundError) -> WriterFencedError:
+    """The error a writer is fenced with when its log was deleted under it."""
+    return WriterFencedError(f"log id {log_id} was deleted while this writer held it ({exc})")
 
 
 # --- background threads ------------------------------------------------------------------
@@ -170,6 +179,8 @@ class Maintenance:
             fn(*args)
         except WriterFencedError as exc:
             self.on_fenced(exc)
+        except LogNotFoundError as exc:  # deleted under the writer (a lease renewal, a roll)
+            self.on_fenced(deleted(self.log_id, exc))
         except ClientClosedError:
             pass  # the client closed under it: nothing left to complete for this writer
         except Exception:
