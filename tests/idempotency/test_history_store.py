@@ -1,4 +1,4 @@
-"""The history checker reads the log around the LogReader (woodpecker_idem/history_store.py).
+"""The history checker reads the log around the LogReader (testing/history/store.py).
 
 A reader that showed an entry only one node holds, or hid one, would blind a checker reading
 through it. These tests hold the checker's own read to the log's rules (quorum for an open
@@ -14,9 +14,15 @@ import woodpecker_idem as wp
 from woodpecker_idem import LogMessage, LogMessageId, explicit_key
 from woodpecker_idem._core import encode_entry
 from woodpecker_idem.client.reader import LogReader
-from woodpecker_idem.history import READER, REPLICAS, History, reader_problems
-from woodpecker_idem.history_store import combine, read_stored
 from woodpecker_idem.meta.base import SegmentMeta
+from woodpecker_idem.testing.history import (
+    READER,
+    REPLICAS,
+    History,
+    combine,
+    read_stored,
+    reader_problems,
+)
 from woodpecker_idem.types import SegmentState
 
 T0 = 1_700_000_000_000

@@ -15,8 +15,8 @@ from woodpecker_idem.errors import (
     WoodpeckerError,
     WriteTimeoutError,
 )
-from woodpecker_idem.logstore.transport import FaultInjectingTransport
 from woodpecker_idem.meta.base import SegmentMeta
+from woodpecker_idem.testing import FaultInjectingTransport
 from woodpecker_idem.types import LogMessageId, SegmentState
 from woodpecker_idem.writer.recovery import recover_segment
 
