@@ -591,18 +591,19 @@ def _reader() -> Verdict:
     return h.check_log(log, WINDOW_MS, 100, source=source)
 
 
+# kind -> (the history breaking that rule, what its one problem says)
 COUNTEREXAMPLES = {
-    LOST: _lost,
-    WRONG_ID: _wrong_id,
-    WRONG_PAYLOAD: _wrong_payload,
-    CREATED_TWICE: _created_twice,
-    STALE_ID: _stale_id,
-    DUPLICATE: _duplicate,
-    UNKEYED_COPY: _unkeyed_copy,
-    INVENTED: _invented,
-    TIMESTAMP: _timestamp,
-    REPLICAS: _replicas,
-    READER: _reader,
+    LOST: (_lost, "was acknowledged at 0:1, which is not in the log"),
+    WRONG_ID: (_wrong_id, "was acknowledged at 0:0, which holds"),
+    WRONG_PAYLOAD: (_wrong_payload, "was acknowledged as created at 0:0, which holds another"),
+    CREATED_TWICE: (_created_twice, "2 attempts of key"),
+    STALE_ID: (_stale_id, "was answered with 0:0, but it had been rewritten at 0:1"),
+    DUPLICATE: (_duplicate, "is at 0:0 and again at 0:5"),
+    UNKEYED_COPY: (_unkeyed_copy, "0:1 has no key but copies the payload"),
+    INVENTED: (_invented, "at 0:1 was never written"),
+    TIMESTAMP: (_timestamp, f"has timestamp {T0 + 5_000}, outside every call"),
+    REPLICAS: (_replicas, "entry 1 is stored intact on none of node-0, node-1, node-2"),
+    READER: (_reader, "the LogReader skipped 1 committed entries, first 0:1"),
 }
 
 
@@ -612,10 +613,13 @@ def test_every_kind_of_verdict_has_a_counterexample():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_counterexample_gets_exactly_its_verdict(kind: str):
-    v = COUNTEREXAMPLES[kind]()
+    """One problem, of that kind, naming what broke."""
+    history, says = COUNTEREXAMPLES[kind]
+    v = history()
     assert not v.ok, v.summary()
     assert v.kinds == {kind}, v.problems
-    assert all(p.startswith(f"{kind}: ") for p in v.problems), v.problems
+    (problem,) = v.problems
+    assert problem.startswith(f"{kind}: ") and says in problem, problem
 
 
 def test_the_hand_made_logs_pass_when_nothing_is_broken():
