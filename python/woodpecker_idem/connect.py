@@ -14,6 +14,7 @@ from .client.client import WoodpeckerClient
 from .client.log import LogHandle
 from .clock import SYSTEM_CLOCK, Clock
 from .config import Config, load_config, parse_fsync
+from .ensemble import Ensemble
 from .errors import ConfigError, InvalidArgumentError, InvalidTypeError, StorageReadOnlyError
 from .idempotency.stage import WindowStage
 from .logstore.engine import LogStoreEngine
@@ -196,7 +197,8 @@ def connect(
         transport = InProcessTransport(engines)
         for node_id in engines:
             meta.register_node(NodeInfo(node_id, f"inproc://{node_id}"))
-    return WoodpeckerClient(cfg, root, clock or SYSTEM_CLOCK, meta, objects, transport, open_writer)
+    ensemble = Ensemble(transport, deadline_s=cfg.append.timeout_ms / 1000)
+    return WoodpeckerClient(cfg, root, clock or SYSTEM_CLOCK, meta, objects, ensemble, open_writer)
 
 
 def open_writer(
@@ -207,17 +209,12 @@ def open_writer(
 ) -> LogWriter | IdempotentLogWriter:
     """A log's writer: one write pipeline, with the dedup window as its stage when `idempotent`
     (the window options are checked before the log is taken over), else with none."""
+    ctx = handle.client.context(handle.log_id, handle.name)
     if not idempotent:
-        return LogWriter(handle)
-    client = handle.client
+        return LogWriter(ctx)
     stage = WindowStage(
-        log_id=handle.log_id,
-        cfg=client.config.idempotency,
-        clock=client.clock,
-        meta=client.meta,
-        objects=client.objects,
-        transport=client.transport,
+        ctx,
         window_duration_s=window_duration_s,
         window_max_keys=window_max_keys,
     )
-    return IdempotentLogWriter(handle, stage)
+    return IdempotentLogWriter(ctx, stage)

@@ -74,6 +74,7 @@ def test_the_client_package_does_not_import_the_idempotent_layer(name: str) -> N
 LAYERS: list[set[str]] = [
     {"objectstore", "meta"},  # beside each other: neither imports the other
     {"logstore"},
+    {"ensemble"},  # one per client: nodes found, placed, reached (senders) and read
     {"client"},
     {"writer"},
     {"idempotency"},
@@ -272,6 +273,25 @@ def test_the_pipeline_imports_nothing_of_the_dedup_state(name: str) -> None:
     assert bad == []
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in (PACKAGE / "writer").glob("*.py")))
+def test_the_pipeline_imports_nothing_of_the_client(name: str) -> None:
+    """Not even for typing: a writer is given a `LogContext` (ensemble/), not the client or
+    its log handle, so client -> writer is no cycle."""
+    bad = [m for m in _imports_of(PACKAGE / "writer" / name) if m.startswith("client")]
+    assert bad == []
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (PACKAGE / "ensemble").glob("*.py")))
+def test_the_ensemble_layer_imports_nothing_of_writers_or_clients(name: str) -> None:
+    """Not even for typing: writers and readers use the ensemble, never the reverse."""
+    bad = [
+        m
+        for m in _imports_of(PACKAGE / "ensemble" / name)
+        if m.startswith(("writer", "client", "idempotency", "connect"))
+    ]
+    assert bad == []
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in (PACKAGE / "idempotency").glob("*.py")))
 def test_the_dedup_state_imports_only_the_protocol_of_the_pipeline(name: str) -> None:
     bad = [
@@ -284,6 +304,8 @@ def test_the_dedup_state_imports_only_the_protocol_of_the_pipeline(name: str) ->
 
 def test_the_import_scan_sees_imports() -> None:
     assert "writer.dedup" in _imports_of(PACKAGE / "idempotency" / "stage.py")
+    assert "ensemble" in _imports_of(PACKAGE / "writer" / "api.py")  # for typing: seen too
+    assert "client.client" in _imports_of(PACKAGE / "connect.py")
     assert "writer.dedup" in _imports_of(PACKAGE / "writer" / "pipeline.py")
     assert "idempotency.stage" in _imports_of(PACKAGE / "connect.py")
 

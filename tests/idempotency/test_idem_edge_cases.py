@@ -460,7 +460,7 @@ def test_case7_metadata_outage_does_not_stop_snapshots(env_factory):
         acked = {f"k{i}": env.write(w, b"p%d" % i, f"k{i}") for i in range(5)}
         wait_for(lambda: w.metrics_snapshot()["snapshot_failures"] >= 2, what="failed attempts")
         assert list_snapshots(env.client.objects, env.log.log_id) == []
-        assert w._snapshotter._thread.is_alive()
+        assert w._snapshotter.active
         outage.clear()
         wait_for(
             lambda: list_snapshots(env.client.objects, env.log.log_id) != [],

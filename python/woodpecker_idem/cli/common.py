@@ -205,7 +205,7 @@ def log_summary(client: WoodpeckerClient, name: str, times: bool = True) -> dict
     first: LogMessageId | None = None
     last: LogMessageId | None = None
     for seg in segments:
-        end = visible_last(client.transport, seg)
+        end = visible_last(client.ensemble.calls, seg)
         start = floor.entry_id if seg.segment_id == floor.segment_id else 0
         if seg.segment_id < floor.segment_id or end < start:
             continue

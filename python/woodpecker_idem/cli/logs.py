@@ -163,7 +163,7 @@ def _stat(client: WoodpeckerClient, name: str, as_json: bool) -> int:
     summary = log_summary(client, name)
     segments = []
     for seg in client.meta.list_segments(handle.log_id):
-        end = visible_last(client.transport, seg)
+        end = visible_last(client.ensemble.calls, seg)
         segments.append(
             {
                 "segment_id": seg.segment_id,
@@ -318,7 +318,9 @@ def _truncate(
         live = [s for s in segments if s.state is not SegmentState.TRUNCATED]
         end = LogMessageId(0, 0)
         if live:
-            end = LogMessageId(live[-1].segment_id, visible_last(client.transport, live[-1]) + 1)
+            end = LogMessageId(
+                live[-1].segment_id, visible_last(client.ensemble.calls, live[-1]) + 1
+            )
         if before > end:
             raise InvalidArgumentError(
                 f"--before {before} is past the end of log {name!r} (the next id is {end})"

@@ -1,4 +1,4 @@
-"""WoodpeckerClient: owns one set of stores and a transport, and hands out LogHandles.
+"""WoodpeckerClient: owns one set of stores and the ensemble layer, and hands out LogHandles.
 
 Built by the composition root (`woodpecker_idem.connect`); this package does not import it."""
 
@@ -13,6 +13,7 @@ from .. import registry
 from ..args import bool_arg, timeout_arg
 from ..clock import Clock
 from ..config import Config, check_value
+from ..ensemble import Ensemble, LogContext
 from ..errors import (
     ClientClosedError,
     InvalidArgumentError,
@@ -31,7 +32,8 @@ W = TypeVar("W", bound=ClosableWriter)
 
 
 class WoodpeckerClient:
-    """Owns the stores and the transport; hands out LogHandles."""
+    """Owns the stores and the ensemble layer (the nodes, their senders, the background work of
+    every writer); hands out LogHandles."""
 
     def __init__(
         self,
@@ -40,7 +42,7 @@ class WoodpeckerClient:
         clock: Clock,
         meta: MetadataStore,
         objects: ObjectStore,
-        transport: LogStoreTransport,
+        ensemble: Ensemble,
         writers: WriterFactory,
     ):
         self.config = config
@@ -48,7 +50,7 @@ class WoodpeckerClient:
         self.clock = clock
         self.meta = meta
         self.objects = objects
-        self.transport = transport
+        self.ensemble = ensemble
         # LogHandle.open_writer builds its writer with this (given by the composition root: the
         # client does not import the writer pipeline above it)
         self.writers = writers
@@ -60,6 +62,18 @@ class WoodpeckerClient:
         self._retention: RetentionRunner | None = None
         self._retention_of: dict[str, RetentionPolicy] = {}  # set_retention, by log name
         self._closed = False
+
+    @property
+    def transport(self) -> LogStoreTransport:
+        """How the client reaches its nodes, below the ensemble layer's senders and deadlines
+        (node calls that need a deadline go through `ensemble.calls`)."""
+        return self.ensemble.transport
+
+    @transport.setter
+    def transport(self, transport: LogStoreTransport) -> None:
+        """Reach the nodes through `transport` from now on (tests wrap the transport in a fault
+        injector before they open a writer; `connect(transport=...)` is the public way)."""
+        self.ensemble.transport = transport
 
     @property
     def closed(self) -> bool:
@@ -142,6 +156,27 @@ class WoodpeckerClient:
         """The background retention runner (None until a writer opens with a bound set)."""
         return self._retention
 
+    def context(self, log_id: int, name: str) -> LogContext:
+        """What a writer or reader of the log is given (not the client)."""
+        transport = self.ensemble.transport
+        return LogContext(
+            log_id=log_id,
+            name=name,
+            config=self.config,
+            clock=self.clock,
+            meta=self.meta,
+            objects=self.objects,
+            ensemble=self.ensemble,
+            transport=transport,
+            calls=self.ensemble.calls_through(transport),
+            client_closed=lambda: self._closed,
+        )
+
+    def threads(self) -> list[threading.Thread]:
+        """The client's own background threads (its ensemble layer's: node senders, the
+        scheduler), however many writers it has open."""
+        return self.ensemble.threads()
+
     def store_id(self) -> str:
         """The metadata store's identity (a UUID made when the store was created); object keys
         live under it: `{objectstore.root}/{store_id}/...`."""
@@ -202,8 +237,7 @@ class WoodpeckerClient:
         self.check_open()
         _check_name(name)
         meta = self.meta.get_log(name)
-        for node in self.transport.node_ids:
-            self.transport.delete_log(node, meta.log_id)
+        self.ensemble.delete_log(meta.log_id)
         self.objects.delete_prefix(f"dedup_snapshot/{meta.log_id}/")
         self.meta.delete_log(name)
 
@@ -222,7 +256,7 @@ class WoodpeckerClient:
             retention.stop()
         for writer in writers:
             writer.close(timeout)
-        self.transport.close()
+        self.ensemble.close()  # its tasks cancelled and joined before the stores close
         self.meta.close()
         self.objects.close()
 

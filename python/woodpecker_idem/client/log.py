@@ -131,11 +131,11 @@ class LogHandle:
             if seg.state not in (SegmentState.COMPLETED, SegmentState.SEALED):
                 continue
             if seg.completed_ms > horizon:  # before the entries go: a failure leaves them
-                archive_keys(client.transport, client.objects, seg)
+                archive_keys(client.ensemble.calls, client.objects, seg)
             meta.update_segment(None, dataclasses.replace(seg, state=SegmentState.TRUNCATED))
             for node in seg.nodes:
                 try:
-                    client.transport.delete_segment(node, self.log_id, seg.segment_id)
+                    client.ensemble.calls.delete_segment(node, self.log_id, seg.segment_id)
                 except NodeUnavailableError as exc:
                     log.warning(
                         "truncate: could not delete %s/%s on %s: %s",

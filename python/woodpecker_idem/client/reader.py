@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from .._core import decode_messages
 from ..args import message_id_arg, timeout_arg
+from ..ensemble.replicas import ReplicaFault, read_checked
 from ..errors import (
     CorruptEntryError,
     EntryTruncatedError,
@@ -18,7 +19,6 @@ from ..errors import (
 )
 from ..meta.base import SegmentMeta
 from ..types import LogMessage, LogMessageId, SegmentState
-from .replicas import ReplicaFault, read_checked
 
 if TYPE_CHECKING:
     from ..logstore.transport import LogStoreTransport
@@ -62,7 +62,8 @@ class LogReader:
     def __init__(self, handle: LogHandle, start: str | LogMessageId = "earliest"):
         self._handle = handle
         self._meta = handle.client.meta
-        self._transport = handle.client.transport
+        client = handle.client
+        self._transport = client.ensemble.calls_through(client.transport)  # as it is now
         self.log_id = handle.log_id
         self._buffer: deque[LogMessage] = deque()
         self._raw: list[bytes] = []  # read and checked, not yet decoded: entries _raw_at, ...

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from .._core import DedupWindow, Snapshot, StoredEntry
 from .._proto.logstore_pb2 import LogEntry
 from ..client.keyarchive import load_archive
-from ..client.replicas import ReplicaFault, read_entries
 from ..config import KEYS, Section, check_value
+from ..ensemble.replicas import ReplicaFault, read_entries
 from ..errors import ConfigError, InvalidArgumentError, InvalidTypeError
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..client.replicas import read_checked
+from ..ensemble.replicas import read_checked
 from ..errors import CorruptEntryError, MetadataLostError, NodeUnavailableError
 from ..logstore.blocks import record_entry, split_frame
 from ..types import SegmentState
