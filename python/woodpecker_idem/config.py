@@ -199,6 +199,15 @@ def _opt(name: str, meaning: str, check: Callable[[Any], None] = _nonempty_optio
 # The single source of truth. Sections are the part before the dot.
 KEYS: tuple[Key, ...] = (
     Key("quorum.es", "int", 1, "ensemble size; wq = es, aq = es // 2 + 1", choices=(1, 3, 5)),
+    _int(
+        "quorum.call_timeout_ms",
+        30_000,
+        1,
+        3_600_000,
+        "deadline of every call to a LogStore node: unanswered by then, the node counts as "
+        "unavailable for it (a write's batch is resent, then the node is dropped from the "
+        "segment)",
+    ),
     _int("append.max_batch_entries", 1000, 1, 100_000, "most entries in one AddEntries batch"),
     _size("append.max_batch_bytes", 2 * MiB, KiB, 64 * MiB, "most bytes in one AddEntries batch"),
     _int("append.linger_ms", 2, 0, 1000, "most wait behind a batch a node is retrying"),

@@ -197,7 +197,7 @@ def connect(
         transport = InProcessTransport(engines)
         for node_id in engines:
             meta.register_node(NodeInfo(node_id, f"inproc://{node_id}"))
-    ensemble = Ensemble(transport, deadline_s=cfg.append.timeout_ms / 1000)
+    ensemble = Ensemble(transport, deadline_s=cfg.quorum.call_timeout_ms / 1000)
     return WoodpeckerClient(cfg, root, clock or SYSTEM_CLOCK, meta, objects, ensemble, open_writer)
 
 

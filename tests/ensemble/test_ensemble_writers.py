@@ -129,15 +129,16 @@ def _four_nodes(tmp_path: Path) -> InProcessTransport:
 def test_a_node_that_never_answers_fails_at_the_deadline_and_the_next_segment_avoids_it(
     tmp_path: Path, wp_connect
 ):
-    """es=3 on four nodes: node-1 hangs forever. Its calls fail at the deadline (append.timeout
-    _ms) as a retriable error, the node is given up for the segment, writes go on with aq=2, and
-    the next segment is placed on the three others. Nothing acknowledged is lost."""
+    """es=3 on four nodes: node-1 hangs forever. Its calls fail at the deadline
+    (quorum.call_timeout_ms) as a retriable error, the node is given up for the segment, writes
+    go on with aq=2, and the next segment is placed on the three others. Nothing acknowledged is
+    lost."""
     hanging = HangingTransport(_four_nodes(tmp_path))
     client = wp_connect(
         tmp_path / "data",
         {
             "quorum.es": 3,
-            "append.timeout_ms": 300,
+            "quorum.call_timeout_ms": 300,
             "append.max_retries": 1,
             "segment.max_entries": 30,
         },

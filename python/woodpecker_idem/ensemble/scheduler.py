@@ -50,11 +50,11 @@ class Timer:
 
     def poke(self) -> None:
         """Run the callback as soon as the timer thread is free (coalesced with a pending run)."""
-        self._scheduler._arm(self, time.monotonic())
+        self._scheduler.arm(self, time.monotonic())
 
     def at(self, when: float) -> None:
         """Run the callback at monotonic time `when`, unless it is due sooner already."""
-        self._scheduler._arm(self, when)
+        self._scheduler.arm(self, when)
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -97,7 +97,8 @@ class Scheduler:
         """A timer for `fn` (not scheduled until poked or given a time)."""
         return Timer(self, fn, name)
 
-    def _arm(self, timer: Timer, when: float) -> None:
+    def arm(self, timer: Timer, when: float) -> None:
+        """Run `timer` at `when` (monotonic) unless it is due sooner already (`Timer.at`)."""
         with self._lock:
             if self._closed or timer.cancelled:
                 return
