@@ -13,9 +13,9 @@ from pathlib import Path
 import woodpecker_idem as wp
 from woodpecker_idem.logstore.engine import LogStoreEngine
 from woodpecker_idem.logstore.segment_files import segment_storage
-from woodpecker_idem.logstore.transport import FaultInjectingTransport, InProcessTransport
+from woodpecker_idem.logstore.transport import InProcessTransport
 from woodpecker_idem.objectstore import open_object_store
-from woodpecker_idem.testing import History, check_history
+from woodpecker_idem.testing import FaultInjectingTransport, History, check_history
 
 WAIT_S = 60
 

@@ -32,9 +32,9 @@ from woodpecker_idem import (
 )
 from woodpecker_idem._core import decode_snapshot
 from woodpecker_idem.errors import StorageUnavailableError
-from woodpecker_idem.history import History, Verdict
 from woodpecker_idem.idempotency.snapshot import list_snapshots
-from woodpecker_idem.logstore.transport import FaultInjectingTransport
+from woodpecker_idem.testing import FaultInjectingTransport
+from woodpecker_idem.testing.history import History, Verdict
 
 QUIET = {  # no snapshot unless a test asks for one
     "idempotency.snapshot_interval_s": 3600,

@@ -16,8 +16,8 @@ from woodpecker_idem.errors import (
     WoodpeckerError,
     WriteTimeoutError,
 )
-from woodpecker_idem.logstore.transport import FaultInjectingTransport
 from woodpecker_idem.meta.base import SegmentMeta
+from woodpecker_idem.testing import FaultInjectingTransport
 from woodpecker_idem.types import LogMessageId, SegmentState
 
 ES3 = {"quorum.es": 3, "append.timeout_ms": 1000, "append.max_retries": 1, "append.linger_ms": 1}
