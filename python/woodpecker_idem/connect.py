@@ -175,23 +175,11 @@ def connect(
         ) from exc
     if transport is None:
         es = cfg.quorum.es
-        policy = parse_fsync(cfg.storage.fsync)
-        fsync = policy.mode != "never"
-        interval = policy.batch_ms if policy.mode == "batch" else 0
         if es == 1:
-            engines = {
-                "node-0": LogStoreEngine(
-                    segment_storage(objects, fsync=fsync, sync_interval_ms=interval), "node-0"
-                )
-            }
+            engines = {"node-0": _engine(cfg, objects, "node-0")}
         else:
             engines = {
-                f"node-{i}": LogStoreEngine(
-                    segment_storage(
-                        objects.child(f"nodes/node-{i}"), fsync=fsync, sync_interval_ms=interval
-                    ),
-                    f"node-{i}",
-                )
+                f"node-{i}": _engine(cfg, objects.child(f"nodes/node-{i}"), f"node-{i}")
                 for i in range(es)
             }
         transport = InProcessTransport(engines)
@@ -199,6 +187,31 @@ def connect(
             meta.register_node(NodeInfo(node_id, f"inproc://{node_id}"))
     ensemble = Ensemble(transport, deadline_s=cfg.quorum.call_timeout_ms / 1000)
     return WoodpeckerClient(cfg, root, clock or SYSTEM_CLOCK, meta, objects, ensemble, open_writer)
+
+
+def _engine(cfg: Config, objects: ObjectStore, node_id: str) -> LogStoreEngine:
+    """A LogStore node over `objects` with the config's `storage.fsync` policy."""
+    policy = parse_fsync(cfg.storage.fsync)
+    storage = segment_storage(
+        objects,
+        fsync=policy.mode != "never",
+        sync_interval_ms=policy.batch_ms if policy.mode == "batch" else 0,
+    )
+    return LogStoreEngine(storage, node_id)
+
+
+def open_node(
+    config: Config | Mapping[str, Any] | str | os.PathLike | None,
+    data_dir: str | os.PathLike | None,
+    node_id: str,
+) -> tuple[LogStoreEngine, MetadataStore, ObjectStore]:
+    """A LogStore node of the deployment `config` names (`woodpecker-idem logstore serve`): its
+    engine over `nodes/{node_id}/` of the store's objects (where the in-process nodes of an es > 1
+    client keep theirs), and the metadata store it registers in. Close both stores when done."""
+    cfg = _config(config)
+    root = _data_dir(DEFAULT_DATA_DIR if data_dir is None else data_dir)
+    meta, objects = _open_stores(cfg, root)
+    return _engine(cfg, objects.child(f"nodes/{node_id}"), node_id), meta, objects
 
 
 def open_writer(

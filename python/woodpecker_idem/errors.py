@@ -253,3 +253,15 @@ class HandoffError(WoodpeckerError):
     the batch still misses (its batch identity reads the log back)."""
 
     code = "HANDOFF_FAILED"
+
+
+def by_code(code: str) -> type[WoodpeckerError]:
+    """The error class whose stable `code` is `code` (errors crossing a process boundary keep
+    their class); an unknown code (a newer node) is `WoodpeckerError`."""
+    pending: list[type[WoodpeckerError]] = [WoodpeckerError]
+    while pending:
+        cls = pending.pop()
+        if cls.__dict__.get("code") == code:
+            return cls
+        pending.extend(cls.__subclasses__())
+    return WoodpeckerError

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import woodpecker_idem as wp
 from woodpecker_idem.errors import WriterFencedError
 
 WAIT_S = 60

@@ -8,6 +8,8 @@ embedded store, `--config` for etcd and S3) and never create a store:
 - `drop-group NAME`: a log group with every log in it;
 - `verify`: every entry of every log on every replica, footers, snapshots and the owner marker.
 
+`logstore serve` runs a LogStore node as a process of its own (service mode, cli/node.py).
+
 `pipeline` and `demo` run the Spark job and the producer demo (cli/demo.py). Exit status: 0 fine,
 1 the command found a problem (verify, the demo's checker), 2 a usage or storage error (one line
 on stderr, no traceback).
@@ -19,7 +21,7 @@ import argparse
 import logging
 
 from .. import __version__
-from . import demo, logs, verify
+from . import demo, logs, node, verify
 from .common import run_job
 
 _ADMIN = ("logs", "stat", "cat", "truncate", "drop-group")
@@ -34,10 +36,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command",
         required=True,
-        metavar="{logs,stat,cat,truncate,drop-group,verify,pipeline,demo}",
+        metavar="{logs,stat,cat,truncate,drop-group,verify,logstore,pipeline,demo}",
     )
     logs.add_parsers(sub.add_parser)
     verify.add_parsers(sub.add_parser)
+    node.add_parsers(sub.add_parser)
     demo.add_parsers(sub.add_parser)
     return parser
 
@@ -52,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_job(args.command, lambda: logs.run(args))
     if args.command == "verify":
         return run_job("verify", lambda: verify.run(args))
+    if args.command == "logstore":
+        return run_job("logstore serve", lambda: node.run(args))
     return demo.run(args)
 
 
