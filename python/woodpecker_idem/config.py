@@ -199,6 +199,14 @@ def _opt(name: str, meaning: str, check: Callable[[Any], None] = _nonempty_optio
 # The single source of truth. Sections are the part before the dot.
 KEYS: tuple[Key, ...] = (
     Key("quorum.es", "int", 1, "ensemble size; wq = es, aq = es // 2 + 1", choices=(1, 3, 5)),
+    Key(
+        "quorum.nodes",
+        "choice",
+        "embedded",
+        "where the LogStore nodes are: embedded (es of them in this process) or registry (node "
+        "processes registered in the metadata store, over gRPC: service mode)",
+        choices=("embedded", "registry"),
+    ),
     _int(
         "quorum.call_timeout_ms",
         30_000,

@@ -173,6 +173,16 @@ def connect(
             f"cannot open the stores of data_dir {str(root)!r}: {exc.strerror or exc} "
             f"({exc.filename!r})"
         ) from exc
+    deadline_s = cfg.quorum.call_timeout_ms / 1000
+    if transport is None and cfg.quorum.nodes == "registry":  # service mode
+        from .logstore.remote import GrpcTransport  # the `service` extra (grpcio)
+
+        remote = GrpcTransport({}, timeout_s=deadline_s)
+        ensemble = Ensemble(remote, deadline_s=deadline_s, registry=meta, on_nodes=remote.set_nodes)
+        ensemble.directory.live()  # the nodes known before the first call (then watched)
+        return WoodpeckerClient(
+            cfg, root, clock or SYSTEM_CLOCK, meta, objects, ensemble, open_writer
+        )
     if transport is None:
         es = cfg.quorum.es
         if es == 1:
@@ -185,7 +195,7 @@ def connect(
         transport = InProcessTransport(engines)
         for node_id in engines:
             meta.register_node(NodeInfo(node_id, f"inproc://{node_id}"))
-    ensemble = Ensemble(transport, deadline_s=cfg.quorum.call_timeout_ms / 1000)
+    ensemble = Ensemble(transport, deadline_s=deadline_s)
     return WoodpeckerClient(cfg, root, clock or SYSTEM_CLOCK, meta, objects, ensemble, open_writer)
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 
-from ..errors import NodeUnavailableError
+from ..errors import NodeUnavailableError, WoodpeckerError
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
 from ..types import SegmentState
-from .members import NodeDirectory
+from .members import REFRESH_S, NodeDirectory
 from .placement import new_ensemble
 from .scheduler import Scheduler
 from .senders import NodeCalls, NodeSender
@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 
 class Ensemble:
     """See the module doc. `transport` reaches the nodes; `registry`, when given, is the metadata
-    store whose node registry the directory reads (else the transport's nodes are the directory);
-    `deadline_s` bounds every node call."""
+    store whose node registry the directory reads (else the transport's nodes are the directory),
+    and `on_nodes` learns the registered node processes' addresses; `deadline_s` bounds every node
+    call."""
 
     def __init__(
         self,
@@ -31,15 +32,18 @@ class Ensemble:
         *,
         deadline_s: float,
         registry: MetadataStore | None = None,
+        on_nodes: Callable[[Mapping[str, str]], None] | None = None,
         name: str = "client",
     ):
         self.transport = transport  # the nodes without deadlines: only the senders call it
         self.deadline_s = deadline_s
         self.scheduler = Scheduler(name)
-        self.directory = NodeDirectory(transport, registry)
+        self.directory = NodeDirectory(transport, registry, on_change=on_nodes)
         self._lock = threading.Lock()
         self._senders: dict[str, NodeSender] = {}
         self._closed = False
+        if registry is not None:  # the registry is watched: nodes joining, leaving, moving
+            self.scheduler.timer(self._watch, "nodes").poke()
         # every synchronous node call (readers, recoveries, the rebuild) goes through the senders
         self.calls: LogStoreTransport = NodeCalls(lambda: self.transport, self.sender)
 
@@ -47,6 +51,17 @@ class Ensemble:
         """`transport`'s calls made on the senders, with the deadline (as `calls` makes the
         ensemble's transport of the moment)."""
         return NodeCalls(lambda: transport, self.sender)
+
+    def _watch(self) -> float:
+        """On the timer thread: read the registry again, off it (a metadata call may block)."""
+        self.scheduler.submit("nodes", self._read_registry)
+        return REFRESH_S
+
+    def _read_registry(self) -> None:
+        try:
+            self.directory.live()
+        except WoodpeckerError as exc:  # the metadata store is down: the last read stands
+            log.debug("node registry not read: %s", exc)
 
     def sender(self, node: str) -> NodeSender:
         """The node's sender (made on first use)."""

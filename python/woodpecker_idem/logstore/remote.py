@@ -36,6 +36,11 @@ MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # a batch of append.max_batch_bytes (<= 6
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # A node that restarts is back within a second (gRPC's default backoff grows to 2 minutes,
+    # and every call meanwhile fails at once)
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 
@@ -183,10 +188,15 @@ class GrpcTransport(LogStoreTransport):
         return sorted(self._nodes)
 
     def set_nodes(self, nodes: Mapping[str, str]) -> None:
-        """The node directory changed: new nodes are reached from now on (channels of nodes
-        still listed are kept)."""
+        """The node directory changed: nodes are reached where it says from now on (the channel
+        of a node still at the same address is kept; one that moved or left is closed)."""
         with self._lock:
+            gone = [n for n, a in self._nodes.items() if nodes.get(n) != a]
             self._nodes = dict(nodes)
+            closing = [self._channels.pop(n) for n in gone if n in self._channels]
+            self._calls = {k: c for k, c in self._calls.items() if k[0] not in gone}
+        for channel in closing:
+            channel.close()
 
     def _call(self, node_id: str, method: str) -> Callable[..., Any]:
         call = self._calls.get((node_id, method))
