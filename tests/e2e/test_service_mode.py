@@ -94,3 +94,43 @@ def test_es3_over_three_node_processes_survives_a_node_killed_mid_stream(tmp_pat
     assert killed.is_set()
     for node in nodes:
         assert "serving on" in node.output()
+
+
+def test_a_frozen_node_is_passed_at_the_call_deadline_and_a_restart_keeps_its_fences(
+    tmp_path, nodes
+):
+    """SIGSTOP one node of three past `quorum.call_timeout_ms`: its calls fail at the deadline
+    (retriable), writes go on at aq=2 without waiting for it, and it is dropped from the segment.
+    Then a takeover fences the segments on the nodes; a node restarted after that still refuses
+    the old writer's adds (the fence is on its disk, not in its memory)."""
+    client = wp.connect(tmp_path / "data", {**SERVICE, "quorum.call_timeout_ms": 500})
+    try:
+        log = client.open_log("frozen", create=True)
+        old = log.open_writer(idempotent=True)
+        acked = {f"a{i}": old.write(b"a%d" % i, idempotency_id=f"a{i}") for i in range(20)}
+        nodes[2].freeze()
+        try:
+            for i in range(20, 60):
+                acked[f"a{i}"] = old.write(b"a%d" % i, idempotency_id=f"a{i}", timeout=WAIT_S)
+        finally:
+            nodes[2].thaw()
+        other = wp.connect(tmp_path / "data", SERVICE)  # another client takes the log over
+        try:
+            new = other.open_log("frozen").open_writer(idempotent=True)
+            nodes[0].kill()
+            nodes[0].start()  # restarted: its fences must hold
+            _until_answers(client, "n0")
+            with pytest.raises(wp.WriterFencedError):
+                for i in range(60, 200):  # the old writer's adds meet the fences, on n0 too
+                    old.write(b"late%d" % i, idempotency_id=f"late{i}", timeout=WAIT_S)
+            assert new.write(b"a0", idempotency_id="a0").duplicate  # the window came along
+            new.close()
+        finally:
+            other.close()
+        msgs = list(log.open_reader("earliest"))
+        assert [m.payload for m in msgs][:60] == [b"a%d" % i for i in range(60)]
+        assert not any(m.payload.startswith(b"late") for m in msgs)
+        for key, result in acked.items():
+            assert msgs[int(key[1:])].message_id == result.message_id
+    finally:
+        client.close()
