@@ -236,8 +236,12 @@ class Ticker:
         self._timer.poke()
 
     def poke(self) -> None:
-        """Tick soon (there is work: a lone queued write, a fence, a close)."""
+        """Tick soon (there is work: a fence, a close)."""
         self._timer.poke()
+
+    def at(self, when: float) -> None:
+        """Tick at monotonic time `when` at the latest (a queued write due then)."""
+        self._timer.at(when)
 
     def stop(self) -> None:
         self._timer.cancel()

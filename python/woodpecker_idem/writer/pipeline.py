@@ -75,6 +75,7 @@ class Pipeline:
         self.generation = FORKS[0]  # see FORKS: its threads and locks exist in this process only
         self._pid = os.getpid()
         self.timeout_s = ap.timeout_ms / 1000  # a waiter's deadline
+        self._linger_s = ap.linger_ms / 1000
         self.max_retries = ap.max_retries  # a node's retries of one batch
         self.max_entry_bytes = ap.max_entry_bytes
         self.lock = threading.Lock()
@@ -125,7 +126,7 @@ class Pipeline:
             segments=self.segments,
             state=self.state,
             metrics=self.metrics,
-            wake=self._poke,
+            wake=self._tick_after_linger,
             unavailable=self._completion.unavailable_error,
         )
         self._lease: Lease | None = None
@@ -151,10 +152,17 @@ class Pipeline:
         track(self)  # closed at interpreter exit if still open
 
     def _poke(self) -> None:
-        """There is work for the tick (a lone queued write to admit after linger_ms)."""
+        """Tick now (a fence: the tick sees the writer stopped, and ends)."""
         ticker = self._ticker
         if ticker is not None:
             ticker.poke()
+
+    def _tick_after_linger(self) -> None:
+        """A lone write was queued behind a batch in flight: the tick admits it after
+        append.linger_ms unless an ack comes first (one timer entry, no thread woken now)."""
+        ticker = self._ticker
+        if ticker is not None:
+            ticker.at(time.monotonic() + self._linger_s)
 
     def abandon(self) -> None:
         """Opening failed part way: stop the threads started so far (nothing was accepted)."""
