@@ -56,6 +56,7 @@ from .errors import (
 from .types import (
     LogMessage,
     LogMessageId,
+    ReaderInfo,
     SegmentState,
     WriteManyResult,
     WriteMessage,
@@ -96,6 +97,7 @@ __all__ = [
     "ObjectStoreOwnedError",
     "PayloadTooLargeError",
     "QuorumUnavailableError",
+    "ReaderInfo",
     "ReaderFencedError",
     "RowsNotPreparedError",
     "SegmentClosedError",

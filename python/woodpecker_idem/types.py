@@ -38,6 +38,19 @@ class LogMessageId(NamedTuple):
         return cls(int(seg), int(entry))
 
 
+class ReaderInfo(NamedTuple):
+    """A named reader of a log (`LogHandle.readers()`): where its name resumes (`position`, the
+    next entry it returns), how many entries it is behind the end of the log (`lag`), its epoch
+    (opens so far) and who opened it last (host:pid) and when it last committed or opened."""
+
+    name: str
+    position: LogMessageId
+    lag: int
+    epoch: int
+    owner: str
+    updated_ms: int
+
+
 class SegmentState(enum.Enum):
     """Woodpecker's segment life cycle: ACTIVE -> COMPLETED -> SEALED -> TRUNCATED."""
 
