@@ -295,6 +295,47 @@ def test_truncate_before_an_id_and_older_than(
         writer.close()
 
 
+def test_negative_looking_values_are_refused_with_our_own_message(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_orders(store)
+    for argv, said in (
+        (["truncate", "orders", "--before", "-1:0"], "'-1:0' is not a message id (ids are never"),
+        (["truncate", "orders", "--before=-1:0"], "'-1:0' is not a message id (ids are never"),
+        (["truncate", "orders", "--older-than", "-5s"], "'-5s' is negative; a duration counts"),
+        (["cat", "orders", "--from", "-3:1"], "'-3:1' is not a message id"),
+    ):
+        code, _, err = run(capsys, *argv, *store.args)
+        assert code == 2 and said in err, err
+        assert "expected one argument" not in err
+    code, out, _ = run(capsys, "cat", "orders", *store.args, "--limit", "1")
+    assert out.startswith("0:0\t")  # nothing was truncated
+
+
+def test_readers_list_and_delete(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    ids = write_orders(store)
+    code, out, _ = run(capsys, "readers", "list", "orders", *store.args)
+    assert code == 0 and "no named readers" in out
+    with store.connect() as client:
+        log = client.open_log("orders")
+        with log.open_reader(name="billing") as r:
+            for _ in range(12):
+                r.read_next(0)
+            r.commit()
+        log.open_reader(name="audit", start="latest").close()
+    code, out, _ = run(capsys, "readers", "list", "orders", *store.args, "--json")
+    got = {r["name"]: (r["position"], r["lag"]) for r in json.loads(out)["readers"]}
+    assert code == 0 and got == {"audit": ("3:5", 0), "billing": (str(ids[12]), 35 - 12)}
+    code, out, _ = run(capsys, "readers", "list", "orders", *store.args)
+    assert out.splitlines()[0].split() == ["name", "position", "lag", "epoch", "owner", "updated"]
+    code, _, err = run(capsys, "readers", "delete", "orders", "bill", *store.args)
+    assert code == 2 and "no named reader 'bill'; did you mean 'billing'?" in err
+    code, out, _ = run(capsys, "readers", "delete", "orders", "billing", *store.args)
+    assert code == 0 and "deleted reader 'billing'" in out
+    code, out, _ = run(capsys, "readers", "list", "orders", *store.args, "--json")
+    assert [r["name"] for r in json.loads(out)["readers"]] == ["audit"]
+
+
 def test_drop_group_deletes_its_logs_and_record(
     store: Store, capsys: pytest.CaptureFixture[str]
 ) -> None:
