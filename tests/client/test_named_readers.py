@@ -229,6 +229,34 @@ def test_open_writer_while_a_truncation_runs(tmp_path: Path, wp_connect) -> None
     writer.close()
 
 
+def test_truncate_while_a_writer_seals_the_same_segment(tmp_path: Path, wp_connect) -> None:
+    """A live writer moves a completed segment on (COMPLETED -> SEALED, a new revision) while
+    truncate marks it: truncate marks the record as it is now instead of failing with
+    MetadataConflictError (seen from `cat --follow` tests against a live writer)."""
+    client = wp_connect(tmp_path, {"segment.max_entries": 4})
+    log = client.create_log("t")
+    ids = fill(log, 12)
+    meta = client.meta
+    real_update = meta.update_segment
+    raced = []
+
+    def update(epoch, seg):  # type: ignore[no-untyped-def]
+        if seg.state is SegmentState.TRUNCATED and not raced:
+            raced.append(seg.segment_id)  # the writer's seal lands first: a new revision
+            real_update(None, meta.get_segment(seg.log_id, seg.segment_id))
+        return real_update(epoch, seg)
+
+    meta.update_segment = update  # type: ignore[method-assign]
+    try:
+        log.truncate(LogMessageId(2, 0))
+    finally:
+        meta.update_segment = real_update  # type: ignore[method-assign]
+    assert raced == [0]
+    states = [s.state for s in log.segments()]
+    assert states[:2] == [SegmentState.TRUNCATED] * 2
+    assert [m.message_id for m in log.open_reader()] == ids[8:]
+
+
 def test_retention_keeps_what_a_slow_named_reader_has_not_committed(
     tmp_path: Path, wp_connect
 ) -> None:

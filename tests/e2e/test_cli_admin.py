@@ -254,6 +254,41 @@ def test_cat_follow_prints_new_entries_as_they_are_written(store: Store) -> None
     assert [line.split("\t")[-1] for line in lines] == ["first", "second", "third"]
 
 
+def test_cat_follow_behind_a_truncation_gets_the_truth(tmp_path: Path) -> None:
+    """`cat --follow` blocked on a full stdout pipe while everything it was to print next is
+    truncated: it ends with EntryTruncatedError naming the first entry kept (exit status 2),
+    instead of retrying a NodeUnavailableError for ever."""
+    store = Store("embedded", tmp_path / "data", {}, ["--data-dir", str(tmp_path / "data")])
+    with store.connect() as client:
+        log = client.open_log("tail", create=True)
+        writer = log.open_writer()
+        futures = [writer.write_async(b"x" * 200) for _ in range(3000)]  # ~700 KB of lines
+        last = [f.result(60).message_id for f in futures][-1]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "woodpecker_idem", "cat", "tail", *store.args, "--follow"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": PACKAGE_ROOT},
+        )
+        try:
+            first = _read_line(proc)  # then it fills the pipe (64 KiB) and blocks
+            log.truncate(wp.LogMessageId(last.segment_id, 0))
+            assert proc.stdout is not None and proc.stderr is not None
+            printed = 1 + len(proc.stdout.read().splitlines())  # drain: it goes on, then ends
+            assert proc.wait(60) == 2
+            err = proc.stderr.read().decode()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+        writer.close()
+    assert first.startswith("0:0\t") and printed < 3000
+    assert "EntryTruncatedError" in err and f"first entry kept is {last.segment_id}:0" in err
+
+
 def _read_line(proc: subprocess.Popen[bytes], timeout: float = 60) -> str:
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], timeout)

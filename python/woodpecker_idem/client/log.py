@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Literal, Protocol, overload
 
 from .. import registry
 from ..args import bool_arg, message_id_arg
-from ..errors import InvalidArgumentError, NodeUnavailableError
+from ..errors import InvalidArgumentError, MetadataConflictError, NodeUnavailableError
+from ..meta.base import SegmentMeta
 from ..types import LogMessageId, ReaderInfo, SegmentState
 from .keyarchive import archive_keys, archive_prefix
 from .reader import LogReader, entries_from, last_entry
@@ -181,7 +182,8 @@ class LogHandle:
                 continue
             if seg.completed_ms > horizon:  # before the entries go: a failure leaves them
                 archive_keys(client.transport, client.objects, seg)
-            meta.update_segment(None, dataclasses.replace(seg, state=SegmentState.TRUNCATED))
+            if not self._mark_truncated(seg):
+                continue
             for node in seg.nodes:
                 try:
                     client.transport.delete_segment(node, self.log_id, seg.segment_id)
@@ -194,6 +196,27 @@ class LogHandle:
                         exc,
                     )
         self._drop_old_archives(horizon)
+
+    def _mark_truncated(self, seg: SegmentMeta) -> bool:
+        """Mark `seg` TRUNCATED; False if it is gone meanwhile. A live writer may move a
+        completed segment on (COMPLETED -> SEALED) while we truncate: that changes its revision,
+        not its entries, so the mark is made again on the record as it is now."""
+        meta = self.client.meta
+        current: SegmentMeta | None = seg
+        for _ in range(10):
+            if current is None or current.state is SegmentState.TRUNCATED:
+                return False
+            try:
+                meta.update_segment(
+                    None, dataclasses.replace(current, state=SegmentState.TRUNCATED)
+                )
+                return True
+            except MetadataConflictError:
+                current = meta.get_segment(self.log_id, seg.segment_id)
+        raise MetadataConflictError(
+            f"truncate: segment {self.log_id}/{seg.segment_id} kept changing under it; "
+            "call truncate again"
+        )
 
     def _drop_old_archives(self, horizon: int) -> None:
         """Delete kept keys of truncated segments now older than the window."""
