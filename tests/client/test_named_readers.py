@@ -164,6 +164,32 @@ def test_a_second_reader_of_the_name_fences_the_first(
     assert log.readers() == []
 
 
+def test_commit_async_stores_in_order_and_close_waits(tmp_path: Path, wp_connect) -> None:
+    client = wp_connect(tmp_path, {"segment.max_entries": 4})
+    log = client.create_log("orders")
+    ids = fill(log, 12)
+    reader = log.open_reader(name="billing")
+    futures = []
+    for _ in range(10):
+        reader.read_next(0)
+        futures.append(reader.commit_async())
+    done = [f.result(30) for f in futures]
+    # each future is its own position or a later one that replaced it while it waited
+    assert all(d >= want for d, want in zip(done, [ids[i + 1] for i in range(10)], strict=True))
+    assert done[-1] == ids[10] and reader.committed == ids[10]
+    reader.read_next(0)
+    assert reader.commit() == ids[11]  # a sync commit after them: stored last
+    late = reader.commit_async(ids[2])  # explicit, backwards: the newest asked for wins
+    reader.close()  # waits for it
+    assert late.done() and log.readers()[0].position == ids[3]
+    # a fenced reader's background commit fails on its future, not silently
+    first = log.open_reader(name="billing")
+    log.open_reader(name="billing")
+    with pytest.raises(ReaderFencedError):
+        first.commit_async().result(30)
+    first.close()
+
+
 # --- behind a truncation -------------------------------------------------------------------------
 
 
@@ -316,7 +342,14 @@ def test_a_reader_of_a_dropped_segment_never_loops_on_a_retriable_error(
 class Consumer:
     """support/consumerproc.py in a child process, stopped by PID on every way out."""
 
-    def __init__(self, data_dir: Path, out: Path, commit_every: int, config: dict[str, Any]):
+    def __init__(
+        self,
+        data_dir: Path,
+        out: Path,
+        commit_every: int,
+        config: dict[str, Any],
+        asynchronous: bool,
+    ):
         self.out = out
         self.proc = subprocess.Popen(
             [
@@ -329,6 +362,7 @@ class Consumer:
                 str(commit_every),
                 "--config",
                 json.dumps(config),
+                *(["--async-commits"] if asynchronous else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -381,7 +415,7 @@ def _kill_rounds(
         done: list[LogMessageId] = []  # what the rounds processed, in order
         for n in range(rounds + 1):
             out = tmp_path / f"round-{n}.txt"
-            c = Consumer(tmp_path, out, rng.choice([1, 7, 50]), config)
+            c = Consumer(tmp_path, out, rng.choice([1, 7, 50]), config, rng.random() < 0.3)
             consumers.append(c)
             killed = c.run_until(rng.randrange(0, 120)) if n < rounds else c.run_until(10**9)
             lines = c.lines()

@@ -6,7 +6,8 @@
 
 Opens reader READER_NAME of the log (resuming at its committed position), and for every entry
 appends `P <segment>:<entry>` to OUT_FILE (the entry is processed), committing after every
-COMMIT_EVERY entries and appending `C <position>` once the commit returned. At the end of the log
+COMMIT_EVERY entries and appending `C <position>` once the commit returned (`--async-commits`:
+`commit_async` between, no line). At the end of the log
 it commits, appends `DONE` and exits 0. Each line is one `os.write` on an O_APPEND file, so a
 SIGKILL never leaves half a line.
 """
@@ -29,6 +30,7 @@ def main() -> int:
     parser.add_argument("out_file")
     parser.add_argument("commit_every", type=int)
     parser.add_argument("--config", default="{}")
+    parser.add_argument("--async-commits", action="store_true", help="commit_async between")
     args = parser.parse_args()
 
     from woodpecker_idem.connect import connect
@@ -43,7 +45,9 @@ def main() -> int:
             while (msg := reader.read_next(0)) is not None:
                 os.write(fd, f"P {msg.message_id}\n".encode())
                 n += 1
-                if n % args.commit_every == 0:
+                if n % args.commit_every == 0 and args.async_commits:
+                    reader.commit_async()  # lands some time later (or never, if killed first)
+                elif n % args.commit_every == 0:
                     os.write(fd, f"C {reader.commit()}\n".encode())
             os.write(fd, f"C {reader.commit()}\n".encode())
         os.write(fd, b"DONE\n")

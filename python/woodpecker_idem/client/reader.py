@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -90,6 +92,56 @@ def last_entry(transport: LogStoreTransport, segments: list[SegmentMeta]) -> Log
     return None
 
 
+class _Committer:
+    """The background commits of one named reader (`LogReader.commit_async`): one metadata
+    transaction at a time, in order; the newest position asked for while one is being stored
+    waits, replacing (and completing with) any older one still waiting."""
+
+    def __init__(self, store: Callable[[LogMessageId], None], thread_name: str):
+        self._store = store
+        self._cond = threading.Condition()
+        self._waiting: tuple[LogMessageId, list[Future[LogMessageId]]] | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
+        self._thread.start()
+
+    def submit(self, at: LogMessageId) -> Future[LogMessageId]:
+        fut: Future[LogMessageId] = Future()
+        with self._cond:
+            if self._closed:
+                raise InvalidArgumentError("the reader is closed: it commits nothing more")
+            futures = [] if self._waiting is None else self._waiting[1]
+            self._waiting = (at, [*futures, fut])
+            self._cond.notify_all()
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._waiting is None and not self._closed:
+                    self._cond.wait()
+                if self._waiting is None:
+                    return  # closed, nothing left to store
+                at, futures = self._waiting
+                self._waiting = None
+            try:
+                self._store(at)
+            except BaseException as exc:  # the futures carry it (a fence, a closed client)
+                for fut in futures:
+                    fut.set_exception(exc)
+            else:
+                for fut in futures:
+                    fut.set_result(at)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Store what was asked for, then end the thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+
 def reader_owner() -> str:
     """Who holds a named reader, as the metadata store records it: host and process id."""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -126,6 +178,7 @@ class LogReader:
         self.corrupt_replica_reads = 0
         self.last_replica_fault: ReplicaFault | None = None
         self.name = name
+        self._committer: _Committer | None = None  # started by the first commit_async
         self._epoch = 0
         self._committed: LogMessageId | None = None
         if start_time_ms is not None:
@@ -226,9 +279,30 @@ class LogReader:
     def commit(self, message_id: LogMessageId | str | None = None) -> LogMessageId:
         """Commit a named reader's position: the next open of its name resumes after the last
         entry this reader returned (or, given `message_id`, after that entry: it is done).
-        Returns the position committed. `ReaderFencedError` (not retriable) if the name was
+        Returns the position committed, once the metadata store holds it (after any
+        `commit_async` still on its way). `ReaderFencedError` (not retriable) if the name was
         opened again since this reader opened it, or deleted; an unnamed reader has nothing to
         commit (`InvalidArgumentError`)."""
+        at = self._commit_position(message_id)
+        if self._committer is not None:  # in order behind the background commits
+            return self._committer.submit(at).result()
+        self._store_commit(at)
+        return at
+
+    def commit_async(self, message_id: LogMessageId | str | None = None) -> Future[LogMessageId]:
+        """`commit` in the background (like Kafka's commitAsync): returns at once a future of the
+        position committed. One commit is stored at a time, in order; while one is being stored
+        the newest position asked for waits, and replaces any older one still waiting (whose
+        futures complete with it: a later position covers an earlier one). The future fails
+        with `ReaderFencedError` as `commit` would. A consumer that commits every N entries this
+        way reads at nearly the speed of an unnamed reader (a commit is a metadata transaction,
+        fsync'd). `close()` waits for the commits asked for."""
+        at = self._commit_position(message_id)
+        if self._committer is None:
+            self._committer = _Committer(self._store_commit, f"wp-reader-{self.name}")
+        return self._committer.submit(at)
+
+    def _commit_position(self, message_id: LogMessageId | str | None) -> LogMessageId:
         if self.name is None:
             raise InvalidArgumentError(
                 "commit needs a named reader: open_reader(name=...) keeps its position in the "
@@ -236,16 +310,17 @@ class LogReader:
             )
         self._handle.client.check_open()
         if message_id is None:
-            at = self.position
-        else:
-            if isinstance(message_id, str):
-                message_id = LogMessageId.parse(message_id)
-            done = message_id_arg(message_id, "message_id")
-            at = LogMessageId(done.segment_id, done.entry_id + 1)
+            return self.position
+        if isinstance(message_id, str):
+            message_id = LogMessageId.parse(message_id)
+        done = message_id_arg(message_id, "message_id")
+        return LogMessageId(done.segment_id, done.entry_id + 1)
+
+    def _store_commit(self, at: LogMessageId) -> None:
+        assert self.name is not None  # _commit_position checked it
         now = self._handle.client.clock.now_ms()
         self._meta.commit_reader(self.log_id, self.name, self._epoch, at, now)
         self._committed = at
-        return at
 
     def seek(self, message_id: LogMessageId | str) -> None:
         """Move the reader: the next entry it returns is `message_id` (`EntryTruncatedError` if
@@ -309,9 +384,13 @@ class LogReader:
                 return
 
     def close(self) -> None:
-        """Drop what is buffered. A named reader's position is not committed by closing."""
+        """Drop what is buffered. A named reader's position is not committed by closing; the
+        commits already asked for (`commit_async`) are stored first."""
         self._buffer.clear()
         self._raw.clear()
+        if self._committer is not None:
+            self._committer.close()
+            self._committer = None
 
     def __enter__(self) -> LogReader:
         return self
