@@ -193,8 +193,11 @@ def test_commit_async_stores_in_order_and_close_waits(tmp_path: Path, wp_connect
 # --- behind a truncation -------------------------------------------------------------------------
 
 
-def test_a_reader_behind_a_truncation_gets_the_truth(tmp_path: Path, wp_connect) -> None:
-    client = wp_connect(tmp_path, {"segment.max_entries": 4})
+@BOTH
+def test_a_reader_behind_a_truncation_gets_the_truth(
+    tmp_path: Path, wp_connect, meta_config
+) -> None:
+    client = wp_connect(tmp_path, {"segment.max_entries": 4, **meta_config})
     log = client.create_log("t")
     ids = fill(log, 20)  # segments 0..4
     unnamed = log.open_reader()
@@ -283,11 +286,12 @@ def test_truncate_while_a_writer_seals_the_same_segment(tmp_path: Path, wp_conne
     assert [m.message_id for m in log.open_reader()] == ids[8:]
 
 
+@BOTH
 def test_retention_keeps_what_a_slow_named_reader_has_not_committed(
-    tmp_path: Path, wp_connect
+    tmp_path: Path, wp_connect, meta_config
 ) -> None:
     clock = ManualClock(T0)
-    config = {"segment.max_entries": 4, "idempotency.window_duration_s": 1}
+    config = {"segment.max_entries": 4, "idempotency.window_duration_s": 1, **meta_config}
     client = wp_connect(tmp_path, config, clock=clock)
     log = client.create_log("r")
     ids = fill(log, 20)  # segments 0..4, sealed by the writer's close
