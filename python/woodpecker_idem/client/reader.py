@@ -296,7 +296,8 @@ class LogReader:
         futures complete with it: a later position covers an earlier one). The future fails
         with `ReaderFencedError` as `commit` would. A consumer that commits every N entries this
         way reads at nearly the speed of an unnamed reader (a commit is a metadata transaction,
-        fsync'd). `close()` waits for the commits asked for."""
+        fsync'd). The first call starts the reader's commit thread; `close()` (or leaving its
+        `with` block) stores the commits asked for and ends the thread."""
         at = self._commit_position(message_id)
         if self._committer is None:
             self._committer = _Committer(self._store_commit, f"wp-reader-{self.name}")
