@@ -9,7 +9,8 @@ embedded store, `--config` for etcd and S3) and never create a store:
 - `readers list LOG` / `readers delete LOG NAME`: a log's named readers (position, lag);
 - `verify`: every entry of every log on every replica, footers, snapshots and the owner marker.
 
-`logstore serve` runs a LogStore node as a process of its own (service mode, cli/node.py).
+`logstore serve` runs a LogStore node as a process of its own (service mode, cli/node.py);
+`cluster up|down|status` a service-mode deployment on this machine (cli/cluster.py).
 
 `pipeline` and `demo` run the Spark job and the producer demo (cli/demo.py). Exit status: 0 fine,
 1 the command found a problem (verify, the demo's checker), 2 a usage or storage error (one line
@@ -23,7 +24,7 @@ import logging
 import sys
 
 from .. import __version__
-from . import demo, logs, node, verify
+from . import cluster, demo, logs, node, verify
 from .common import join_values, run_job
 
 _ADMIN = ("logs", "stat", "cat", "truncate", "drop-group", "readers")
@@ -38,11 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command",
         required=True,
-        metavar="{logs,stat,cat,truncate,drop-group,readers,verify,logstore,pipeline,demo}",
+        metavar="{logs,stat,cat,truncate,drop-group,readers,verify,logstore,cluster,pipeline,demo}",
     )
     logs.add_parsers(sub.add_parser)
     verify.add_parsers(sub.add_parser)
     node.add_parsers(sub.add_parser)
+    cluster.add_parsers(sub.add_parser)
     demo.add_parsers(sub.add_parser)
     return parser
 
@@ -59,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_job("verify", lambda: verify.run(args))
     if args.command == "logstore":
         return run_job("logstore serve", lambda: node.run(args))
+    if args.command == "cluster":
+        return run_job(f"cluster {args.verb}", lambda: cluster.run(args))
     return demo.run(args)
 
 

@@ -1,0 +1,91 @@
+"""`woodpecker-idem cluster up|status|down`: a service-mode deployment on this machine (etcd,
+moto's S3 server, three LogStore node processes), its `woodpecker.yaml` used by a client, and
+every process it started stopped by PID (and, whatever happens in the test, killed at its end)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import woodpecker_idem as wp
+
+WAIT_S = 120
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "woodpecker_idem.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _pids(root: Path) -> list[int]:
+    try:
+        state = json.loads((root / "cluster.json").read_text())
+    except FileNotFoundError:
+        return []
+    return [
+        p["pid"] for p in [*state.get("nodes", []), state.get("s3", {}), state.get("etcd", {})] if p
+    ]
+
+
+def test_cluster_up_serves_a_client_at_es3_and_down_stops_every_process(tmp_path: Path):
+    root = tmp_path / "cluster"
+    started: list[int] = []
+    try:
+        up = _cli("cluster", "up", "--dir", str(root))
+        started = _pids(root)
+        assert up.returncode == 0, up.stderr
+        status = _cli("cluster", "status", "--dir", str(root), "--json")
+        assert status.returncode == 0, status.stderr
+        doc = json.loads(status.stdout)
+        assert [n["node_id"] for n in doc["nodes"]] == ["n0", "n1", "n2"]
+        assert all(n["alive"] and n["address"].startswith("127.0.0.1:") for n in doc["nodes"])
+        assert doc["etcd"]["alive"] and doc["s3"]["alive"]
+        assert sorted(started) == sorted(
+            [n["pid"] for n in doc["nodes"]] + [doc["etcd"]["pid"], doc["s3"]["pid"]]
+        )
+
+        client = wp.connect(config=str(root / "woodpecker.yaml"))
+        try:
+            log = client.open_log("orders", create=True)
+            with log.open_writer(idempotent=True) as w:
+                first = {i: w.write(b"o%d" % i, idempotency_id=f"o{i}") for i in range(50)}
+                assert w.write(b"o7", idempotency_id="o7") == wp.WriteResult(
+                    first[7].message_id, True
+                )
+            assert {tuple(s.nodes) for s in log.segments()} == {("n0", "n1", "n2")}
+            msgs = list(log.open_reader("earliest"))
+            assert [m.payload for m in msgs] == [b"o%d" % i for i in range(50)]
+        finally:
+            client.close()
+
+        again = _cli("cluster", "up", "--dir", str(root))
+        assert again.returncode == 2 and "already runs" in again.stderr
+
+        down = _cli("cluster", "down", "--dir", str(root))
+        assert down.returncode == 0, down.stderr
+        assert not any(_alive(pid) for pid in started)
+        gone = _cli("cluster", "status", "--dir", str(root))
+        assert gone.returncode == 2 and "no cluster" in gone.stderr
+    finally:
+        for pid in started or _pids(root):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
