@@ -117,6 +117,12 @@ def rebuild_window(
     newest = [max([s.completed_ms for s in segments], default=0)]
     if snap is not None:
         newest[0] = max(newest[0], snap.timestamp_ms)
+    # Size the index once for everything about to go in (an upper bound: unkeyed entries count
+    # too), instead of growing it while the snapshot and then the gap, 2,000 keys a call, go in.
+    window.reserve_committed(
+        sum(last - first + 1 for _, first, last in before + after)
+        + (0 if snap is None else len(snap))
+    )
     backfilled = sum(
         _replay(window, transport, objects, span, on_corrupt, newest) for span in before
     )
@@ -278,6 +284,9 @@ def _add(
 ) -> None:
     if entries:  # log order: the last entry is the newest unless a clock went backwards
         newest[0] = max(newest[0], entries[-1].timestamp_ms)
+    if isinstance(entries, list) and entries and isinstance(entries[0], StoredEntry):
+        window.add_committed_entries(entries)  # read from the log: their fields are read natively
+        return
     keys = bytearray()
     segs, ids, stamps = array("q"), array("q"), array("q")
     for e in entries:
