@@ -19,8 +19,11 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import CorruptEntryError, SegmentFencedError
 from ..objectstore.base import ObjectStore
@@ -37,6 +40,12 @@ from .blocks import (
 )
 
 log = logging.getLogger(__name__)
+
+# Block objects read at once by one storage when a handle loads or reads several (fencing or
+# completing an open segment, a reader catching up): a GET mostly waits on the store, and an open
+# segment of 1,000 single writes is 1,000 block objects, which took 6-12 s to fence one at a time
+# on moto (issue 32). Also how far reading runs ahead of the block being used (memory bound).
+READ_THREADS = 16
 
 
 @dataclass
@@ -118,13 +127,19 @@ class ObjectSegmentStorage(SegmentStorage):
     segment; nothing after it is, except recovery copies written while completing the segment.
     """
 
-    def __init__(self, store: ObjectStore, cache_bytes: int = 32 << 20):
+    def __init__(
+        self, store: ObjectStore, cache_bytes: int = 32 << 20, read_threads: int = READ_THREADS
+    ):
         self.store = store
         # block cache: key -> [data, header, records (split on first read)]
         self._cache: OrderedDict[tuple[int, int, int], list] = OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
         self._cache_lock = threading.Lock()
+        self.read_threads = read_threads  # 1: every block read on the caller's thread, in order
+        self._pool: ThreadPoolExecutor | None = None  # made on the first read of several blocks
+        self._pool_lock = threading.Lock()
+        self._closed = False
 
     def open(self, log_id: int, segment_id: int, node_id: str) -> SegmentHandle:
         return _BlockHandle(self, log_id, segment_id, node_id)
@@ -150,6 +165,66 @@ class ObjectSegmentStorage(SegmentStorage):
         if records and hit[2] is None:
             hit[2] = block_records(hit[0], hit[1], where)
         return hit[1], hit[2]
+
+    def blocks(
+        self,
+        log_id: int,
+        segment_id: int,
+        ns: list[int],
+        where: Callable[[int], str],
+        records: bool = True,
+    ) -> Iterator[tuple[Any, list | None]]:
+        """`block` of each of `ns`, in that order. The ones not cached are read up to
+        `read_threads` at a time, ahead of the one yielded; an error reading block n is raised
+        when block n's turn comes, after the blocks before it were yielded, exactly as reading
+        them one by one would (the reads started past it are dropped)."""
+        pool = self._executor() if len(ns) > 1 else None
+        if pool is None:
+            for n in ns:
+                yield self.block(log_id, segment_id, n, where(n), records)
+            return
+
+        def read(n: int) -> tuple[Any, list | None]:
+            return self.block(log_id, segment_id, n, where(n), records)
+
+        ahead: deque[Future | int] = deque()  # a read under way, or a cached block's number
+        todo = iter(ns)
+        try:
+            while True:
+                while len(ahead) < self.read_threads:
+                    m = next(todo, None)
+                    if m is None:
+                        break
+                    with self._cache_lock:
+                        cached = (log_id, segment_id, m) in self._cache
+                    # a cached block costs no request: taken in turn, on this thread
+                    ahead.append(m if cached else pool.submit(read, m))
+                if not ahead:
+                    return
+                got = ahead.popleft()
+                yield got.result() if isinstance(got, Future) else read(got)
+        finally:
+            for f in ahead:
+                if isinstance(f, Future):
+                    f.cancel()
+
+    def _executor(self) -> ThreadPoolExecutor | None:
+        if self.read_threads <= 1:
+            return None
+        with self._pool_lock:
+            if self._closed:
+                return None
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.read_threads, thread_name_prefix="wp-blocks")
+            return self._pool
+
+    def close(self) -> None:
+        """Stop the block readers (a later read of several blocks reads them one by one)."""
+        with self._pool_lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def delete_segment(self, log_id: int, segment_id: int) -> None:
         self.store.delete_prefix(segment_prefix(log_id, segment_id))
@@ -191,10 +266,10 @@ class _BlockHandle(SegmentHandle):
                 if n >= self._scanned:
                     blocks.append(n)
         blocks.sort()
-        for n in blocks:
-            header, _ = self._storage.block(
-                self._log_id, self._segment_id, n, self._where(n), records=False
-            )
+        headers = self._storage.blocks(
+            self._log_id, self._segment_id, blocks, self._where, records=False
+        )
+        for n, (header, _) in zip(blocks, headers, strict=True):
             if header.kind == KIND_FENCE:
                 self._fenced = True
             elif header.kind == KIND_RECOVERY or not self._fenced:
@@ -263,8 +338,11 @@ class _BlockHandle(SegmentHandle):
 
     def read(self, spans: list[Span]) -> list[bytes]:
         out: list[bytes] = []
-        for n, first, lo, hi in spans:
-            _, records = self._storage.block(self._log_id, self._segment_id, n, self._where(n))
+        blocks = self._storage.blocks(
+            self._log_id, self._segment_id, [n for n, _, _, _ in spans], self._where
+        )
+        for (n, first, lo, hi), (_, records) in zip(spans, blocks, strict=True):
+            assert records is not None  # asked for
             for eid in range(lo, hi + 1):
                 out.append(record_entry(records[eid - first], f"{self._where(n)} entry {eid}"))
         return out
