@@ -151,7 +151,7 @@ class ObjectSegmentStorage(SegmentStorage):
         # block cache: key -> [data, header, records (split on first read)]
         self._cache: OrderedDict[tuple[int, int, int], list] = OrderedDict()
         self._cache_bytes = 0
-        self._cache_limit = cache_bytes
+        self.cache_limit = cache_bytes
         self._cache_lock = threading.Lock()
         self.read_threads = read_threads  # 1: every block read on the caller's thread, in order
         self._pool: ThreadPoolExecutor | None = None  # made on the first read of several blocks
@@ -176,7 +176,7 @@ class ObjectSegmentStorage(SegmentStorage):
             with self._cache_lock:
                 self._cache[key] = hit
                 self._cache_bytes += len(data)
-                while self._cache_bytes > self._cache_limit and len(self._cache) > 1:
+                while self._cache_bytes > self.cache_limit and len(self._cache) > 1:
                     _, old = self._cache.popitem(last=False)
                     self._cache_bytes -= len(old[0])
         if records and hit[2] is None:
@@ -191,7 +191,7 @@ class ObjectSegmentStorage(SegmentStorage):
                 return
             self._cache[key] = [data, header, None]
             self._cache_bytes += len(data)
-            while self._cache_bytes > self._cache_limit and len(self._cache) > 1:
+            while self._cache_bytes > self.cache_limit and len(self._cache) > 1:
                 _, old = self._cache.popitem(last=False)
                 self._cache_bytes -= len(old[0])
 
@@ -211,7 +211,7 @@ class ObjectSegmentStorage(SegmentStorage):
         `read_threads` at a time, ahead of the one yielded; an error reading block n is raised
         when block n's turn comes, after the blocks before it were yielded, exactly as reading
         them one by one would (the reads started past it are dropped)."""
-        pool = self._executor() if len(ns) > 1 else None
+        pool = self.executor() if len(ns) > 1 else None
         if pool is None:
             for n in ns:
                 yield self.block(log_id, segment_id, n, where(n), records)
@@ -241,7 +241,8 @@ class ObjectSegmentStorage(SegmentStorage):
                 if isinstance(f, Future):
                     f.cancel()
 
-    def _executor(self) -> ThreadPoolExecutor | None:
+    def executor(self) -> ThreadPoolExecutor | None:
+        """The pool reading blocks at once; None when reads go one by one (1 thread, closed)."""
         if self.read_threads <= 1:
             return None
         with self._pool_lock:
@@ -368,9 +369,9 @@ class _BlockHandle(SegmentHandle):
                 storage.cached(self._log_id, self._segment_id, n) for n in range(first, last + 1)
             )
         ]
-        pool = storage._executor() if len(wanted) > 1 else None
+        pool = storage.executor() if len(wanted) > 1 else None
         got = pool.map(self._store.get, wanted) if pool else map(self._store.get, wanted)
-        budget = storage._cache_limit // 2
+        budget = storage.cache_limit // 2
         for key, data in zip(wanted, got, strict=True):
             first = int(key[len(self._prefix) + 7 :].partition("-")[0])
             parts = _split_bundle(data, f"{self.where}/{key[len(self._prefix) :]}")
