@@ -14,12 +14,25 @@ Metadata: SQLite, and etcd (a local member started for the run: the shared deplo
 seen from many hosts). moto is a single-threaded Python server, far slower than S3: the figure
 bounds the client's overhead from below, no more.
 Target (asserted loosely): >= 5,000 entries/s.
+
+`test_takeover_after_single_writes` (issue 32): `open_writer(idempotent=True)` on a second client
+(its own data directory; etcd + moto S3, es=1) taking over a log whose open segment holds N
+single-entry blocks (N single writes: block 0 written by the old writer, a process of its own;
+blocks 1.. and the bundles of every 64 blocks put straight into the bucket, byte for byte what its
+storage puts for single writes, to build 10,000 in seconds), with the old writer's process alive
+or SIGKILLed. Completing the segment reads every block's header (fence), which also fills the
+block cache the window rebuild reads. Figures: `takeover_s` (the one takeover of a built log) and
+the GetObject requests it made; `sequential`: blocks read one at a time and bundles removed
+first (the reads as they were before issue 32). Target: N = 1,000 and 10,000, alive or killed,
+<= 1.5 s.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,12 +43,17 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 from etcdserver import EtcdServer  # noqa: E402
 from s3server import MotoS3Server  # noqa: E402
 
+from woodpecker_idem import explicit_key  # noqa: E402
+from woodpecker_idem._core import encode_entry  # noqa: E402
 from woodpecker_idem.connect import connect  # noqa: E402
+from woodpecker_idem.errors import WoodpeckerError  # noqa: E402
+from woodpecker_idem.logstore.blocks import KIND_DATA, encode_block  # noqa: E402
+from woodpecker_idem.logstore.storage import BUNDLE_BLOCKS, _encode_bundle  # noqa: E402
 
 TARGET = 5_000
 N = 5_000
@@ -159,3 +177,139 @@ def test_idempotent_write_on_s3(
     benchmark.extra_info.update(info)
     print(f"\nidempotent writer on S3 (moto), {meta} metadata, 1 KiB: {info}")
     assert info["entries_per_s"] >= TARGET, info
+
+
+TAKEOVER_S = 1.5
+# The old writer: opens the log, writes one entry (block 0 of segment 0), says so, then idles
+# until killed (it never closes: nothing completes its segment but the takeover).
+OLD_WRITER = """
+import json, sys, time
+import woodpecker_idem as wp
+client = wp.connect(sys.argv[1], json.loads(sys.argv[2]))
+writer = client.open_log("t", create=True).open_writer(idempotent=True)
+writer.write(b"payload-0", idempotency_id="k-0")
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+def _s3_etcd_config(s3: MotoS3Server, etcd: EtcdServer) -> dict[str, object]:
+    return {
+        "meta.type": "etcd",
+        "meta.endpoints": [etcd.endpoint],
+        "meta.prefix": f"/t{uuid.uuid4().hex}",
+        "objectstore.type": "s3",
+        "objectstore.endpoint_url": s3.endpoint_url,
+        "objectstore.bucket": f"takeover-{uuid.uuid4().hex[:12]}",
+        "objectstore.access_key_id": "testing",
+        "objectstore.secret_access_key": "testing",
+        "objectstore.region": "us-east-1",
+        "objectstore.create_bucket": True,
+        "quorum.es": 1,
+    }
+
+
+def _single_write_blocks(client: Any, n: int) -> None:
+    """Entries 1..n-1 of segment 0 of log "t", one block each after the blocks there, as single
+    writes leave them (each carries the LAC of the write before it), and a bundle of every
+    BUNDLE_BLOCKS of them from block 0 (as the writer's storage puts them), put on 16 threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    log_id = client.open_log("t").log_id
+    store = client.objects
+    prefix = f"{log_id}/0/"
+    time.sleep(1.0)  # the old writer's LAC-only block after its write, if it sends one, lands
+    blocks = [store.get(key) for key in sorted(store.list(prefix), key=lambda k: len(k))]
+    first_free = len(blocks)
+    for e in range(1, n):
+        key = explicit_key(f"k-{e}")
+        record = encode_entry(0, e, 1_700_000_000_000 + e, b"payload-%d" % e, None, key)
+        blocks.append(encode_block(KIND_DATA, e, 1, e - 1, record))
+    puts = [(f"{prefix}{b}.blk", blocks[b]) for b in range(first_free, len(blocks))]
+    puts += [
+        (
+            f"{prefix}bundle-{a}-{a + BUNDLE_BLOCKS - 1}",
+            _encode_bundle(blocks[a : a + BUNDLE_BLOCKS]),
+        )
+        for a in range(0, len(blocks) - BUNDLE_BLOCKS + 1, BUNDLE_BLOCKS)
+    ]
+
+    def put(item: tuple[str, bytes]) -> None:
+        assert store.put(item[0], item[1], if_none_match=True)
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, puts))
+
+
+@pytest.mark.parametrize("old", ["alive", "killed"])
+@pytest.mark.parametrize(
+    ("n", "reads"), [(1_000, "parallel"), (1_000, "sequential"), (10_000, "parallel")]
+)
+def test_takeover_after_single_writes(
+    benchmark: Any, s3: MotoS3Server, etcd: EtcdServer, n: int, reads: str, old: str
+) -> None:
+    config = _s3_etcd_config(s3, etcd)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parent.parent / "python"), env.get("PYTHONPATH", "")]
+    )
+    base = Path(os.environ.get("WP_BENCH_DIR", "."))
+    with tempfile.TemporaryDirectory(dir=base, prefix=".bench-takeover-") as d:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", OLD_WRITER, f"{d}/a", json.dumps(config)],
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+            client = connect(f"{d}/b", config)
+            try:
+                _single_write_blocks(client, n)
+                if old == "killed":
+                    proc.kill()
+                    proc.wait(30)
+                storage = client.transport.engines["node-0"].storage
+                if reads == "sequential":
+                    storage.read_threads = 1
+                    log_id = client.open_log("t").log_id
+                    for key in client.objects.list(f"{log_id}/0/bundle-"):
+                        client.objects.delete(key)
+                gets = [0]
+                client.objects.client.meta.events.register(
+                    "before-send.s3.GetObject", lambda **_: gets.__setitem__(0, gets[0] + 1)
+                )
+                took: list[float] = []
+                failed: list[str] = []
+
+                def takeover() -> None:
+                    t0 = time.perf_counter()
+                    try:
+                        writer = client.open_log("t").open_writer(idempotent=True)
+                    except WoodpeckerError as exc:
+                        if reads == "parallel":
+                            raise
+                        # one block at a time, the fence can outlast the node call's deadline
+                        # (append.timeout_ms): the takeover then fails after its retries
+                        failed.append(f"{type(exc).__name__}: {str(exc)[:120]}")
+                        took.append(time.perf_counter() - t0)
+                        return
+                    took.append(time.perf_counter() - t0)
+                    assert writer.recovery.entries_replayed == n, writer.recovery
+                    writer.close()
+
+                benchmark.pedantic(takeover, rounds=1, iterations=1)
+            finally:
+                client.close()
+        finally:
+            proc.kill()
+            proc.wait(30)
+            if proc.stdout is not None:
+                proc.stdout.close()
+    info = {"blocks": n, "old_writer": old, "reads": reads, "takeover_s": round(took[0], 3)}
+    info["gets"] = gets[0]
+    if failed:
+        info["failed"] = failed[0]
+    benchmark.extra_info.update(info)
+    print(f"\ntakeover on etcd + S3 (moto) after {n} single writes: {info}")
+    if reads == "parallel":
+        assert took[0] <= TAKEOVER_S, info

@@ -664,6 +664,21 @@ class DedupWindow:
                 `entry_ids[i]` is outside 0..=2**32-1. Nothing is inserted in that case.
             InvalidTypeError: an argument is not a buffer.
         """
+    def reserve_committed(self, additional: int) -> None:
+        """Room in the index for `additional` more committed keys (`max_keys` in all at most),
+        in one resize, without the GIL: a bulk load that comes in several calls (recovery: a
+        snapshot, then its gap 2,000 entries a call) sizes the index once. Only a speed-up:
+        inserts grow the index as they go otherwise (at least doubling)."""
+    def add_committed_entries(self, entries: list[StoredEntry]) -> int:
+        """`add_committed` for the entries that carry a 16-byte key, in order (the others are
+        skipped), reading their fields natively: recovery's replay of entries read back from
+        the log. Returns the number of keys inserted.
+
+        Raises:
+            InvalidTypeError: an item is not a `StoredEntry`. Nothing is inserted in that case.
+            InvalidArgumentError: a keyed entry's `segment_id` or `entry_id` is outside
+                0..=2**32-1. Nothing is inserted in that case.
+        """
     def __len__(self) -> int:
         """Committed plus pending keys."""
     @property

@@ -329,9 +329,26 @@ impl SlotIndex {
         if self.len < self.capacity() {
             return None;
         }
-        let cells = self.cells.len();
-        let grown = (2 * cells).min(cells_for(self.max_len));
-        Some(grown.max(cells_for(self.len + 1)))
+        Some(self.doubled().max(cells_for(self.len + 1)))
+    }
+
+    /// Twice the table, but no more than what `max_len` entries need: each growth at least
+    /// doubles, so n inserts or reserves move O(n) cells in all, not O(n) at every growth.
+    fn doubled(&self) -> usize {
+        (2 * self.cells.len()).min(cells_for(self.max_len))
+    }
+
+    /// The cells to grow to for room for `additional` more entries (at most `max_len` in all),
+    /// if the table lacks it: exactly what they need when that is more than double (a bulk load
+    /// into an empty or small table is sized once, with nothing to spare), else double. Growing
+    /// to exactly `len + additional` made a series of small reserves (recovery's replay, 2,000
+    /// keys a call) rehash the whole table at every call: 50 moves of 1M cells for a 100k gap.
+    pub fn reserve_cells(&self, additional: usize) -> Option<usize> {
+        let want = self.len.saturating_add(additional).min(self.max_len);
+        if want <= self.capacity() {
+            return None;
+        }
+        Some(cells_for(want).max(self.doubled()))
     }
 
     /// Grow to `cells` cells (in place, as `insert` does) from `entries`, `(slot, hash)` of every
@@ -359,17 +376,17 @@ impl SlotIndex {
         debug_assert_eq!(n, self.len);
     }
 
-    /// Room for `additional` more entries (at most `max_len` in all) in one resize.
+    /// Room for `additional` more entries (at most `max_len` in all) in one resize (of the size
+    /// [`SlotIndex::reserve_cells`] says).
     pub fn try_reserve(
         &mut self,
         additional: usize,
         hash_of: &impl Fn(u32) -> u64,
     ) -> Result<(), TryReserveError> {
-        let want = self.len.saturating_add(additional).min(self.max_len);
-        if want <= self.capacity() {
-            return Ok(());
+        match self.reserve_cells(additional) {
+            Some(cells) => self.resize(cells, hash_of),
+            None => Ok(()),
         }
-        self.resize(cells_for(want), hash_of)
     }
 
     /// Grow to `cells` cells in place: within the reserved address space, or by `realloc`
@@ -559,5 +576,52 @@ mod tests {
         assert_eq!(reserved.cells.len(), cells_for(600));
         reserved.try_reserve(1 << 40, &hash_of).unwrap();
         assert_eq!(reserved.cells.len(), cells_for(1_000));
+    }
+
+    #[test]
+    fn many_small_reserves_grow_the_table_geometrically() {
+        // Recovery's replay: a bulk load sized exactly, then one small reserve per 2,000-key call.
+        // Growing to exactly len + additional rehashed the whole table at each of the 50 calls.
+        let n = 120_000u32;
+        let keys = Keys {
+            hashes: (0..u64::from(n)).map(mix).collect(),
+        };
+        let hash_of = keys.hash_of();
+        let mut index = SlotIndex::new(1_000_000);
+        index.try_reserve(20_000, &hash_of).unwrap();
+        assert_eq!(
+            index.cells.len(),
+            cells_for(20_000),
+            "a bulk load is sized once"
+        );
+        let mut sizes = vec![index.cells.len()];
+        for s in 0..n {
+            if s >= 20_000 && s % 2_000 == 0 {
+                index.try_reserve(2_000, &hash_of).unwrap();
+                if sizes.last() != Some(&index.cells.len()) {
+                    sizes.push(index.cells.len());
+                }
+            }
+            index.insert(keys.hashes[s as usize], s, &hash_of);
+        }
+        assert_eq!(
+            sizes.len(),
+            4,
+            "20k -> 120k keys in three doublings: {sizes:?}"
+        );
+        for w in sizes.windows(2) {
+            assert_eq!(w[1], 2 * w[0], "{sizes:?}");
+        }
+        check(&index, &keys, &(0..n).collect());
+        // never past what max_len needs: a full table costs what it did
+        let mut capped = SlotIndex::new(100_000);
+        capped.try_reserve(60_000, &hash_of).unwrap();
+        for s in 0..60_000u32 {
+            capped.insert(keys.hashes[s as usize], s, &hash_of);
+        }
+        capped.try_reserve(2_000, &hash_of).unwrap();
+        assert_eq!(capped.cells.len(), cells_for(100_000));
+        assert_eq!(capped.reserve_cells(40_000), None);
+        assert_eq!(capped.reserve_cells(1 << 40), None);
     }
 }

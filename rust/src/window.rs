@@ -430,7 +430,40 @@ impl Window {
     /// record at the same or a later (segment, entry) is kept (returns false); one at an earlier
     /// position is replaced. A pending entry is replaced by the given ids and becomes committed.
     pub fn add_committed(&mut self, rec: Record) -> bool {
-        let h = key_hash(self.seed, &rec.key);
+        self.add_committed_hashed(rec, key_hash(self.seed, &rec.key))
+    }
+
+    /// [`Window::add_committed`] of `rec`, whose key hashes to `h`.
+    fn add_committed_hashed(&mut self, rec: Record, h: u64) -> bool {
+        if self.len < self.max_keys && self.pending.is_empty() && self.index.growth().is_none() {
+            // A bulk load's common case (no eviction, nothing pending, no growth): look the key
+            // up and index it at the next ring slot in one walk of the index.
+            let slot = self.slot(self.len);
+            let ring = &self.ring;
+            let seed = self.seed;
+            let hash_of = |s: u32| ring.get(s as usize).map_or(0, |r| key_hash(seed, &r.key));
+            let eq = |s: u32| ring.get(s as usize).is_some_and(|r| r.key == rec.key);
+            // max_keys <= u32::MAX, so every slot number fits.
+            match self.index.find_or_insert(h, eq, slot as u32, &hash_of) {
+                None => {
+                    match self.ring.get_mut(slot) {
+                        Some(dst) => *dst = rec,
+                        None => self.ring.push(rec),
+                    }
+                    self.len += 1;
+                    return true;
+                }
+                Some(pos) => {
+                    let old = self.ring.get(self.index.slot_at(pos) as usize);
+                    if old.is_some_and(|old| {
+                        (rec.segment_id, rec.entry_id) <= (old.segment_id, old.entry_id)
+                    }) {
+                        return false;
+                    }
+                    // a newer occurrence: replaced below
+                }
+            }
+        }
         if let Some(old) = self.find_committed(&rec.key, h) {
             if (rec.segment_id, rec.entry_id) <= (old.segment_id, old.entry_id) {
                 return false;
@@ -781,9 +814,32 @@ impl Window {
 
     /// Recovery insert of many records in order; returns how many were inserted.
     pub fn add_committed_many(&mut self, recs: impl IntoIterator<Item = Record>) -> usize {
-        let recs = recs.into_iter();
+        let mut recs = recs.into_iter();
         self.reserve_committed(recs.size_hint().0);
-        recs.filter(|r| self.add_committed(*r)).count()
+        let seed = self.seed;
+        let mut n = 0;
+        let mut batch: Vec<(Record, u64)> = Vec::with_capacity(BULK_CHUNK);
+        loop {
+            // hashed a chunk at a time, so the index cells of the keys ahead can be asked for
+            batch.clear();
+            batch.extend(
+                recs.by_ref()
+                    .take(BULK_CHUNK)
+                    .map(|r| (r, key_hash(seed, &r.key))),
+            );
+            if batch.is_empty() {
+                return n;
+            }
+            for &(_, h) in batch.iter().take(PREFETCH_AHEAD) {
+                self.index.prefetch(h);
+            }
+            for (i, &(rec, h)) in batch.iter().enumerate() {
+                if let Some(&(_, ahead)) = batch.get(i + PREFETCH_AHEAD) {
+                    self.index.prefetch(ahead);
+                }
+                n += usize::from(self.add_committed_hashed(rec, h));
+            }
+        }
     }
 
     /// Room in the index for `additional` more committed keys (`max_keys` in all at most), so a
@@ -805,6 +861,9 @@ impl Window {
 /// ([`SlotIndex::prefetch`]): enough for their cache misses to overlap (a miss costs about as
 /// much as the work on several keys), few enough that the cells are still cached when reached.
 const PREFETCH_AHEAD: usize = 8;
+
+/// Records hashed ahead at a time by [`Window::add_committed_many`] (32 KiB of them).
+const BULK_CHUNK: usize = 1024;
 
 /// Batches at least this long are looked up on several threads.
 pub const GET_MANY_PARALLEL_MIN: usize = 65_536;
@@ -1028,6 +1087,33 @@ mod tests {
         let mut grown = Window::new(1_000, 100).unwrap();
         assert_eq!(grown.add_committed_many((0..600).map(|i| rec(i, 0))), 600);
         assert_eq!(order(&grown), order(&w));
+    }
+
+    #[test]
+    fn a_replay_in_small_calls_after_a_bulk_load_rehashes_the_index_rarely() {
+        // Recovery: a snapshot's keys in one call, then the gap 2,000 keys a call. Each call's
+        // reserve grew the index to exactly what it needed, rehashing every key at every call.
+        let mut w = Window::new(1_000_000, 100).unwrap();
+        assert_eq!(
+            w.add_committed_many((0..100_000).map(|i| rec(i, 0))),
+            100_000
+        );
+        let mut sizes = vec![w.index.allocation_size()];
+        for call in 0..50u64 {
+            let first = 100_000 + call * 2_000;
+            assert_eq!(
+                w.add_committed_many((first..first + 2_000).map(|i| rec(i, 0))),
+                2_000
+            );
+            if sizes.last() != Some(&w.index.allocation_size()) {
+                sizes.push(w.index.allocation_size());
+            }
+        }
+        assert_eq!(sizes.len(), 2, "one growth for the whole gap: {sizes:?}");
+        assert_eq!(w.committed_count(), 200_000);
+        for i in (0..200_000).step_by(997) {
+            assert_eq!(w.peek(&k(i), None), Lookup::Committed(rec(i, 0)));
+        }
     }
 
     #[test]

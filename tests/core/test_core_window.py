@@ -698,3 +698,87 @@ def test_index_grows_with_the_keys_so_copies_cost_what_the_window_holds() -> Non
     for i in range(1000, 5000):  # the copy grows as a window does
         copy.add_committed(k(i), 2, i, 6)
     assert copy.committed_count == 5000 and copy.get(k(4999)) is not None
+
+
+def _load(w: _core.DedupWindow, first: int, n: int, seg: int = 1) -> int:
+    return w.add_committed_many(
+        b"".join(k(i) for i in range(first, first + n)),
+        q_buf([seg] * n),
+        q_buf(list(range(first, first + n))),
+        q_buf([7] * n),
+    )
+
+
+def test_a_replay_in_small_calls_after_a_bulk_load_grows_the_index_once() -> None:
+    # Recovery loads a snapshot in one call, then its gap 2,000 entries a call. The index was
+    # grown to exactly what each call needed, so every call past the snapshot rehashed all of it
+    # (issue 32: 86 ms a call at 1M keys); growth at least doubles now.
+    w = _core.DedupWindow(400_000, 3_600_000)
+    assert _load(w, 0, 100_000) == 100_000
+    sizes = [w.memory_bytes()]
+    for call in range(50):
+        assert _load(w, 100_000 + call * 2_000, 2_000) == 2_000
+        if w.memory_bytes() != sizes[-1]:
+            sizes.append(w.memory_bytes())
+    assert len(sizes) == 2, sizes
+    assert w.committed_count == 200_000
+    assert all(w.get(k(i)) is not None for i in range(0, 200_000, 997))
+    # and a window filled up stays what a full one costs: the doubling stops at max_keys' need
+    assert _load(w, 200_000, 200_000) == 200_000
+    assert w.memory_bytes() / 400_000 <= 37.5
+
+
+def test_reserve_committed_sizes_the_index_once_for_a_load_in_many_calls() -> None:
+    w = _core.DedupWindow(300_000, 3_600_000)
+    empty = w.memory_bytes()
+    w.reserve_committed(110_000)
+    reserved = w.memory_bytes()
+    assert reserved > empty
+    assert _load(w, 0, 100_000) == 100_000
+    for call in range(5):
+        assert _load(w, 100_000 + call * 2_000, 2_000) == 2_000
+    assert w.memory_bytes() == reserved  # no growth within the reservation
+    w.reserve_committed(10**12)  # capped at max_keys
+    assert w.memory_bytes() / 300_000 <= 37.5
+    assert w.committed_count == 110_000
+
+
+def _stored(seg: int, first: int, keys: list[bytes]) -> list[_core.StoredEntry]:
+    raw = [
+        _core.encode_entry(seg, first + i, 1_000 + i, b"p%d" % i, None, key or None)[8:]
+        for i, key in enumerate(keys)
+    ]
+    entries, bad = _core.decode_entries(raw, seg, first)
+    assert bad is None
+    return entries
+
+
+def test_add_committed_entries_equals_add_committed_many_of_the_keyed_ones() -> None:
+    rng = random.Random(32)
+    pool = [rng.randbytes(16) for _ in range(3_000)]
+    # keyed and plain entries, keys repeated at later positions (the later one is kept)
+    keys = [rng.choice(pool) if rng.random() < 0.8 else b"" for _ in range(5_000)]
+    native = _core.DedupWindow(10_000, 3_600_000)
+    columns = _core.DedupWindow(10_000, 3_600_000)
+    got = sum(native.add_committed_entries(_stored(4, f, keys[f : f + 1_000])) for f in (0, 1_000))
+    got += native.add_committed_entries(_stored(5, 0, keys[2_000:]))
+    rows = [(4, i, key) for i, key in enumerate(keys[:2_000]) if key]
+    rows += [(5, i, key) for i, key in enumerate(keys[2_000:]) if key]
+    want = columns.add_committed_many(
+        b"".join(r[2] for r in rows),
+        q_buf([r[0] for r in rows]),
+        q_buf([r[1] for r in rows]),
+        q_buf([1_000 + (r[1] if r[0] == 5 else r[1] % 1_000) for r in rows]),
+    )
+    assert got == want > 0
+    assert native.committed_entries() == columns.committed_entries()
+    assert native.committed_count < len(rows)  # repeats replaced their older occurrence
+
+
+def test_add_committed_entries_refuses_what_is_not_a_stored_entry_and_inserts_nothing() -> None:
+    w = _core.DedupWindow(100, 1_000)
+    good = _stored(1, 0, [k(1), k(2)])
+    with pytest.raises(InvalidTypeError, match=r"entries\[1\] must be a StoredEntry, not tuple"):
+        w.add_committed_entries([good[0], (k(3), 1, 2, 3), good[1]])  # type: ignore[list-item]
+    assert w.committed_count == 0
+    assert w.add_committed_entries(good) == 2

@@ -13,15 +13,15 @@ use crate::entry::{decode_entry, DecodedEntry};
 #[pyclass(frozen, module = "woodpecker_idem._core", name = "StoredEntry")]
 pub struct PyStoredEntry {
     #[pyo3(get)]
-    segment_id: i64,
+    pub(super) segment_id: i64,
     #[pyo3(get)]
-    entry_id: i64,
+    pub(super) entry_id: i64,
     #[pyo3(get)]
-    timestamp_ms: i64,
+    pub(super) timestamp_ms: i64,
     #[pyo3(get)]
     payload: Py<PyBytes>,
     #[pyo3(get)]
-    idempotency_key: Py<PyBytes>,
+    pub(super) idempotency_key: Py<PyBytes>,
     props: Vec<(String, String)>,
 }
 
