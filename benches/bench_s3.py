@@ -18,13 +18,12 @@ Target (asserted loosely): >= 5,000 entries/s.
 `test_takeover_after_single_writes` (issue 32): `open_writer(idempotent=True)` on a second client
 (its own data directory; etcd + moto S3, es=1) taking over a log whose open segment holds N
 single-entry blocks (N single writes: block 0 written by the old writer, a process of its own;
-blocks 1.. and the bundles of every 64 blocks put straight into the bucket, byte for byte what its
-storage puts for single writes, to build 10,000 in seconds), with the old writer's process alive
-or SIGKILLed. Completing the segment reads every block's header (fence), which also fills the
-block cache the window rebuild reads. Figures: `takeover_s` (the one takeover of a built log) and
-the GetObject requests it made; `sequential`: blocks read one at a time and bundles removed
-first (the reads as they were before issue 32). Target: N = 1,000 and 10,000, alive or killed,
-<= 1.5 s.
+blocks 1.. put straight into the bucket, byte for byte what it writes for a single write, to build
+10,000 in seconds), with the old writer's process alive or SIGKILLed. Completing the segment
+reads every block's header (fence), which also fills the block cache the window rebuild reads.
+Figures: `takeover_s` (the one takeover of a built log), the GetObject requests it made, and with
+`sequential` the same with the node's blocks read one at a time (`read_threads = 1`, the reads as
+they were before). Target: N = 1,000 and 10,000, alive or killed: <= 1.5 s.
 """
 
 from __future__ import annotations
@@ -53,7 +52,6 @@ from woodpecker_idem._core import encode_entry  # noqa: E402
 from woodpecker_idem.connect import connect  # noqa: E402
 from woodpecker_idem.errors import WoodpeckerError  # noqa: E402
 from woodpecker_idem.logstore.blocks import KIND_DATA, encode_block  # noqa: E402
-from woodpecker_idem.logstore.storage import BUNDLE_BLOCKS, _encode_bundle  # noqa: E402
 
 TARGET = 5_000
 N = 5_000
@@ -211,34 +209,22 @@ def _s3_etcd_config(s3: MotoS3Server, etcd: EtcdServer) -> dict[str, object]:
 
 def _single_write_blocks(client: Any, n: int) -> None:
     """Entries 1..n-1 of segment 0 of log "t", one block each after the blocks there, as single
-    writes leave them (each carries the LAC of the write before it), and a bundle of every
-    BUNDLE_BLOCKS of them from block 0 (as the writer's storage puts them), put on 16 threads."""
+    writes leave them (each carries the LAC of the write before it), put on 16 threads."""
     from concurrent.futures import ThreadPoolExecutor
 
     log_id = client.open_log("t").log_id
     store = client.objects
-    prefix = f"{log_id}/0/"
     time.sleep(1.0)  # the old writer's LAC-only block after its write, if it sends one, lands
-    blocks = [store.get(key) for key in sorted(store.list(prefix), key=lambda k: len(k))]
-    first_free = len(blocks)
-    for e in range(1, n):
+    first_free = len(store.list(f"{log_id}/0/"))
+
+    def put(e: int) -> None:
         key = explicit_key(f"k-{e}")
         record = encode_entry(0, e, 1_700_000_000_000 + e, b"payload-%d" % e, None, key)
-        blocks.append(encode_block(KIND_DATA, e, 1, e - 1, record))
-    puts = [(f"{prefix}{b}.blk", blocks[b]) for b in range(first_free, len(blocks))]
-    puts += [
-        (
-            f"{prefix}bundle-{a}-{a + BUNDLE_BLOCKS - 1}",
-            _encode_bundle(blocks[a : a + BUNDLE_BLOCKS]),
-        )
-        for a in range(0, len(blocks) - BUNDLE_BLOCKS + 1, BUNDLE_BLOCKS)
-    ]
-
-    def put(item: tuple[str, bytes]) -> None:
-        assert store.put(item[0], item[1], if_none_match=True)
+        block = encode_block(KIND_DATA, e, 1, e - 1, record)
+        assert store.put(f"{log_id}/0/{first_free + e - 1}.blk", block, if_none_match=True)
 
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(put, puts))
+        list(pool.map(put, range(1, n)))
 
 
 @pytest.mark.parametrize("old", ["alive", "killed"])
@@ -271,9 +257,6 @@ def test_takeover_after_single_writes(
                 storage = client.transport.engines["node-0"].storage
                 if reads == "sequential":
                     storage.read_threads = 1
-                    log_id = client.open_log("t").log_id
-                    for key in client.objects.list(f"{log_id}/0/bundle-"):
-                        client.objects.delete(key)
                 gets = [0]
                 client.objects.client.meta.events.register(
                     "before-send.s3.GetObject", lambda **_: gets.__setitem__(0, gets[0] + 1)

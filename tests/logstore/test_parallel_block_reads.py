@@ -40,28 +40,20 @@ class JitteryStore(LocalObjectStore):
         self.peak = 0
         self._in_flight = 0
 
-    lists = 0
-
-    def list(self, prefix: str) -> list[str]:
-        self.lists += 1
-        return super().list(prefix)
-
     def get(self, key: str) -> bytes | None:
         if not key.endswith(".blk"):
             return super().get(key)
         with self._lock:
+            self.gets += 1
             self._in_flight += 1
             self.peak = max(self.peak, self._in_flight)
             pause = self._rng.random() * 0.003
         try:
             time.sleep(pause)
-            data = None if key in self.missing else super().get(key)
+            return None if key in self.missing else super().get(key)
         finally:
             with self._lock:
                 self._in_flight -= 1
-        with self._lock:
-            self.gets += data is not None  # blocks read (a look for the next block is not)
-        return data
 
 
 def _frame(first: int, count: int) -> bytes:
@@ -73,13 +65,11 @@ def _frame(first: int, count: int) -> bytes:
     )
 
 
-def _write_segment(root: Path, batches: int = 60, bundle_blocks: int = 0) -> int:
+def _write_segment(root: Path, batches: int = 60) -> int:
     """Batches of 1-3 entries, each one block, with a LAC-only block now and then; returns the
     entries written."""
     rng = random.Random(7)
-    engine = LogStoreEngine(
-        ObjectSegmentStorage(LocalObjectStore(root, fsync=False), bundle_blocks=bundle_blocks)
-    )
+    engine = LogStoreEngine(ObjectSegmentStorage(LocalObjectStore(root, fsync=False)))
     entry = 0
     for b in range(batches):
         count = rng.randint(1, 3)
@@ -213,87 +203,3 @@ def test_a_read_of_many_blocks_runs_them_at_once_and_a_cached_block_costs_no_get
     assert store.gets == first_pass  # the fence's reads filled the cache
     storage.close()  # its reader threads stopped; it still reads, one block at a time
     assert engine.read(LOG, SEG, 0, 3) == engine.read(LOG, SEG, 0, 2_000)[:3]
-
-
-def _copies(root: Path, tmp_path: Path, change: Any) -> tuple[JitteryStore, JitteryStore]:
-    """Two copies of `root`, `change(copy)` applied to each; bundles removed from the second."""
-    stores = []
-    for name in ("bundled", "blocks-only"):
-        copy = tmp_path / name
-        shutil.copytree(root, copy)
-        change(copy)
-        store = JitteryStore(copy, seed=5)
-        if name == "blocks-only":
-            for key in store.list(PREFIX):
-                if "bundle-" in key:
-                    store.delete(key)
-        stores.append(store)
-    return stores[0], stores[1]
-
-
-@pytest.mark.parametrize("case", ["intact", "bad-bundle", "block-deleted"])
-def test_bundles_save_the_gets_and_give_what_the_blocks_give(case: str, tmp_path: Path) -> None:
-    # 66 blocks written with bundles of 16: blocks 0-63 in four bundles, 64 and 65 alone
-    root = tmp_path / "seg"
-    entries = _write_segment(root, bundle_blocks=16)
-    keys = LocalObjectStore(root, fsync=False).list(PREFIX)
-    assert sorted(k for k in keys if "bundle-" in k) == [
-        f"{PREFIX}bundle-{a}-{a + 15}" for a in (0, 16, 32, 48)
-    ]
-
-    def change(copy: Path) -> None:
-        store = LocalObjectStore(copy, fsync=False)
-        if case == "bad-bundle":  # checksum fails: skipped, its blocks read one by one
-            data = bytearray(store.get(f"{PREFIX}bundle-16-31") or b"")
-            data[-10] ^= 0xFF  # inside the last block's record
-            store.put(f"{PREFIX}bundle-16-31", bytes(data))
-        elif case == "block-deleted":  # a block of bundle 32-47 is not listed: not used
-            store.delete(_block_key(40))
-
-    bundled, blocks_only = _copies(root, tmp_path, change)
-    assert _outcome(bundled, 16) == _outcome(blocks_only, 16)
-    # every block once (a block deleted: 65)
-    assert blocks_only.gets == (65 if case == "block-deleted" else 66)
-    skipped = {"intact": 0, "bad-bundle": 16, "block-deleted": 15}[case]
-    assert bundled.gets == 2 + skipped, "a GET per bundle instead of 16"
-    if case == "intact":
-        assert _outcome(blocks_only, 1)[0] == (entries - 1, entries - 1)
-
-
-def test_a_damaged_block_in_an_intact_bundle_is_read_from_the_bundle(tmp_path: Path) -> None:
-    # The bundle is a checked copy of the same bytes: a node that reads it does not need the
-    # block object, so damage to that object alone goes unseen there (read one by one, the
-    # block is refused, as in test_parallel_block_reads_equal_sequential_ones[bad-header]).
-    root = tmp_path / "seg"
-    entries = _write_segment(root, bundle_blocks=16)
-    LocalObjectStore(root, fsync=False).put(_block_key(40), b"WPBK" + b"\x00" * 60)
-    got = _outcome(JitteryStore(root, seed=1), 16)
-    assert got[0] == (entries - 1, entries - 1) and len(got[2]) == entries
-
-
-def test_a_refresh_with_nothing_new_lists_nothing_and_one_with_news_sees_them(
-    tmp_path: Path,
-) -> None:
-    # A takeover loads the segment four times (fence, its footer, the read past its end,
-    # completion); each LIST named every key of the segment. Now a load after the first looks
-    # for the next block (and the footer) and lists only when there is one.
-    root = tmp_path / "seg"
-    entries = _write_segment(root)
-    store = JitteryStore(root, seed=2)
-    node = LogStoreEngine(ObjectSegmentStorage(store))
-    assert node.fence(LOG, SEG)[0] == entries - 1
-    assert store.lists == 1
-    assert node.completed_end(LOG, SEG) is None
-    assert node.read(LOG, SEG, entries, 10) == []  # past the end: a refresh
-    assert node.last_add_confirmed(LOG, SEG) == (entries - 1, entries - 1)
-    assert store.lists == 1, "nothing new: no LIST"
-    # another process adds a recovery copy past the fence marker: the next refresh lists, sees it
-    other = LogStoreEngine(ObjectSegmentStorage(LocalObjectStore(root, fsync=False)))
-    other.add_entries(LOG, SEG, entries, _frame(entries, 2), lac=entries - 1, recovery=True)
-    assert node.last_add_confirmed(LOG, SEG)[0] == entries + 1
-    assert store.lists == 2
-    # and completes it: its footer is seen without a LIST
-    other.complete(LOG, SEG, entries + 1)
-    assert node.completed_end(LOG, SEG) == entries + 1
-    assert store.lists == 2
-    assert len(node.read(LOG, SEG, 0, 2_000)) == entries + 2

@@ -17,7 +17,6 @@ adds of one segment are serial, so a fence in the same process sees every acknow
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
@@ -26,8 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._core import concat, crc32c
-from ..errors import CorruptEntryError, SegmentFencedError, WoodpeckerError
+from ..errors import CorruptEntryError, SegmentFencedError
 from ..objectstore.base import ObjectStore
 from .blocks import (
     KIND_DATA,
@@ -48,16 +46,6 @@ log = logging.getLogger(__name__)
 # segment of 1,000 single writes is 1,000 block objects, which took 6-12 s to fence one at a time
 # on moto (issue 32). Also how far reading runs ahead of the block being used (memory bound).
 READ_THREADS = 16
-# Bundles: after every BUNDLE_BLOCKS small blocks (each at most BUNDLE_BLOCK_MAX bytes) a handle
-# appended one after another, it also puts their bytes as one object, `bundle-{first}-{last}`, so
-# a node loading the segment later reads them in one GET instead of one each: moto spends ~4.5 ms
-# of CPU per GET, so 1,000 single writes could not be fenced in a second through GETs of blocks,
-# however many ran at once. The blocks stay the record (fencing is create-if-absent on them); a
-# bundle is a copy, used only whole, with its checksum and every block header intact and every
-# block it names listed. Readers that do not know bundles ignore them.
-BUNDLE_BLOCKS = 64
-BUNDLE_BLOCK_MAX = 64 << 10
-BUNDLE_MAGIC = b"WPBU"
 
 
 @dataclass
@@ -140,14 +128,9 @@ class ObjectSegmentStorage(SegmentStorage):
     """
 
     def __init__(
-        self,
-        store: ObjectStore,
-        cache_bytes: int = 32 << 20,
-        read_threads: int = READ_THREADS,
-        bundle_blocks: int = BUNDLE_BLOCKS,
+        self, store: ObjectStore, cache_bytes: int = 32 << 20, read_threads: int = READ_THREADS
     ):
         self.store = store
-        self.bundle_blocks = bundle_blocks  # 0: no bundles written
         # block cache: key -> [data, header, records (split on first read)]
         self._cache: OrderedDict[tuple[int, int, int], list] = OrderedDict()
         self._cache_bytes = 0
@@ -182,22 +165,6 @@ class ObjectSegmentStorage(SegmentStorage):
         if records and hit[2] is None:
             hit[2] = block_records(hit[0], hit[1], where)
         return hit[1], hit[2]
-
-    def remember(self, log_id: int, segment_id: int, n: int, data: bytes, header: Any) -> None:
-        """Cache block n's bytes, read some other way (a bundle), as `block` would."""
-        key = (log_id, segment_id, n)
-        with self._cache_lock:
-            if key in self._cache:
-                return
-            self._cache[key] = [data, header, None]
-            self._cache_bytes += len(data)
-            while self._cache_bytes > self.cache_limit and len(self._cache) > 1:
-                _, old = self._cache.popitem(last=False)
-                self._cache_bytes -= len(old[0])
-
-    def cached(self, log_id: int, segment_id: int, n: int) -> bool:
-        with self._cache_lock:
-            return (log_id, segment_id, n) in self._cache
 
     def blocks(
         self,
@@ -282,28 +249,14 @@ class _BlockHandle(SegmentHandle):
         self._next_block = 0
         self._fenced = False
         self._completed = False
-        self._run: list[bytes] = []  # small blocks this handle put one after another, not bundled
-        self._run_first = 0  # the block number of the first
 
     def _where(self, n: int) -> str:
         return f"{self.where}/{n}.blk"
 
     def load(self) -> Scan:
         """Blocks are immutable and numbered without gaps, so only blocks not seen yet are read."""
-        if self._scanned > 0 and not self._next_listed():
-            # Nothing after the blocks seen: no LIST. A takeover loads a segment four times
-            # (fence, its footer, the read past its end, completion), and a LIST names every key
-            # of the segment (1,000 single writes: ~0.4 s of moto's CPU each).
-            scan = Scan(fenced=self._fenced)
-            if not self._completed:
-                data = self._store.get(f"{self._prefix}footer")
-                if data is not None:
-                    scan.completed_last = decode_footer(data, f"{self.where}/footer").last_entry_id
-                    self._completed = True
-            return scan
         scan = Scan()
         blocks: list[int] = []
-        bundles: list[tuple[int, int, str]] = []
         footer = None
         for key in self._store.list(self._prefix):
             name = key[len(self._prefix) :]
@@ -313,13 +266,7 @@ class _BlockHandle(SegmentHandle):
                 n = int(name[:-4])
                 if n >= self._scanned:
                     blocks.append(n)
-            elif name.startswith("bundle-"):
-                first, _, last = name[7:].partition("-")
-                if first.isdigit() and last.isdigit() and int(first) >= self._scanned:
-                    bundles.append((int(first), int(last), key))
         blocks.sort()
-        if bundles:
-            self._read_bundles(bundles, set(blocks))
         headers = self._storage.blocks(
             self._log_id, self._segment_id, blocks, self._where, records=False
         )
@@ -342,47 +289,6 @@ class _BlockHandle(SegmentHandle):
                 self._completed = True
         return scan
 
-    def _next_listed(self) -> bool:
-        """Whether the block after the ones seen exists (read into the cache if it does)."""
-        n = self._scanned
-        data = self._store.get(f"{self._prefix}{n}.blk")
-        if data is None:
-            return False
-        try:
-            header = decode_block_header(data, self._where(n))
-        except CorruptEntryError:
-            return True  # the LIST and the block's read report it
-        self._storage.remember(self._log_id, self._segment_id, n, data, header)
-        return True
-
-    def _read_bundles(self, bundles: list[tuple[int, int, str]], listed: set[int]) -> None:
-        """Cache the blocks of the bundles whose blocks are all listed and not all cached yet
-        (up to half the cache's bytes), a bundle per GET. A bundle that is missing, damaged or
-        disagrees with its name is skipped: its blocks are read one by one."""
-        storage = self._storage
-        wanted = [
-            key
-            for first, last, key in sorted(bundles)
-            if 0 < last - first + 1 <= 4 * BUNDLE_BLOCKS
-            and all(n in listed for n in range(first, last + 1))
-            and not all(
-                storage.cached(self._log_id, self._segment_id, n) for n in range(first, last + 1)
-            )
-        ]
-        pool = storage.executor() if len(wanted) > 1 else None
-        got = pool.map(self._store.get, wanted) if pool else map(self._store.get, wanted)
-        budget = storage.cache_limit // 2
-        for key, data in zip(wanted, got, strict=True):
-            first = int(key[len(self._prefix) + 7 :].partition("-")[0])
-            parts = _split_bundle(data, f"{self.where}/{key[len(self._prefix) :]}")
-            if parts is None:
-                continue
-            budget -= len(data or b"")
-            if budget < 0:
-                break
-            for i, (block, header) in enumerate(parts):
-                storage.remember(self._log_id, self._segment_id, first + i, block, header)
-
     def append(self, first: int, count: int, lac: int, frame: bytes, recovery: bool) -> int:
         kind = KIND_RECOVERY if recovery else KIND_DATA
         data = encode_block(kind, first, count, lac, frame)
@@ -391,7 +297,6 @@ class _BlockHandle(SegmentHandle):
         if not self._store.put(key, data, if_none_match=True):
             existing = self._store.get(key)
             if existing != data:
-                self._run = []
                 # Someone else took block n: a fence marker or another writer's block.
                 raise SegmentFencedError(
                     f"{self.where}: block {n} was taken (fenced); add of {first} refused"
@@ -399,27 +304,7 @@ class _BlockHandle(SegmentHandle):
         self._next_block = n + 1
         if self._scanned == n:
             self._scanned = n + 1
-        self._bundle(n, data)
         return n
-
-    def _bundle(self, n: int, data: bytes) -> None:
-        """Add block n (just put) to the run of small blocks; put the run as a bundle once it
-        holds `bundle_blocks`. A failed bundle put is only logged: the blocks are stored."""
-        size = self._storage.bundle_blocks
-        if size <= 0 or len(data) > BUNDLE_BLOCK_MAX:
-            self._run = []
-            return
-        if not self._run or n != self._run_first + len(self._run):
-            self._run, self._run_first = [], n
-        self._run.append(data)
-        if len(self._run) < size:
-            return
-        run, self._run = self._run, []
-        name = f"bundle-{self._run_first}-{n}"
-        try:
-            self._store.put(f"{self._prefix}{name}", _encode_bundle(run))
-        except (WoodpeckerError, OSError) as exc:
-            log.warning("%s: bundle %s not stored (its blocks are): %s", self.where, name, exc)
 
     def fence(self) -> Scan:
         scan = self.load()
@@ -436,8 +321,6 @@ class _BlockHandle(SegmentHandle):
             if self._fenced:
                 break
         else:
-            if self._scanned == self._next_block:
-                self._scanned += 1  # the marker: what a load would learn from it, it knows
             self._next_block += 1
         self._fenced = scan.fenced = True
         return scan
@@ -468,36 +351,3 @@ class _BlockHandle(SegmentHandle):
     def record(self, loc: int, first: int, entry_id: int) -> bytes:
         _, records = self._storage.block(self._log_id, self._segment_id, loc, self._where(loc))
         return bytes(records[entry_id - first])
-
-
-def _encode_bundle(blocks: list[bytes]) -> bytes:
-    """`WPBU | count u32 | length u32 per block | the blocks | crc32c u32 of all before`."""
-    head = BUNDLE_MAGIC + struct.pack(f"<I{len(blocks)}I", len(blocks), *map(len, blocks))
-    body = concat([head, *blocks])
-    return concat([body, struct.pack("<I", crc32c(body))])
-
-
-def _split_bundle(data: bytes | None, where: str) -> list[tuple[bytes, Any]] | None:
-    """The blocks of a bundle with their headers, or None (logged) if it is absent or damaged."""
-    if data is None:
-        return None
-    try:
-        if len(data) < 12 or data[:4] != BUNDLE_MAGIC:
-            raise CorruptEntryError(f"{where}: bad bundle")
-        (crc,) = struct.unpack_from("<I", data, len(data) - 4)
-        if crc32c(data[:-4]) != crc:
-            raise CorruptEntryError(f"{where}: bundle checksum mismatch")
-        (count,) = struct.unpack_from("<I", data, 4)
-        lengths = struct.unpack_from(f"<{count}I", data, 8)
-        pos = 8 + 4 * count
-        if pos + sum(lengths) != len(data) - 4:
-            raise CorruptEntryError(f"{where}: bundle lengths do not add up")
-        out = []
-        for length in lengths:
-            block = data[pos : pos + length]
-            out.append((block, decode_block_header(block, where)))
-            pos += length
-        return out
-    except (CorruptEntryError, struct.error) as exc:
-        log.warning("%s: bundle skipped, its blocks are read one by one: %s", where, exc)
-        return None
