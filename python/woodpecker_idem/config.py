@@ -212,9 +212,9 @@ KEYS: tuple[Key, ...] = (
         30_000,
         1,
         3_600_000,
-        "deadline of every call to a LogStore node: unanswered by then, the node counts as "
-        "unavailable for it (a write's batch is resent, then the node is dropped from the "
-        "segment)",
+        "deadline of a write's call to a LogStore node: unanswered by then, the node counts as "
+        "unavailable for it (the batch is resent, then the node is dropped from the segment); "
+        "calls that may scan a segment (fence, read, complete) get 10 times as long",
     ),
     _int("append.max_batch_entries", 1000, 1, 100_000, "most entries in one AddEntries batch"),
     _size("append.max_batch_bytes", 2 * MiB, KiB, 64 * MiB, "most bytes in one AddEntries batch"),

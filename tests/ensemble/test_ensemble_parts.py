@@ -236,6 +236,8 @@ def test_a_synchronous_call_raises_at_its_deadline(scheduler):
     try:
         with pytest.raises(NodeUnavailableError, match="did not answer"):
             sender.call(lambda: hang.wait(WAIT_S))
+        with pytest.raises(NodeUnavailableError, match="within 0.3 s"):  # a call's own deadline
+            sender.call(lambda: hang.wait(WAIT_S), deadline_s=0.3)
         with pytest.raises(ValueError, match="raised"):
             sender.call(lambda: (_ for _ in ()).throw(ValueError("raised")))
     finally:

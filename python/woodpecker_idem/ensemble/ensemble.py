@@ -19,6 +19,12 @@ from .senders import NodeCalls, NodeSender
 
 log = logging.getLogger(__name__)
 
+#: The synchronous calls (fences, reads, completions, deletes) may scan a whole segment: on object
+#: storage a fence lists and reads every block (a takeover of a segment of 10,000 single writes
+#: on moto: ~100 s). They get this many times the deadline of a write's add, so the deadline
+#: catches a node that hangs without failing a takeover that is merely slow.
+SCAN_DEADLINE_FACTOR = 10
+
 
 class Ensemble:
     """See the module doc. `transport` reaches the nodes; `registry`, when given, is the metadata
@@ -45,12 +51,14 @@ class Ensemble:
         if registry is not None:  # the registry is watched: nodes joining, leaving, moving
             self.scheduler.timer(self._watch, "nodes").poke()
         # every synchronous node call (readers, recoveries, the rebuild) goes through the senders
-        self.calls: LogStoreTransport = NodeCalls(lambda: self.transport, self.sender)
+        self.calls: LogStoreTransport = NodeCalls(
+            lambda: self.transport, self.sender, deadline_s * SCAN_DEADLINE_FACTOR
+        )
 
     def calls_through(self, transport: LogStoreTransport) -> LogStoreTransport:
         """`transport`'s calls made on the senders, with the deadline (as `calls` makes the
         ensemble's transport of the moment)."""
-        return NodeCalls(lambda: transport, self.sender)
+        return NodeCalls(lambda: transport, self.sender, self.deadline_s * SCAN_DEADLINE_FACTOR)
 
     def _watch(self) -> float:
         """On the timer thread: read the registry again, off it (a metadata call may block)."""

@@ -8,11 +8,12 @@ threads, so a log sending large batches delays another by one call at most (no h
 blocking). A call that fails may ask to be retried after a delay (`Job.done` returns it): its lane
 waits on the scheduler's timer, holding back only that lane.
 
-Every call has a deadline (`deadline_s`). A call still running past it is answered with a retriable
-`NodeUnavailableError` (the caller retries or gives up as for any unreachable node) and its worker
-is written off: a fresh worker takes its place, so the node's other lanes go on. What the stuck call
-returns later is ignored (a node stores a resent batch once: it acks identical bytes again). While
-too many of a node's calls are stuck, calls to it fail at once, until one returns.
+Every call has a deadline (the sender's `deadline_s`, or the call's own). A call still running
+past it is answered with a retriable `NodeUnavailableError` (the caller retries or gives up as for
+any unreachable node) and its worker is written off: a fresh worker takes its place, so the
+node's other lanes go on. What the stuck call returns later is ignored (a node stores a resent
+batch once: it acks identical bytes again). While too many of a node's calls are stuck, calls to
+it fail at once, until one returns.
 
 `NodeCalls` is the synchronous face of the same senders: a `LogStoreTransport` whose every call runs
 on the node's sender with the deadline, for readers, recoveries and the window rebuild.
@@ -42,17 +43,20 @@ MAX_STUCK_PER_NODE = 8
 
 class Job:
     """One call of a lane. `call()` runs on a worker; `done(result, error)` then says what next:
-    None (the lane moves on) or a delay in seconds after which `call` runs again."""
+    None (the lane moves on) or a delay in seconds after which `call` runs again. `deadline_s`:
+    this call's own deadline (None: the sender's)."""
 
-    __slots__ = ("call", "done", "started", "answered")
+    __slots__ = ("call", "done", "deadline_s", "started", "answered")
 
     def __init__(
         self,
         call: Callable[[], Any],
         done: Callable[[Any, BaseException | None], float | None],
+        deadline_s: float | None = None,
     ):
         self.call = call
         self.done = done
+        self.deadline_s = deadline_s
         self.started = 0.0  # monotonic start of the running attempt (0: not running)
         self.answered = False  # the running attempt was answered (by its worker or the deadline)
 
@@ -97,9 +101,10 @@ class NodeSender:
                 self._ready_locked(lane)
             return True
 
-    def call(self, fn: Callable[[], Any]) -> Any:
+    def call(self, fn: Callable[[], Any], deadline_s: float | None = None) -> Any:
         """Run `fn` as a lane of its own and wait for it: its result, or what it raised, or a
-        retriable `NodeUnavailableError` once its deadline passes."""
+        retriable `NodeUnavailableError` once its deadline passes (`deadline_s`, else the
+        sender's)."""
         if threading.current_thread() in self._workers:
             return fn()  # on this node's own worker (a callback calling back): no hop, no wait
         done = threading.Event()
@@ -109,7 +114,7 @@ class NodeSender:
             out[0], out[1] = result, error
             done.set()
 
-        if not self.submit(object(), Job(fn, finish)):
+        if not self.submit(object(), Job(fn, finish, deadline_s)):
             raise NodeUnavailableError(f"LogStore node {self.node}: its client is closed")
         done.wait()
         if out[1] is not None:
@@ -202,7 +207,7 @@ class NodeSender:
             if self._closed:
                 return None
             for thread, (lane, job) in list(self._running.items()):
-                if now - job.started < self.deadline_s or job.answered:
+                if now - job.started < (job.deadline_s or self.deadline_s) or job.answered:
                     continue
                 job.answered = True
                 del self._running[thread]
@@ -217,7 +222,8 @@ class NodeSender:
             busy = bool(self._running) or bool(self._stuck)
         for lane, job in overdue:
             error = NodeUnavailableError(
-                f"LogStore node {self.node} did not answer within {self.deadline_s:g} s"
+                f"LogStore node {self.node} did not answer within "
+                f"{job.deadline_s or self.deadline_s:g} s"
             )
             self._finish(lane, job, None, error)
         return self.deadline_s / 4 if busy or overdue else self.deadline_s
@@ -241,15 +247,24 @@ class NodeSender:
 
 
 class NodeCalls(LogStoreTransport):
-    """The synchronous face of the senders: each call runs on its node's sender, with its
-    deadline, through `source()`, the transport of the moment (a test may wrap it in a fault
-    injector). What readers, recoveries and the window rebuild call nodes through."""
+    """The synchronous face of the senders: each call runs on its node's sender, with the
+    deadline `deadline_s`, through `source()`, the transport of the moment (a test may wrap it
+    in a fault injector). What readers, recoveries and the window rebuild call nodes through:
+    calls that may scan a whole segment (a fence or a read on object storage lists and reads
+    its blocks), hence a deadline of their own, longer than a write's add."""
 
     def __init__(
-        self, source: Callable[[], LogStoreTransport], sender: Callable[[str], NodeSender]
+        self,
+        source: Callable[[], LogStoreTransport],
+        sender: Callable[[str], NodeSender],
+        deadline_s: float,
     ):
         self._source = source
         self._sender = sender
+        self._deadline_s = deadline_s
+
+    def _call(self, node_id: str, fn: Callable[[], Any]) -> Any:
+        return self._sender(node_id).call(fn, self._deadline_s)
 
     @property
     def inner(self) -> LogStoreTransport:
@@ -264,45 +279,42 @@ class NodeCalls(LogStoreTransport):
         self, node_id, log_id, segment_id, first_entry_id, frame, lac=-1, recovery=False
     ):
         inner = self._source()
-        return self._sender(node_id).call(
+        return self._call(
+            node_id,
             lambda: inner.add_entries(
                 node_id, log_id, segment_id, first_entry_id, frame, lac, recovery
-            )
+            ),
         )
 
     def fence(self, node_id, log_id, segment_id):
         inner = self._source()
-        return self._sender(node_id).call(lambda: inner.fence(node_id, log_id, segment_id))
+        return self._call(node_id, lambda: inner.fence(node_id, log_id, segment_id))
 
     def complete(self, node_id, log_id, segment_id, last_entry_id):
         inner = self._source()
-        self._sender(node_id).call(
-            lambda: inner.complete(node_id, log_id, segment_id, last_entry_id)
-        )
+        self._call(node_id, lambda: inner.complete(node_id, log_id, segment_id, last_entry_id))
 
     def completed_end(self, node_id, log_id, segment_id):
         inner = self._source()
-        return self._sender(node_id).call(lambda: inner.completed_end(node_id, log_id, segment_id))
+        return self._call(node_id, lambda: inner.completed_end(node_id, log_id, segment_id))
 
     def read(self, node_id, log_id, segment_id, from_entry_id, max_entries):
         inner = self._source()
-        return self._sender(node_id).call(
-            lambda: inner.read(node_id, log_id, segment_id, from_entry_id, max_entries)
+        return self._call(
+            node_id, lambda: inner.read(node_id, log_id, segment_id, from_entry_id, max_entries)
         )
 
     def last_add_confirmed(self, node_id, log_id, segment_id):
         inner = self._source()
-        return self._sender(node_id).call(
-            lambda: inner.last_add_confirmed(node_id, log_id, segment_id)
-        )
+        return self._call(node_id, lambda: inner.last_add_confirmed(node_id, log_id, segment_id))
 
     def delete_segment(self, node_id, log_id, segment_id):
         inner = self._source()
-        self._sender(node_id).call(lambda: inner.delete_segment(node_id, log_id, segment_id))
+        self._call(node_id, lambda: inner.delete_segment(node_id, log_id, segment_id))
 
     def delete_log(self, node_id, log_id):
         inner = self._source()
-        self._sender(node_id).call(lambda: inner.delete_log(node_id, log_id))
+        self._call(node_id, lambda: inner.delete_log(node_id, log_id))
 
     def raw_read(self, node_id, log_id, segment_id, from_entry_id, max_entries):
         # the history checker's read, not a call of the system it judges: straight through, not
