@@ -11,9 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import woodpecker_idem as wp
 
-WAIT_S = 120
+WAIT_S = 600
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -85,6 +87,29 @@ def test_cluster_up_serves_a_client_at_es3_and_down_stops_every_process(tmp_path
         assert gone.returncode == 2 and "no cluster" in gone.stderr
     finally:
         for pid in started or _pids(root):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.mark.timeout(900)  # a cluster, a JVM start and three Spark jobs
+def test_the_spark_pipeline_runs_on_a_service_cluster_with_one_option(tmp_path: Path):
+    """The README's Spark job, unchanged, on service mode: `pipeline --config` names the
+    cluster's woodpecker.yaml, and every executor writes through the three node processes."""
+    root = tmp_path / "cluster"
+    try:
+        assert _cli("cluster", "up", "--dir", str(root)).returncode == 0
+        job = _cli(
+            "pipeline", "--config", str(root / "woodpecker.yaml"), "--orders", "3000",
+            "--duplicates", "300", "--data-dir", str(tmp_path / "reports"),
+        )  # fmt: skip
+        assert job.returncode == 0, job.stderr[-3000:]
+        assert "checker: PASS" in job.stdout, job.stdout
+        assert "the deployment of" in job.stdout
+    finally:
+        _cli("cluster", "down", "--dir", str(root))
+        for pid in _pids(root):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

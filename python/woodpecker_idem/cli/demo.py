@@ -270,6 +270,14 @@ def add_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
         "writes a new log group with a unique name",
     )
     sp.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write to the deployment this config names instead (every executor connects with "
+        "it): e.g. the woodpecker.yaml of `woodpecker-idem cluster up` (service mode)",
+    )
+    sp.add_argument(
         "--orders",
         type=int_in(MIN_RECORDS, MAX_RECORDS),
         default=200_000,
@@ -351,7 +359,7 @@ def _pipeline(data_dir: Path, args: argparse.Namespace) -> int:
         return 2
     spec = PipelineSpec(args.orders, args.partitions, args.duplicates, args.failures, args.seed)
     try:
-        result = run_pipeline(data_dir, spec)
+        result = run_pipeline(data_dir, spec, args.config)
     except (WoodpeckerError, OSError) as exc:
         print(f"woodpecker-idem pipeline: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
@@ -362,7 +370,10 @@ def _pipeline(data_dir: Path, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    where = str(data_dir) if args.data_dir else "a temporary directory, now removed"
+    if args.config is not None:
+        where = f"the deployment of {args.config}"
+    else:
+        where = str(data_dir) if args.data_dir else "a temporary directory, now removed"
     for line in summary_lines(result, where):
         print(line)
     return 0 if result.passed else 1

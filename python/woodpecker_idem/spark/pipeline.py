@@ -248,8 +248,10 @@ def group_name() -> str:
     return f"orders-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
 
 
-def run_pipeline(data_dir: Path, spec: PipelineSpec) -> PipelineResult:
-    """Run the job twice with injected failures, read the group back and judge it."""
+def run_pipeline(data_dir: Path, spec: PipelineSpec, config: Path | None = None) -> PipelineResult:
+    """Run the job twice with injected failures, read the group back and judge it. The logs are
+    embedded in `data_dir`, or in the deployment `config` names (a service cluster: every
+    executor connects with it); `data_dir` keeps the job's reports either way."""
     from pyspark.sql import functions as F
 
     started = time.perf_counter()
@@ -258,7 +260,9 @@ def run_pipeline(data_dir: Path, spec: PipelineSpec) -> PipelineResult:
     spark = local_spark(cores, min(10_000, max(100, spec.orders // spec.partitions // 20)))
     seconds["spark start"] = time.perf_counter() - started
     group = group_name()
+    data_dir.mkdir(parents=True, exist_ok=True)  # with `config`, no connect() makes it
     report_file = data_dir / f"{group}.reports.jsonl"
+    where = {"config": str(config)} if config is not None else {"dataDir": str(data_dir)}
     window_max_keys = spec.window_max_keys()
     bar = ProgressBar(spark.sparkContext, RUNS + 1)
     try:
@@ -268,10 +272,10 @@ def run_pipeline(data_dir: Path, spec: PipelineSpec) -> PipelineResult:
             with bar.phase(f"write, run {run}/{RUNS}") as timer:
                 (
                     job.write.format("woodpecker")
+                    .options(**where)
                     .option("log", group)
                     .option("idempotencyKey", "order_id")
                     .option("partitions", spec.partitions)
-                    .option("dataDir", str(data_dir))
                     .option("windowMaxKeys", window_max_keys)
                     .option("windowDurationS", WINDOW_DURATION_S)
                     .option("reportFile", str(report_file))
@@ -280,12 +284,7 @@ def run_pipeline(data_dir: Path, spec: PipelineSpec) -> PipelineResult:
                 )
             seconds[f"run {run}"] = timer.seconds
         with bar.phase("read back") as timer:
-            back = (
-                spark.read.format("woodpecker")
-                .option("log", group)
-                .option("dataDir", str(data_dir))
-                .load()
-            )
+            back = spark.read.format("woodpecker").options(**where).option("log", group).load()
             table = back.select(
                 "key",
                 "segment",
