@@ -122,10 +122,19 @@ def test_two_nodes_down_then_heal_nothing_acknowledged_lost(tmp_path, wp_connect
         refused.append(b"refused-%d" % k)
 
     faults.heal_all()
+    # Each pending write is acknowledged, or ends not written (docs/semantics.md, "Queued when a
+    # segment loses its quorum"): an entry the completed segment does not hold ends with
+    # SegmentClosedError, a write still queued (not yet an entry) when the loss was seen with
+    # QuorumUnavailableError. Which of the two depends on how far the writer got before the
+    # loss: on a loaded machine a write_async may still be queued. (WriteTimeoutError: the
+    # entry's own append.timeout_ms passed while the nodes were down; its outcome is open.)
+    not_written = []
     for p, f in pending.items():  # resolved once the segment is completed
         try:
             acked[p] = f.result(10).message_id
-        except (SegmentClosedError, WriteTimeoutError):
+        except (SegmentClosedError, QuorumUnavailableError):
+            not_written.append(p)
+        except WriteTimeoutError:
             pass
     deadline = time.monotonic() + 10
     while True:
@@ -146,7 +155,7 @@ def test_two_nodes_down_then_heal_nothing_acknowledged_lost(tmp_path, wp_connect
     c2 = wp_connect(tmp_path, ES3)
     msgs = read_all(c2.open_log("q2b"))
     assert_exactly_once(msgs, acked)
-    assert not set(refused) & {m.payload for m in msgs}
+    assert not (set(refused) | set(not_written)) & {m.payload for m in msgs}
 
 
 def test_dropped_acks_no_duplicates_contiguous_ids(tmp_path, wp_connect):

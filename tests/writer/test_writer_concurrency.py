@@ -37,8 +37,22 @@ TIGHT = {
     "idempotency.snapshot_interval_s": 3600,
     "idempotency.snapshot_threshold": 10**8,
 }
+# Large batches: a batch call's chunk (up to 90 rows) and a keyed queue's admission (128 rows,
+# of which the ones already hashed go first) are larger than the in-flight room left, and than
+# what is left of a segment: chunks go alone once nothing is in flight, runs are cut at the
+# segment's end, and the queue is admitted in part (the rest stays queued)
+LARGE = {
+    "append.max_batch_entries": 256,
+    "append.max_batch_bytes": 1 << 20,
+    "append.max_inflight_entries": 32,
+    "append.max_inflight_bytes": 1 << 20,
+}
 WINDOW_S = 3600
 WINDOW_KEYS = 10**6
+# Every call here is acknowledged within a second or so even on a loaded machine; a write that
+# is never resolved (columns out of step after a lock released mid-append, a waiter lost) fails
+# its seed after this long instead of after minutes
+CALL_TIMEOUT_S = 20.0
 
 
 def payload_of(ident: str) -> bytes:
@@ -79,7 +93,9 @@ class Stress:
         payload = payload_of(ident)
         try:
             self.history.call(
-                self.key(ident), payload, lambda: self.writer.write(payload, **self.kw(ident))
+                self.key(ident),
+                payload,
+                lambda: self.writer.write(payload, timeout=CALL_TIMEOUT_S, **self.kw(ident)),
             )
         except WoodpeckerError:
             pass  # recorded; the checker judges it
@@ -94,7 +110,7 @@ class Stress:
             )
         for ident, start, future in calls:
             try:
-                result = future.result(60)
+                result = future.result(CALL_TIMEOUT_S)
             except WoodpeckerError as exc:
                 self.history.failed(self.key(ident), payload_of(ident), exc, start)
             else:
@@ -105,15 +121,18 @@ class Stress:
         payloads = [payload_of(i) for i in idents]
         start = self.history.now()
         try:
+            wait = CALL_TIMEOUT_S
             if how == "many" and self.idempotent:
-                result = self.writer.write_many(payloads, idents)
+                result = self.writer.write_many(payloads, idents, timeout=wait)
             elif how == "many":
-                result = self.writer.write_many(payloads)
+                result = self.writer.write_many(payloads, timeout=wait)
             elif how == "keyed":
-                result = self.writer.write_keyed(payloads, explicit_keys(idents))
+                result = self.writer.write_keyed(payloads, explicit_keys(idents), timeout=wait)
             else:  # arrow: a key column and a payload column
                 table = pa.table({"id": idents, "body": payloads})
-                result = self.writer.write_arrow(table, key_column="id", payload_column="body")
+                result = self.writer.write_arrow(
+                    table, key_column="id", payload_column="body", timeout=wait
+                )
             acked = bytearray(b"\x01") * len(idents)
             error: WoodpeckerError | None = None
         except WoodpeckerError as exc:
@@ -240,6 +259,13 @@ def test_snapshots_streamed_under_producers_rebuild_the_window(tmp_path: Path):
         resend=True,
         **{"idempotency.snapshot_interval_s": 0.01, "idempotency.snapshot_threshold": 16},
     )
+
+
+@pytest.mark.parametrize("idempotent", [True, False], ids=["idempotent", "plain"])
+def test_producers_with_batches_larger_than_the_room_left(tmp_path: Path, idempotent: bool):
+    """LARGE: batch calls and queue admissions bigger than the in-flight room and the segment's
+    room, so batches are admitted in part (see LARGE)."""
+    run_stress(tmp_path, idempotent=idempotent, threads=6, rounds=40, seed=21, **LARGE)
 
 
 @pytest.mark.parametrize("seed", range(2))
