@@ -416,6 +416,36 @@ def test_truncate_inside_window_keys_stay_duplicates(env_factory, snapshot):
     env.check(*DEFAULT_WINDOW)
 
 
+@pytest.mark.parametrize("snapshot", [False, True], ids=["log-only", "snapshot"])
+def test_keys_of_segments_completed_in_the_older_half_of_the_window_stay_duplicates(
+    env_factory, snapshot
+):
+    """A takeover 0.6 of the window after the keys were written and their segments completed:
+    every key is still in the window, so each retry returns its original id. Guards a rebuild
+    that skipped the segments completed in the older half of the window (they were read as out
+    of it), from the log alone and from a snapshot taken before those segments opened."""
+    window = {"window_duration_s": 4, "window_max_keys": 1000}
+    env = env_factory(**{"segment.max_entries": 2})
+    w = env.writer(**window)
+    acked = write_keys(env, w, range(2))  # 0:0, 0:1 (segment 0 full, still open)
+    if snapshot:
+        assert w._snapshotter.write_now()  # knows segment 0 only
+    acked.update(write_keys(env, w, range(2, 5)))  # 1:0, 1:1, then 2:0: segments 0, 1 complete
+    log_id = env.log.log_id
+    wait_for(
+        lambda: env.client.meta.get_segment(log_id, 1).state is not wp.SegmentState.ACTIVE,
+        what="segment 1 completed",
+    )
+    if not snapshot:
+        drop_snapshots(env)
+    env.clock.advance(2400)  # 0.6 of the window: the keys and segments 0, 1 are 2.4 s old
+    w2 = env.writer(**window)  # crash + takeover
+    assert (w2.recovery.snapshot_age_ms is not None) is snapshot
+    for k, first in acked.items():
+        assert env.write(w2, b"retry", k) == wp.WriteResult(first.message_id, True), k
+    env.check(4000, 1000)
+
+
 @pytest.mark.parametrize("header", [False, True], ids=["entry", "block-header"])
 def test_takeover_completes_a_segment_past_a_corrupt_replica(env_factory, header):
     """Completing a crashed writer's segment fences every replica and reads the entries past the

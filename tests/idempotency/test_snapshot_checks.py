@@ -13,7 +13,7 @@ import pytest
 
 import woodpecker_idem as wp
 from woodpecker_idem._core import DedupWindow, encode_snapshot
-from woodpecker_idem.idempotency.snapshot import snapshot_key
+from woodpecker_idem.idempotency.snapshot import list_snapshots, snapshot_key
 from woodpecker_idem.testing.history import History
 
 WINDOW_S = 600
@@ -92,7 +92,11 @@ def test_future_epoch_and_watermark_past_the_end_are_ignored(written: Any) -> No
 )
 @pytest.mark.parametrize(
     ("ghost", "where"),
-    [((7, 0), "a segment the log does not have"), ((1, 30), "past the segment's end")],
+    [
+        ((7, 0), "a segment the log does not have"),
+        ((1, 30), "past the segment's end"),
+        ((1, 15), "one past the segment's end"),
+    ],
 )
 def test_a_position_outside_the_log_is_ignored(
     written: Any, marks: dict[int, int], ghost: tuple[int, int], where: str
@@ -104,6 +108,37 @@ def test_a_position_outside_the_log_is_ignored(
         assert writer.recovery.corrupt_snapshots == 1, where
         new = _write(writer, history, ["ghost"])
         assert new["ghost"] != wp.LogMessageId(*ghost)
+        assert _write(writer, history, [f"k{i}" for i in range(N)]) == ids
+    _judge(log, history)
+
+
+def test_a_watermark_one_past_the_segments_end_is_ignored(written: Any) -> None:
+    client, log, history, ids = written
+    entries = {k: (m.segment_id, m.entry_id) for k, m in ids.items()}
+    _plant(client, log, 1, {0: 24, 1: 15}, entries)  # segment 1 ends at 14
+    with _writer(log) as writer:
+        assert writer.recovery.corrupt_snapshots == 1
+        assert _write(writer, history, [f"k{i}" for i in range(N)]) == ids
+    _judge(log, history)
+
+
+def test_another_logs_snapshot_is_ignored(written: Any) -> None:
+    """A real snapshot of another log (same layout: its positions all lie inside this log's
+    segments, its epoch is not above this log's) put among this log's: it is not loaded, so
+    that log's keys are new writes here, not duplicates at entries holding other keys."""
+    client, log, history, ids = written
+    other = client.open_log("other", create=True)
+    with _writer(other) as writer:
+        theirs = _write(writer, History(), [f"o{i}" for i in range(N)])
+    assert [s.last_entry_id for s in other.segments()] == [24, N - 26]
+    (newest,) = list_snapshots(client.objects, other.log_id)[-1:]
+    now = client.clock.now_ms()
+    client.objects.put(snapshot_key(log.log_id, 1, now + 60_000), client.objects.get(newest))
+    with _writer(log) as writer:
+        assert writer.recovery.corrupt_snapshots == 1
+        assert writer.recovery.snapshot_key_count == N  # this log's own, older one instead
+        mine = _write(writer, history, [f"o{i}" for i in range(N)])
+        assert not set(mine.values()) & set(theirs.values())  # all new: after the log's end
         assert _write(writer, history, [f"k{i}" for i in range(N)]) == ids
     _judge(log, history)
 

@@ -104,3 +104,75 @@ def test_snapshots_taken_while_writing_and_evicting(
     assert gaps  # the window was full: snapshots met evictions between their chunks
     w.close()
     client.close()
+
+
+class CaptureAtCommit:
+    """Stands in for an idempotent writer's window and takes a snapshot (in the committing
+    thread, the pipeline's lock held, nothing else running) right before or right after each
+    `commit_through`: a deterministic capture point between the stage's steps of a commit."""
+
+    def __init__(self, stage: Any, where: str) -> None:
+        self._stage = stage
+        self._real = stage.window
+        self._where = where
+        self.taken: list[Any] = []  # the decoded snapshots
+        stage.window = self
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def commit_through(self, segment_id: int, last_entry_id: int) -> int:
+        if self._where == "before":
+            self._snapshot()
+        committed = self._real.commit_through(segment_id, last_entry_id)
+        if self._where == "after":
+            self._snapshot()
+        return committed
+
+    def _snapshot(self) -> None:
+        stage = self._stage
+        stage.window = self._real  # the snapshot stream reads the window itself
+        try:
+            assert stage.snapshotter.write_now()
+            raw = stage.snapshotter.store.get(stage.snapshotter.last_key)
+            self.taken.append(_core.decode_snapshot(raw))
+        finally:
+            stage.window = self
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_snapshot_taken_inside_a_commit_holds_every_key_below_its_watermarks(
+    tmp_path: Path, where: str
+) -> None:
+    """A snapshot captured at any point of a commit (here: just before and just after the keys
+    are committed) holds every key at or below its watermarks: the rebuild reads the log only
+    above them. Guards a stage that advanced the watermark before committing the keys (a
+    snapshot between the two steps covered keys it did not hold, and a retry of one after a
+    takeover was written again)."""
+    client = woodpecker_idem.connect(
+        tmp_path,
+        {"idempotency.snapshot_interval_s": 3600, "idempotency.snapshot_threshold": 10**8},
+    )
+    log = client.open_log("s", create=True)
+    w = log.open_writer(idempotent=True)
+    hook = CaptureAtCommit(w._stage, where)  # noqa: SLF001 - the test places the capture
+    positions: dict[bytes, tuple[int, int]] = {}
+    for i in range(10):  # one commit per write, then one per batch of a write_many
+        mid = w.write(b"p", idempotency_id=f"a{i}").message_id
+        positions[_core.explicit_key(f"a{i}")] = (mid.segment_id, mid.entry_id)
+    ids = [f"b{i}" for i in range(20)]
+    result = w.write_many([b"p"] * 20, ids)
+    keys = _core.explicit_keys(ids)
+    for i in range(20):
+        positions[keys[16 * i : 16 * i + 16]] = (result.segment_ids[i], result.entry_ids[i])
+    assert len(hook.taken) >= 11
+    for n, snap in enumerate(hook.taken):
+        held = {k: (seg, ent) for k, seg, ent, _ts in snap.entries()}
+        marks = snap.watermarks
+        covered = {k for k, (seg, ent) in positions.items() if ent <= marks.get(seg, -1)}
+        missing = covered - held.keys()
+        assert not missing, f"snapshot {n} ({marks}) lacks {len(missing)} keys below its marks"
+        assert all(positions[k] == at for k, at in held.items())
+    w._stage.window = hook._real  # noqa: SLF001
+    w.close()
+    client.close()

@@ -204,6 +204,32 @@ def test_lease_keeper_survives_an_outage_and_replaces_an_expired_lease(own_etcd,
     store.close()
 
 
+def test_an_expired_lease_is_replaced_only_while_the_epoch_holds(etcd_server, etcd_prefix):
+    """What the keeper does when it finds a writer's lease expired (`_replace_lease`): attach a
+    new lease to the `writers` key only if the epoch it was granted for is still the log's. A
+    store whose writer was fenced meanwhile leaves the new writer's key alone (else the key
+    would move to the fenced process's lease and vanish when that process goes) and stops
+    keeping a lease for the log; the writer that holds the epoch gets its new lease."""
+    a, b = _open(etcd_server, etcd_prefix), _open(etcd_server, etcd_prefix)
+    try:
+        m = a.create_log("relet", NOW)
+        fenced = a.take_over(m.log_id, "A", NOW, 60_000)
+        current = b.take_over(m.log_id, "B", NOW, 60_000)
+        held = _writer_key(etcd_prefix, etcd_server, m.log_id)
+        assert held is not None and held["value"] != ""
+        a._replace_lease(m.log_id, fenced, 60)  # noqa: SLF001 - the keeper's step, driven here
+        assert _writer_key(etcd_prefix, etcd_server, m.log_id) == held
+        assert m.log_id not in a._leases._leases  # noqa: SLF001
+        a.close()  # revokes whatever A still holds: B's key stays
+        assert _writer_key(etcd_prefix, etcd_server, m.log_id) == held
+        b._replace_lease(m.log_id, current, 60)  # noqa: SLF001 - B holds the epoch: replaced
+        now = _writer_key(etcd_prefix, etcd_server, m.log_id)
+        assert now is not None and now["value"] == held["value"] and now["lease"] != held["lease"]
+    finally:
+        a.close()
+        b.close()
+
+
 def test_closed_store_refuses_calls(etcd_server, etcd_prefix):
     store = _open(etcd_server, etcd_prefix)
     store.close()

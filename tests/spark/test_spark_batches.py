@@ -74,6 +74,28 @@ def test_a_replay_after_the_window_writes_exactly_the_rest_and_a_committed_batch
     assert_exactly_once(group, {explicit_key(str(i)) for i in range(1000)})
 
 
+def test_an_older_version_run_while_a_newer_one_was_cut_short_writes_nothing(group):
+    """Version 2 cut short (its record not committed), then version 1 runs after the window: it
+    writes nothing and leaves version 2's record as it was, so version 2's replay still writes
+    exactly its missing rows. Guards an older version judged by a newer *committed* record
+    only: it would replace the record and write its rows again (the window forgot them)."""
+    with pytest.raises(RuntimeError, match="the task dies"):
+        attempt(group, 1000, fail_after=300, version="2")
+    time.sleep(WINDOW_S * 3)
+    old = attempt(group, 1000, version="1")
+    assert (old.written, old.skipped, old.replayed) == (0, 1000, 0)
+    assert_exactly_once(group, {explicit_key(str(i)) for i in range(300)})
+    client = connect(group)
+    try:
+        records = batch_records(client, "orders")
+    finally:
+        client.close()
+    assert {(t.app_id, t.version, t.committed) for _, t in records} == {("load", 2, False)}
+    rest = attempt(group, 1000, version="2")
+    assert (rest.written, rest.replayed) == (700, 300)
+    assert_exactly_once(group, {explicit_key(str(i)) for i in range(1000)})
+
+
 def test_a_stale_attempt_cannot_mark_its_batch_committed(group):
     first = attempt(group, 500)
     attempt(group, 500)  # another attempt of the batch took the logs over since

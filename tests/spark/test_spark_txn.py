@@ -22,6 +22,8 @@ from sparkenv import (
 
 from woodpecker_idem import connect
 from woodpecker_idem.spark import prepare
+from woodpecker_idem.spark.batches import BatchId, begin
+from woodpecker_idem.spark.options import ensure_log_group
 
 P = 4
 ROWS = 2000
@@ -151,6 +153,41 @@ def test_a_cut_short_job_rerun_after_the_window_writes_exactly_the_missing_rows(
     after_the_window()
     save(prepared, tmp_path, txnAppId="load", txnVersion="1")
     assert last_report(tmp_path)["written"] == 0
+    judge(tmp_path, "orders", order_keys(0, ROWS))
+
+
+def test_an_older_version_run_while_a_newer_one_was_cut_short_writes_nothing(spark, tmp_path):  # noqa: F811
+    """Version 2 begun in every log and cut short before any row (its records not committed,
+    made as a task makes them), version 1 run after the window: nothing written, version 2's
+    records kept; version 2's re-run then writes every row once."""
+    prepared = prepare(orders(spark, ROWS), "order_id", P)
+    client = connect(tmp_path)
+    try:
+        ensure_log_group(client, "orders", P)
+        for p in range(P):
+            handle = client.open_log(f"orders-{p}")
+            with handle.open_writer(idempotent=True) as writer:  # the cut-short attempt's
+                begin(client, handle, writer.epoch, BatchId("load", 2), f"Spark partition {p}",
+                      handle.end())  # fmt: skip
+    finally:
+        client.close()
+    after_the_window()
+    save(prepared, tmp_path, txnAppId="load", txnVersion="1")
+    old = last_report(tmp_path)
+    assert (old["written"], old["skipped"]) == (0, ROWS)
+    assert entries(tmp_path, "orders") == 0
+    client = connect(tmp_path)
+    try:
+        txns = [
+            t
+            for p in range(P)
+            for t in client.meta.list_txns(client.open_log(f"orders-{p}").log_id)
+        ]
+    finally:
+        client.close()
+    assert {(t.app_id, t.version, t.committed) for t in txns} == {("load", 2, False)}
+    save(prepared, tmp_path, txnAppId="load", txnVersion="2")
+    assert last_report(tmp_path)["written"] == ROWS
     judge(tmp_path, "orders", order_keys(0, ROWS))
 
 

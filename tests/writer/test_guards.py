@@ -184,6 +184,56 @@ def test_backpressure_by_bytes_binds_while_the_entry_bound_holds(tmp_path: Path,
     client.close()
 
 
+@pytest.mark.parametrize("idempotent", [False, True], ids=["plain", "idempotent"])
+def test_acknowledged_bytes_leave_the_in_flight_count(tmp_path: Path, idempotent):
+    """Guards: acknowledged entries' bytes still counted in flight. After 64 KiB of writes are
+    acknowledged, the next 64 KiB must find room again: with the first of them held in flight,
+    a producer queues most of them before it waits. (Counted bytes that never leave make it
+    wait at its first write: the stale count alone is past the bound.)"""
+    limit, size = 64 * 1024, 4096
+    client, _, log = _client(
+        tmp_path,
+        **{
+            "append.max_inflight_entries": 10_000,
+            "append.max_inflight_bytes": limit,
+            "append.max_entry_bytes": size,
+        },
+    )
+    gated = gate(client)
+    w = log.open_writer(idempotent=True) if idempotent else log.open_writer()
+
+    def write(i: int):
+        payload = b"%06d" % i + bytes(size - 6)
+        if idempotent:
+            return w.write_async(payload, idempotency_id=f"b{i}")
+        return w.write_async(payload)
+
+    first = [write(i) for i in range(2 * limit // size)]  # 128 KiB, twice the bound
+    assert len({f.result(30).message_id for f in first}) == len(first)
+    w.flush(30)
+    waits = w.metrics["backpressure_waits"]
+    gated.hold()
+    futures: list = [write(1000)]
+    assert gated.waiting.acquire(timeout=30)  # its batch is held in flight
+    producer = threading.Thread(
+        target=lambda: futures.extend(write(1001 + i) for i in range(limit // size)), daemon=True
+    )
+    producer.start()
+    deadline = time.monotonic() + 60
+    while w.metrics["backpressure_waits"] == waits and producer.is_alive():
+        assert time.monotonic() < deadline, "the producer neither waited for room nor finished"
+        time.sleep(0.01)
+    # the producer waits now (or finished): everything it queued before found room
+    queued = len(futures)
+    gated.release()
+    producer.join(60)
+    assert not producer.is_alive()
+    assert queued * size >= limit - 4 * size, f"only {queued} writes of {size} B found room"
+    assert len({f.result(30).message_id for f in futures}) == len(futures)
+    w.close()
+    client.close()
+
+
 # --- the tail reader's LAC rule ------------------------------------------------------------------
 
 

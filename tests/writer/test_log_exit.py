@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,14 +25,26 @@ RUNS = 3
 CASES = [pytest.param(False, 1, id="plain-es1"), pytest.param(True, 3, id="idempotent-es3")]
 
 
-def child(data_dir: Path, mode: str, idempotent: bool, es: int, n: int = 0) -> subprocess.Popen:
-    return subprocess.Popen(
+@contextmanager
+def child(
+    data_dir: Path, mode: str, idempotent: bool, es: int, n: int = 0
+) -> Iterator[subprocess.Popen]:
+    """The child process (support/exitproc.py, which gives SIGINT Python's handler even when
+    this process ignores it); killed by PID on every way out of the block (a failed assert, a
+    timeout, Ctrl-C), so a burst child never outlives its test writing on."""
+    proc = subprocess.Popen(
         [sys.executable, str(EXITPROC), str(data_dir), mode, str(int(idempotent)), str(es), str(n)],
         env={**os.environ, "PYTHONPATH": PYTHONPATH},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate()  # reaps it and closes its pipes
 
 
 def payloads(data_dir: Path, es: int) -> list[int]:
@@ -46,8 +60,8 @@ def payloads(data_dir: Path, es: int) -> list[int]:
 def test_exit_with_writes_queued_writes_them_and_exits_cleanly(tmp_path, idempotent, es):
     for run in range(RUNS):
         data_dir = tmp_path / f"run{run}"
-        proc = child(data_dir, "queued", idempotent, es, 1000)
-        out, err = proc.communicate(timeout=120)
+        with child(data_dir, "queued", idempotent, es, 1000) as proc:
+            out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, f"run {run}: rc {proc.returncode}\n{err[-2000:]}"
         assert "FATAL" not in err and "Traceback" not in err, err[-2000:]
         assert payloads(data_dir, es) == list(range(1000)), f"run {run}: queued writes lost"
@@ -61,12 +75,12 @@ def test_sigint_during_a_write_async_burst_exits_as_python_does(tmp_path, idempo
     rng = random.Random(11)
     for run in range(RUNS):
         data_dir = tmp_path / f"run{run}"
-        proc = child(data_dir, "burst", idempotent, es)
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-        time.sleep(rng.uniform(0.05, 0.4))
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        with child(data_dir, "burst", idempotent, es) as proc:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+            time.sleep(rng.uniform(0.05, 0.4))
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=120)
         assert proc.returncode == -signal.SIGINT, f"run {run}: rc {proc.returncode}\n{err[-2000:]}"
         assert "FATAL" not in err, err[-2000:]
         assert "KeyboardInterrupt" in err

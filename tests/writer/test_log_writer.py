@@ -395,6 +395,54 @@ def test_truncate_marks_segments_and_deletes_blocks(tmp_path, wp_connect):
     assert msgs2[0].message_id == point and msgs2[-1].message_id == new
 
 
+def test_truncate_past_the_writers_last_acknowledged_id_is_refused(tmp_path, wp_connect):
+    """While a writer is open the log ends after its last acknowledged entry: a truncation
+    point past it is refused, naming that end, and hides nothing; one at the end is taken, and
+    what the writer acknowledges afterwards is read."""
+    client = wp_connect(tmp_path)
+    handle = client.create_log("trunc-open")
+    writer = handle.open_writer()
+    for i in range(5):
+        writer.write(b"a%d" % i)  # 0:0..0:4
+    assert handle.end() == LogMessageId(0, 5)
+    for past in (LogMessageId(0, 6), LogMessageId(1, 0)):
+        with pytest.raises(InvalidArgumentError, match=r"past the end of log 'trunc-open'.*0:5"):
+            handle.truncate(past)
+    assert handle.segments()[0].state is SegmentState.ACTIVE
+    assert [m.payload for m in read_all(handle)] == [b"a%d" % i for i in range(5)]
+    handle.truncate(LogMessageId(0, 5))  # the end: every entry so far goes
+    after = [writer.write(b"b%d" % i).message_id for i in range(3)]
+    assert after == [LogMessageId(0, 5 + i) for i in range(3)]
+    assert [m.payload for m in read_all(handle)] == [b"b0", b"b1", b"b2"]
+    writer.close()
+
+
+def test_truncate_past_the_end_after_the_writer_closed_is_refused(tmp_path, wp_connect):
+    """Without a writer the end is what readers see (the completed segment's last entry), here
+    from another client as after a restart; the error names it and the log is left whole."""
+    client = wp_connect(tmp_path, {"segment.max_entries": 4})
+    handle = client.create_log("trunc-closed")
+    writer = handle.open_writer()
+    ids = [writer.write(b"a%d" % i).message_id for i in range(6)]  # 0:0..0:3, 1:0..1:1
+    writer.close()
+    client.close()
+    other = wp_connect(tmp_path)
+    h2 = other.open_log("trunc-closed")
+    assert h2.end() == LogMessageId(1, 2)
+    for past in (LogMessageId(1, 3), LogMessageId(2, 1), LogMessageId(3, 0)):
+        with pytest.raises(InvalidArgumentError, match=r"past the end.*the next id is 1:2"):
+            h2.truncate(past)
+    assert [m.message_id for m in read_all(h2)] == ids
+    h2.truncate(LogMessageId(1, 0))
+    assert [m.message_id for m in read_all(h2)] == ids[4:]
+    h2.truncate(LogMessageId(2, 0))  # segment 1 is completed: 2:0 is the same point as 1:2
+    assert read_all(h2) == []
+    w2 = h2.open_writer()
+    assert w2.write(b"next").message_id == LogMessageId(2, 0)
+    w2.close()
+    assert [m.payload for m in read_all(h2)] == [b"next"]
+
+
 def test_delete_log(tmp_path, wp_connect):
     client = wp_connect(tmp_path)
     handle = client.create_log("gone")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ import pytest
 
 import woodpecker_idem as wp
 from woodpecker_idem import WoodpeckerError, explicit_key, explicit_keys
+from woodpecker_idem.testing import FaultInjectingTransport
 from woodpecker_idem.testing.history import History, Stamp
 
 # Limits small enough that backpressure, batch cuts and rolls happen on most calls
@@ -37,8 +39,27 @@ TIGHT = {
     "idempotency.snapshot_interval_s": 3600,
     "idempotency.snapshot_threshold": 10**8,
 }
+# Large batches: a keyed queue is admitted once it holds 128 writes or 7300 bytes (65 writes of
+# about 112 counted bytes), and then only the writes whose keys are hashed go, 64 at a time: a
+# queue that grows past 65 writes (bursts of up to 200 write_async) while the node takes 2 ms
+# per add is admitted in part, the rest staying queued behind (`Accumulator._take_locked`).
+# Batch calls' chunks (up to 90 rows) are often larger than a segment's room left: their runs
+# are cut at the segment's end.
+LARGE = {
+    "append.max_batch_entries": 128,
+    "append.max_batch_bytes": 7300,
+    "append.max_inflight_entries": 160,
+    "append.max_inflight_bytes": 20 * 1024,
+    "append.linger_ms": 50,
+}
+LARGE_ADD_DELAY_MS = 2
 WINDOW_S = 3600
 WINDOW_KEYS = 10**6
+# Every call here is acknowledged within a second or so even on a loaded machine; a write that
+# is never resolved (columns out of step after a lock released mid-append, a waiter lost) fails
+# its seed after this long (a burst's futures share one deadline, and the other producers stop
+# at their next call) instead of after minutes
+CALL_TIMEOUT_S = 10.0
 
 
 def payload_of(ident: str) -> bytes:
@@ -56,8 +77,10 @@ class Stress:
     idempotent: bool
     seed: int
     rounds: int
+    burst_max: int = 60  # write_async calls per burst, at most
     next_key: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)  # a producer failed
 
     def ident(self, rng: random.Random) -> str:
         with self.lock:
@@ -79,24 +102,28 @@ class Stress:
         payload = payload_of(ident)
         try:
             self.history.call(
-                self.key(ident), payload, lambda: self.writer.write(payload, **self.kw(ident))
+                self.key(ident),
+                payload,
+                lambda: self.writer.write(payload, timeout=CALL_TIMEOUT_S, **self.kw(ident)),
             )
-        except WoodpeckerError:
-            pass  # recorded; the checker judges it
+        except WoodpeckerError:  # recorded; nothing here may fail: the run stops
+            self.stop.set()
 
     def burst(self, rng: random.Random) -> None:
-        idents = [self.ident(rng) for _ in range(rng.randint(1, 60))]
+        idents = [self.ident(rng) for _ in range(rng.randint(1, self.burst_max))]
         calls: list[tuple[str, Stamp, Future]] = []
         for ident in idents:
             start = self.history.now()
             calls.append(
                 (ident, start, self.writer.write_async(payload_of(ident), **self.kw(ident)))
             )
+        deadline = time.monotonic() + CALL_TIMEOUT_S
         for ident, start, future in calls:
             try:
-                result = future.result(60)
+                result = future.result(max(0.0, deadline - time.monotonic()))
             except WoodpeckerError as exc:
                 self.history.failed(self.key(ident), payload_of(ident), exc, start)
+                self.stop.set()
             else:
                 self.history.ok(self.key(ident), payload_of(ident), result, start)
 
@@ -105,19 +132,23 @@ class Stress:
         payloads = [payload_of(i) for i in idents]
         start = self.history.now()
         try:
+            wait = CALL_TIMEOUT_S
             if how == "many" and self.idempotent:
-                result = self.writer.write_many(payloads, idents)
+                result = self.writer.write_many(payloads, idents, timeout=wait)
             elif how == "many":
-                result = self.writer.write_many(payloads)
+                result = self.writer.write_many(payloads, timeout=wait)
             elif how == "keyed":
-                result = self.writer.write_keyed(payloads, explicit_keys(idents))
+                result = self.writer.write_keyed(payloads, explicit_keys(idents), timeout=wait)
             else:  # arrow: a key column and a payload column
                 table = pa.table({"id": idents, "body": payloads})
-                result = self.writer.write_arrow(table, key_column="id", payload_column="body")
+                result = self.writer.write_arrow(
+                    table, key_column="id", payload_column="body", timeout=wait
+                )
             acked = bytearray(b"\x01") * len(idents)
             error: WoodpeckerError | None = None
         except WoodpeckerError as exc:
             result, acked, error = exc.batch_result, exc.acknowledged, exc
+            self.stop.set()
             assert result is not None and acked is not None, exc
         end = self.history.now()
         for row, ident in enumerate(idents):
@@ -136,6 +167,8 @@ class Stress:
         if self.idempotent:
             calls += [lambda r: self.batch(r, "keyed"), lambda r: self.batch(r, "arrow")]
         for _ in range(self.rounds):
+            if self.stop.is_set():
+                return
             rng.choice(calls)(rng)
 
 
@@ -147,11 +180,20 @@ def run_stress(
     rounds: int,
     seed: int,
     resend: bool = False,
+    add_delay_ms: float = 0,
+    burst_max: int = 60,
     **cfg: object,
 ) -> None:
     """`resend`: afterwards a new idempotent writer takes the log over (its window rebuilt
-    from the newest snapshot and the log after it) and every key is written again."""
+    from the newest snapshot and the log after it) and every key is written again.
+    `add_delay_ms`: the node answers each add that much later (queues grow meanwhile);
+    `burst_max`: the most write_async calls of one burst."""
     client = wp.connect(path, {"quorum.es": 1, **TIGHT, **cfg})
+    if add_delay_ms:
+        slow = FaultInjectingTransport(client.transport)
+        for node in slow.node_ids:
+            slow.delay(node, add_delay_ms)
+        client.transport = slow
     log = client.open_log("stress", create=True)
     writer = (
         log.open_writer(idempotent=True, window_duration_s=WINDOW_S, window_max_keys=WINDOW_KEYS)
@@ -159,7 +201,7 @@ def run_stress(
         else log.open_writer()
     )
     history = History()
-    stress = Stress(writer, history, idempotent, seed, rounds)
+    stress = Stress(writer, history, idempotent, seed, rounds, burst_max)
     errors: list[BaseException] = []
 
     def run(i: int) -> None:
@@ -167,6 +209,7 @@ def run_stress(
             stress.producer(i)
         except BaseException as exc:  # a producer that dies fails the test
             errors.append(exc)
+            stress.stop.set()
 
     workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
     for t in workers:
@@ -239,6 +282,22 @@ def test_snapshots_streamed_under_producers_rebuild_the_window(tmp_path: Path):
         seed=11,
         resend=True,
         **{"idempotency.snapshot_interval_s": 0.01, "idempotency.snapshot_threshold": 16},
+    )
+
+
+@pytest.mark.parametrize("idempotent", [True, False], ids=["idempotent", "plain"])
+def test_producers_with_batches_larger_than_the_room_left(tmp_path: Path, idempotent: bool):
+    """LARGE: batch calls and queue admissions bigger than the in-flight room and the segment's
+    room, so batches are admitted in part (see LARGE)."""
+    run_stress(
+        tmp_path,
+        idempotent=idempotent,
+        threads=6,
+        rounds=40,
+        seed=21,
+        add_delay_ms=LARGE_ADD_DELAY_MS,
+        burst_max=200,
+        **LARGE,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Literal, Protocol, overload
+from typing import TYPE_CHECKING, Literal, Protocol, cast, overload
 
 from .. import registry
 from ..args import bool_arg, message_id_arg
@@ -12,7 +12,7 @@ from ..errors import InvalidArgumentError, MetadataConflictError, NodeUnavailabl
 from ..meta.base import SegmentMeta
 from ..types import LogMessageId, ReaderInfo, SegmentState
 from .keyarchive import archive_keys, archive_prefix
-from .reader import LogReader, entries_from, last_entry
+from .reader import LogReader, entries_from, last_entry, visible_last
 
 if TYPE_CHECKING:
     from ..writer.api import IdempotentLogWriter, LogWriter
@@ -38,6 +38,13 @@ class WriterFactory(Protocol):
         window_duration_s: float | None = None,
         window_max_keys: int | None = None,
     ) -> LogWriter | IdempotentLogWriter: ...
+
+
+class AcknowledgedEnds(Protocol):
+    """What truncation asks a live writer of this process: for each segment it has not completed
+    yet, the last entry its quorum acknowledged (-1: none)."""
+
+    def acknowledged_ends(self) -> dict[int, int]: ...
 
 
 class LogHandle:
@@ -167,14 +174,24 @@ class LogHandle:
         Keys of deleted entries that may still be in a dedup window (completed less than
         `idempotency.window_duration_s` ago) are kept (keyarchive.py), so a retry of one returns
         its original id from a recovered writer as from the live one (docs/semantics.md).
+
+        Raises `InvalidArgumentError` naming the log's end if `message_id` is past it (see
+        `end()`): a truncation point beyond the end would hide every entry acknowledged up to
+        it, before and after the call.
         """
         self.client.check_open()
         message_id = message_id_arg(message_id, "message_id")
+        end, why = self._end()
+        if message_id > end and message_id != self._next_segment(end):
+            raise InvalidArgumentError(
+                f"message_id {message_id} is past the end of log {self.name!r}: the next id is "
+                f"{end} ({why}); truncation drops entries before an id the log has reached"
+            )
         client = self.client
         meta = client.meta
         now = client.clock.now_ms()
         horizon = now - int(client.config.idempotency.window_duration_s * 1000)
-        meta.set_truncation(self.log_id, LogMessageId(*message_id))
+        meta.set_truncation(self.log_id, message_id)
         for seg in meta.list_segments(self.log_id):
             if seg.segment_id >= message_id[0]:
                 break
@@ -216,6 +233,52 @@ class LogHandle:
         raise MetadataConflictError(
             f"truncate: segment {self.log_id}/{seg.segment_id} kept changing under it; "
             "call truncate again"
+        )
+
+    def end(self) -> LogMessageId:
+        """The id after the log's last acknowledged entry: the furthest point `truncate` takes.
+
+        While a writer of this client has the log open, its segment's end is the last entry its
+        quorum acknowledged; otherwise a segment's end is what a reader sees (its last entry once
+        completed, else the tail its replicas confirm, which is where recovery ends it). When
+        that segment is completed, the next segment's first id is the same point and `truncate`
+        takes it too.
+        """
+        self.client.check_open()
+        return self._end()[0]
+
+    def _next_segment(self, end: LogMessageId) -> LogMessageId | None:
+        """The next segment's first id when the segment `end` is in is completed: the same point
+        as `end` (no entry lies between), as retention and `--older-than` name it."""
+        for seg in reversed(self.segments()):
+            if seg.segment_id == end.segment_id:
+                if seg.state in (SegmentState.COMPLETED, SegmentState.SEALED):
+                    return LogMessageId(end.segment_id + 1, 0)
+                break
+        return None
+
+    def _end(self) -> tuple[LogMessageId, str]:
+        """`end()` and the words saying where it comes from (for an error message)."""
+        live = [s for s in self.segments() if s.state is not SegmentState.TRUNCATED]
+        if not live:
+            return LogMessageId(0, 0), "the log holds no segment"
+        last = live[-1]
+        for writer, handle in registry.writers():
+            if handle.client is not self.client or handle.log_id != self.log_id:
+                continue
+            if not registry.is_live(writer) or not hasattr(writer, "acknowledged_ends"):
+                continue
+            acked = cast(AcknowledgedEnds, writer).acknowledged_ends().get(last.segment_id)
+            if acked is not None:
+                end = LogMessageId(last.segment_id, acked + 1)
+                if acked < 0:
+                    return end, "the open writer has no acknowledged entry in it yet"
+                return end, f"the open writer's last acknowledged entry is {end.segment_id}:{acked}"
+        seen = visible_last(self.client.ensemble.calls, last)
+        return LogMessageId(last.segment_id, seen + 1), (
+            f"the last entry of segment {last.segment_id} readers see is {seen}"
+            if seen >= 0
+            else f"segment {last.segment_id} holds no entry readers see"
         )
 
     def _drop_old_archives(self, horizon: int) -> None:

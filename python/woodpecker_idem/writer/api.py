@@ -112,6 +112,12 @@ class _Writer:
             total = float(self._pipeline.metrics["ack_latency_seconds"])
         return ACK_LATENCY_BOUNDS, counts, total
 
+    def acknowledged_ends(self) -> dict[int, int]:
+        """For each segment this writer has not completed yet, the last entry its quorum
+        acknowledged (-1: none yet): where the log ends for `LogHandle.truncate`."""
+        with self._lock:
+            return self._pipeline.segments.lacs_locked()
+
     def _still_owner(self) -> bool:
         """Ask the metadata store whether this writer still owns the log (fences it if not)."""
         return self._pipeline.still_owner()
