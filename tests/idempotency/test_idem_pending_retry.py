@@ -17,7 +17,7 @@ from gate import gate
 import woodpecker_idem as wp
 from woodpecker_idem import ManualClock, explicit_key
 from woodpecker_idem.errors import WriterFencedError, WriteTimeoutError
-from woodpecker_idem.history import History
+from woodpecker_idem.testing.history import History
 from woodpecker_idem.types import LogMessageId, WriteResult
 
 QUIET = {"idempotency.snapshot_interval_s": 3600, "idempotency.snapshot_threshold": 10**8}
