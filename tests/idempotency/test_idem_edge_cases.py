@@ -540,7 +540,11 @@ def test_pending_keys_of_completed_segment(env_factory):
     # come back would otherwise be able to fence node-1 and node-2 alone, which may lack the p
     # entries (node-2's lane was still retrying p0's lost ack), and seal the segment at 2: legal
     # (they were never acknowledged), but not the case this test is about
+    fences = env.faults.calls.get("fence", 0)
     env.faults.heal_node("node-0")
+    # an attempt under way fences at most node-1 and node-2 more: the third fence from here on
+    # is a new attempt's, of node-0, which answers; every attempt from then on includes it
+    wait_for(lambda: env.faults.calls.get("fence", 0) >= fences + 3, what="a repair attempt")
     env.faults.heal_all()
     for i, (k, f) in enumerate(p_futures.items()):
         r = f.result(10)
