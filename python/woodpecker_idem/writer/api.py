@@ -113,8 +113,18 @@ class _Writer:
             total = float(self._pipeline.metrics["ack_latency_seconds"])
         return ACK_LATENCY_BOUNDS, counts, total
 
-    def _still_owner(self) -> bool:
-        """Ask the metadata store whether this writer still owns the log (fences it if not)."""
+    @property
+    def queued(self) -> int:
+        """Writes accepted and not given ids yet: queued for their run (admitted on an ack, a
+        batch's worth, after `append.linger_ms`, or on flush). An inspection point for operations
+        and tests; `metrics_snapshot()["pending"]` counts them too on an idempotent writer."""
+        with self._lock:
+            return len(self._acc)
+
+    def still_owner(self) -> bool:
+        """Ask the metadata store now whether this writer still owns the log; if another writer
+        took it over, this one is fenced at once (what it had pending fails with
+        `WriterFencedError`) instead of at its next metadata call or lease renewal."""
         return self._pipeline.still_owner()
 
 
@@ -329,13 +339,12 @@ class IdempotentLogWriter(_Writer):
         return self._stage.report
 
     @property
-    def _snapshotter(self) -> Any:
+    def snapshotter(self) -> Any:
+        """The window's snapshot writer (`idempotency.snapshot.Snapshotter`): `write_now()`
+        writes a snapshot at once (True when written, False when this writer no longer owns the
+        log or the put failed), `last_key` is the object key of the newest, `writes` how many
+        it wrote. An inspection point for operations and tests; it runs on its own otherwise."""
         return self._stage.snapshotter
-
-    @property
-    def _intake(self) -> Any:
-        """The pipeline's queue of writes not given ids yet (tests count it)."""
-        return self._acc
 
     def metrics_snapshot(self) -> dict[str, float | int | None]:
         """Duplicates suppressed, window size/memory, evictions, snapshots, last recovery."""
