@@ -341,7 +341,8 @@ def test_a_bad_id_after_an_early_admission_still_answers_the_admitted_writes(tmp
     """A write that finds the in-flight limit reached admits the queued writes first; when it
     then fails itself (a bad id here; closed or fenced while waiting for room likewise), the
     outcomes that admission decided (a committed key answered at once) still reach their
-    callers. Before, they were dropped with the exception and those futures never ended."""
+    callers, set by the failing call itself once it released the lock (not by a thread started
+    per error). Before, they were dropped with the exception and those futures never ended."""
     limits = {"append.max_inflight_entries": 3, "append.max_batch_entries": 3}
     client, _, log = _client(tmp_path, **SLOW_LINGER, **limits)
     gated = gate(client)
@@ -352,6 +353,8 @@ def test_a_bad_id_after_an_early_admission_still_answers_the_admitted_writes(tmp
     retry = w.write_async(b"k", idempotency_id="K")  # queued behind A: judged at admission
     with pytest.raises(wp.InvalidArgumentError):
         w.write_async(b"bad", idempotency_id="")  # the limit is reached: A and K admitted first
+    # set by the failing call itself once its lock was released, before it raised (no thread)
+    assert retry.done()
     assert retry.result(5) == wp.WriteResult(first.message_id, True)
     gated.release()
     assert not ahead.result(5).duplicate and not blocker.result(5).duplicate
