@@ -31,7 +31,7 @@ import time
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from .._core import KeyPipe, encode_frame
 from ..errors import WoodpeckerError, WriteTimeoutError
@@ -87,17 +87,6 @@ def _column(raw: bytes) -> array:
     return col
 
 
-class Queued(NamedTuple):
-    """Writes taken off the queue to be admitted, oldest first."""
-
-    payloads: list[bytes]
-    properties: list[dict | None]
-    futures: list[Future]
-    timestamps: array  # each write's queueing time (ms), the time it is judged at
-    keys: bytes | None  # N*16 bytes, one key per write; None when the stage keys nothing
-    since: float  # time.monotonic() when the oldest was queued
-
-
 class Lane:
     """Where the rows of a run come from, as the one run builder (`Accumulator._run_locked`)
     sees them: how the rows wait for their entries and how they are told. Two lanes: the queue's
@@ -141,16 +130,27 @@ class Lane:
 
 
 class QueuedLane(Lane):
-    """Queued writes taken off the queue: one future each, told after the lock (`out`)."""
+    """Writes taken off the queue to be admitted, oldest first, as the run builder's lane: a
+    future each, whose outcomes the admission returns to be set after the lock (`out`)."""
 
-    __slots__ = ("futures", "timestamps", "properties", "since", "out")
+    __slots__ = ("payloads", "properties", "futures", "timestamps", "keys", "since", "out")
 
-    def __init__(self, batch: Queued, out: Outcomes):
-        self.futures = batch.futures
-        self.timestamps = batch.timestamps
-        self.properties = batch.properties
-        self.since = batch.since  # type: ignore[misc]  # a plain value here
-        self.out = out
+    def __init__(
+        self,
+        payloads: list[bytes],
+        properties: list[dict | None],
+        futures: list[Future],
+        timestamps: array,  # each write's queueing time (ms), the time it is judged at
+        keys: bytes | None,  # N*16 bytes, one key per write; None when the stage keys nothing
+        since: float,  # time.monotonic() when the oldest was queued
+    ):
+        self.payloads = payloads
+        self.properties = properties
+        self.futures = futures
+        self.timestamps = timestamps
+        self.keys = keys
+        self.since = since  # type: ignore[misc]  # a plain value, not the base class property
+        self.out: Outcomes = []
 
     def waiter(self, start: int, end: int, count: int, status: bytes | None) -> Waiter:
         futures = self.futures
@@ -392,17 +392,17 @@ class Accumulator:
                 return [(f, exc) for f in batch.futures]
             return self._runs_locked(batch)
 
-    def _take_locked(self, n: int) -> Queued:
+    def _take_locked(self, n: int) -> QueuedLane:
         keys = self.pipe.take(n) if self.pipe is not None else None
         if n == len(self.futures):
-            batch = Queued(
+            batch = QueuedLane(
                 self.payloads, self.properties, self.futures, self.timestamps, keys, self.since
             )
             self.payloads, self.properties, self.futures = [], [], []
             self.timestamps = array(TIMESTAMP_TYPECODE)
             self.nbytes = 0
             return batch
-        batch = Queued(
+        batch = QueuedLane(
             self.payloads[:n],
             self.properties[:n],
             self.futures[:n],
@@ -415,17 +415,15 @@ class Accumulator:
         self.since = time.monotonic()
         return batch
 
-    def _runs_locked(self, batch: Queued) -> Outcomes:
+    def _runs_locked(self, batch: QueuedLane) -> Outcomes:
         """Queued writes into runs (`_run_locked`), oldest first; returns the outcomes to set
         after the lock."""
-        resolved: Outcomes = []
-        lane = QueuedLane(batch, resolved)
         payloads, keys = batch.payloads, batch.keys
         n = len(batch.futures)
         start = 0
         while start < n:
-            start = self._run_locked(lane, payloads, keys, start, n)
-        return resolved
+            start = self._run_locked(batch, payloads, keys, start, n)
+        return batch.out
 
     def _run_locked(
         self, lane: Lane, payloads: list[bytes], keys: bytes | None, start: int, limit: int
