@@ -172,9 +172,9 @@ _SSE_NAMES = {"sse-s3": "AES256", "sse-kms": "aws:kms"}
 def _check_storage_type(value: object) -> None:
     if value == "staged":  # a mode of the design, refused by name until service mode builds it
         raise _Invalid(
-            "'object': staged storage (LogStore nodes that stage entries and upload sealed "
-            "segments) comes with service mode, which is not available yet; use 'object' (the "
-            "default: entries go to the object store through the in-process nodes)"
+            "'object': staged storage (active segments on a node's disk, uploaded when sealed) "
+            "is still to come with service mode; use 'object' (the default: the nodes, in "
+            "process or `logstore serve` processes, keep segments in the object store)"
         )
 
 
@@ -208,6 +208,23 @@ def _opt(name: str, meaning: str, check: Callable[[Any], None] = _nonempty_optio
 # The single source of truth. Sections are the part before the dot.
 KEYS: tuple[Key, ...] = (
     Key("quorum.es", "int", 1, "ensemble size; wq = es, aq = es // 2 + 1", choices=(1, 3, 5)),
+    Key(
+        "quorum.nodes",
+        "choice",
+        "embedded",
+        "where the LogStore nodes are: embedded (es of them in this process) or registry (node "
+        "processes registered in the metadata store, over gRPC: service mode)",
+        choices=("embedded", "registry"),
+    ),
+    _int(
+        "quorum.call_timeout_ms",
+        30_000,
+        1,
+        3_600_000,
+        "deadline of every call to a LogStore node: unanswered by then, the node counts as "
+        "unavailable for it (a write's batch is resent, then the node is dropped from the "
+        "segment)",
+    ),
     _int("append.max_batch_entries", 1000, 1, 100_000, "most entries in one AddEntries batch"),
     _size("append.max_batch_bytes", 2 * MiB, KiB, 64 * MiB, "most bytes in one AddEntries batch"),
     _int("append.linger_ms", 2, 0, 1000, "most wait behind a batch a node is retrying"),

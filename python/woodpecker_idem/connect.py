@@ -14,6 +14,7 @@ from .client.client import WoodpeckerClient
 from .client.log import LogHandle
 from .clock import SYSTEM_CLOCK, Clock
 from .config import Config, load_config, parse_fsync
+from .ensemble import Ensemble
 from .errors import InvalidArgumentError, InvalidTypeError, StorageReadOnlyError
 from .idempotency.stage import WindowStage
 from .logstore.engine import LogStoreEngine
@@ -167,31 +168,55 @@ def connect(
             f"cannot open the stores of data_dir {str(root)!r}: {exc.strerror or exc} "
             f"({exc.filename!r})"
         ) from exc
+    deadline_s = cfg.quorum.call_timeout_ms / 1000
+    if transport is None and cfg.quorum.nodes == "registry":  # service mode
+        from .logstore.remote import GrpcTransport  # the `service` extra (grpcio)
+
+        remote = GrpcTransport({}, timeout_s=deadline_s)
+        ensemble = Ensemble(remote, deadline_s=deadline_s, registry=meta, on_nodes=remote.set_nodes)
+        ensemble.directory.live()  # the nodes known before the first call (then watched)
+        return WoodpeckerClient(
+            cfg, root, clock or SYSTEM_CLOCK, meta, objects, ensemble, open_writer
+        )
     if transport is None:
         es = cfg.quorum.es
-        policy = parse_fsync(cfg.storage.fsync)
-        fsync = policy.mode != "never"
-        interval = policy.batch_ms if policy.mode == "batch" else 0
         if es == 1:
-            engines = {
-                "node-0": LogStoreEngine(
-                    segment_storage(objects, fsync=fsync, sync_interval_ms=interval), "node-0"
-                )
-            }
+            engines = {"node-0": _engine(cfg, objects, "node-0")}
         else:
             engines = {
-                f"node-{i}": LogStoreEngine(
-                    segment_storage(
-                        objects.child(f"nodes/node-{i}"), fsync=fsync, sync_interval_ms=interval
-                    ),
-                    f"node-{i}",
-                )
+                f"node-{i}": _engine(cfg, objects.child(f"nodes/node-{i}"), f"node-{i}")
                 for i in range(es)
             }
         transport = InProcessTransport(engines)
         for node_id in engines:
             meta.register_node(NodeInfo(node_id, f"inproc://{node_id}"))
-    return WoodpeckerClient(cfg, root, clock or SYSTEM_CLOCK, meta, objects, transport, open_writer)
+    ensemble = Ensemble(transport, deadline_s=deadline_s)
+    return WoodpeckerClient(cfg, root, clock or SYSTEM_CLOCK, meta, objects, ensemble, open_writer)
+
+
+def _engine(cfg: Config, objects: ObjectStore, node_id: str) -> LogStoreEngine:
+    """A LogStore node over `objects` with the config's `storage.fsync` policy."""
+    policy = parse_fsync(cfg.storage.fsync)
+    storage = segment_storage(
+        objects,
+        fsync=policy.mode != "never",
+        sync_interval_ms=policy.batch_ms if policy.mode == "batch" else 0,
+    )
+    return LogStoreEngine(storage, node_id)
+
+
+def open_node(
+    config: Config | Mapping[str, Any] | str | os.PathLike | None,
+    data_dir: str | os.PathLike | None,
+    node_id: str,
+) -> tuple[LogStoreEngine, MetadataStore, ObjectStore]:
+    """A LogStore node of the deployment `config` names (`woodpecker-idem logstore serve`): its
+    engine over `nodes/{node_id}/` of the store's objects (where the in-process nodes of an es > 1
+    client keep theirs), and the metadata store it registers in. Close both stores when done."""
+    cfg = _config(config)
+    root = _data_dir(DEFAULT_DATA_DIR if data_dir is None else data_dir)
+    meta, objects = _open_stores(cfg, root)
+    return _engine(cfg, objects.child(f"nodes/{node_id}"), node_id), meta, objects
 
 
 def open_writer(
@@ -202,17 +227,12 @@ def open_writer(
 ) -> LogWriter | IdempotentLogWriter:
     """A log's writer: one write pipeline, with the dedup window as its stage when `idempotent`
     (the window options are checked before the log is taken over), else with none."""
+    ctx = handle.client.context(handle.log_id, handle.name)
     if not idempotent:
-        return LogWriter(handle)
-    client = handle.client
+        return LogWriter(ctx)
     stage = WindowStage(
-        log_id=handle.log_id,
-        cfg=client.config.idempotency,
-        clock=client.clock,
-        meta=client.meta,
-        objects=client.objects,
-        transport=client.transport,
+        ctx,
         window_duration_s=window_duration_s,
         window_max_keys=window_max_keys,
     )
-    return IdempotentLogWriter(handle, stage)
+    return IdempotentLogWriter(ctx, stage)

@@ -102,6 +102,14 @@ class MetadataLostError(WriterFencedError):
     code = "METADATA_LOST"
 
 
+class ReaderFencedError(WoodpeckerError):
+    """A named reader was taken over (the same name opened again, here or in another process) or
+    deleted: it can no longer commit its position. Not retriable: the reader that took over
+    goes on from the last committed position; close this one."""
+
+    code = "READER_FENCED"
+
+
 class WriterClosedError(WoodpeckerError):
     """The writer was closed."""
 
@@ -212,9 +220,15 @@ class SnapshotCorruptError(WoodpeckerError):
 
 
 class EntryTruncatedError(WoodpeckerError):
-    """The requested position lies before the log's truncation point."""
+    """The requested position lies before the log's truncation point: retention or a truncate
+    dropped it. `first_kept` is the first entry still kept (the truncation point) when known;
+    `LogReader.seek_to_earliest()` moves a reader there. Not retriable: the entries are gone."""
 
     code = "ENTRY_TRUNCATED"
+
+    def __init__(self, message: str = "", first_kept: object = None):
+        super().__init__(message)
+        self.first_kept = first_kept  # a LogMessageId (object here: types imports errors)
 
 
 # --- Spark -------------------------------------------------------------------------------------
@@ -253,3 +267,15 @@ class HandoffError(WoodpeckerError):
     the batch still misses (its batch identity reads the log back)."""
 
     code = "HANDOFF_FAILED"
+
+
+def by_code(code: str) -> type[WoodpeckerError]:
+    """The error class whose stable `code` is `code` (errors crossing a process boundary keep
+    their class); an unknown code (a newer node) is `WoodpeckerError`."""
+    pending: list[type[WoodpeckerError]] = [WoodpeckerError]
+    while pending:
+        cls = pending.pop()
+        if cls.__dict__.get("code") == code:
+            return cls
+        pending.extend(cls.__subclasses__())
+    return WoodpeckerError

@@ -9,6 +9,13 @@ removes an entry a retry could still be deduplicated against. A log whose window
 `max_age_s` therefore keeps a window's worth; a log over `max_bytes` within the window stays over
 until its segments leave the window.
 
+Named readers (`open_reader(name=...)`) hold the age rule back too: a segment holding an entry at
+or after the lowest committed position of the log's named readers is kept, so a slow consumer
+loses nothing it has not committed. `max_bytes` is the operator's hard bound and overrides them
+(as an explicit `truncate` does): the reader's next read then raises `EntryTruncatedError`. A
+reader that is gone for good holds the log until its name is deleted (`LogHandle.delete_reader`,
+`woodpecker-idem readers delete`).
+
 `plan` is the decision (pure: segments and times in, a truncation point out); `apply` makes it
 with `LogHandle.truncate`. `RetentionRunner` applies the configured policy (or a log's own,
 `WoodpeckerClient.set_retention`) in the background to every log the client writes, with the
@@ -68,6 +75,7 @@ class RetentionPlan:
     drop: tuple[SegmentMeta, ...]
     truncate_to: LogMessageId | None  # None: nothing to drop
     kept_for_window: int  # segments a bound would have dropped but the window keeps
+    kept_for_readers: int = 0  # segments the age bound would have dropped but a reader needs
 
     @property
     def bytes_dropped(self) -> int:
@@ -79,17 +87,20 @@ def plan(
     now_ms: int,
     window_floor_ms: int,
     policy: RetentionPolicy,
+    readers_at: LogMessageId | None = None,
 ) -> RetentionPlan:
     """What `policy` drops of a log with these segments (ordered by id) at `now_ms`.
 
     A segment may be dropped only if it and every segment before it are completed and it was
     completed at or before `window_floor_ms` (now minus the idempotency window): its entries are
     all older than the window. Among those, it is dropped if it was completed at or before `now -
-    max_age` or if the log's live bytes exceed `max_bytes` before it goes."""
+    max_age` or if the log's live bytes exceed `max_bytes` before it goes. `readers_at`, the
+    lowest committed position of the log's named readers, keeps a segment holding an entry at or
+    after it from the age rule (not from `max_bytes`)."""
     live = [s for s in segments if s.state is not SegmentState.TRUNCATED]
     total = sum(s.size_bytes for s in live)
     drop: list[SegmentMeta] = []
-    kept_for_window = 0
+    kept_for_window = kept_for_readers = 0
     for seg in live:
         if seg.state not in _DONE:
             break  # the active segment, and everything after it, stays
@@ -100,13 +111,21 @@ def plan(
         if seg.completed_ms > window_floor_ms:
             kept_for_window = _would_drop(live, seg, now_ms, policy, total)
             break
+        needed = readers_at is not None and LogMessageId(seg.segment_id, seg.last_entry_id) >= (
+            readers_at
+        )
+        if needed and not too_big:
+            kept_for_readers = _would_drop(live, seg, now_ms, policy, total)
+            break
         drop.append(seg)
         total -= seg.size_bytes
     if not drop:
-        return RetentionPlan((), None, kept_for_window)
+        return RetentionPlan((), None, kept_for_window, kept_for_readers)
     after = [s for s in live if s.segment_id > drop[-1].segment_id]
     first_kept = after[0].segment_id if after else drop[-1].segment_id + 1
-    return RetentionPlan(tuple(drop), LogMessageId(first_kept, 0), kept_for_window)
+    return RetentionPlan(
+        tuple(drop), LogMessageId(first_kept, 0), kept_for_window, kept_for_readers
+    )
 
 
 def _would_drop(
@@ -144,7 +163,9 @@ def apply(
     (pass a writer's own window floor if it was opened with a longer window)."""
     now = handle.client.clock.now_ms() if now_ms is None else now_ms
     floor = window_floor_ms(handle, now) if window_floor is None else window_floor
-    result = plan(handle.segments(), now, floor, policy)
+    readers = handle.client.meta.list_readers(handle.log_id)
+    readers_at = min((r.position for r in readers), default=None)
+    result = plan(handle.segments(), now, floor, policy, readers_at)
     if result.truncate_to is not None:
         handle.truncate(result.truncate_to)
         log.info(
@@ -153,6 +174,16 @@ def apply(
             len(result.drop),
             result.bytes_dropped,
             result.truncate_to,
+        )
+    if result.kept_for_readers:
+        slowest = min(readers, key=lambda r: r.position)
+        log.info(
+            "log %r: retention keeps %d segments a named reader has not committed past "
+            "(%r at %s; delete_reader drops a reader that is gone for good)",
+            handle.name,
+            result.kept_for_readers,
+            slowest.name,
+            slowest.position,
         )
     if result.kept_for_window:
         log.debug(

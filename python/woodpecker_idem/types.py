@@ -7,6 +7,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .errors import InvalidArgumentError, InvalidTypeError
+
 
 class LogMessageId(NamedTuple):
     """Position of an entry: ordered by (segment_id, entry_id), hashable, cheap to create."""
@@ -16,6 +18,37 @@ class LogMessageId(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.segment_id}:{self.entry_id}"
+
+    @classmethod
+    def parse(cls, text: str) -> LogMessageId:
+        """The id `str(id)` prints, `SEGMENT:ENTRY` (e.g. "3:120"), both non-negative integers.
+
+        Raises `InvalidArgumentError` (a `ValueError`) naming the text when it is not one, and
+        `InvalidTypeError` when it is not a str."""
+        if not isinstance(text, str):
+            raise InvalidTypeError(
+                f"LogMessageId.parse takes a str like '3:120', not {type(text).__name__}"
+            )
+        seg, sep, entry = text.strip().partition(":")
+        if not (sep and seg.isascii() and seg.isdigit() and entry.isascii() and entry.isdigit()):
+            raise InvalidArgumentError(
+                f"{text!r} is not a message id: write SEGMENT:ENTRY with two non-negative "
+                "integers, e.g. '3:120' (as str(LogMessageId) prints it)"
+            )
+        return cls(int(seg), int(entry))
+
+
+class ReaderInfo(NamedTuple):
+    """A named reader of a log (`LogHandle.readers()`): where its name resumes (`position`, the
+    next entry it returns), how many entries it is behind the end of the log (`lag`), its epoch
+    (opens so far) and who opened it last (host:pid) and when it last committed or opened."""
+
+    name: str
+    position: LogMessageId
+    lag: int
+    epoch: int
+    owner: str
+    updated_ms: int
 
 
 class SegmentState(enum.Enum):

@@ -11,7 +11,7 @@ import pytest
 from segfile_util import flip_entry_byte
 
 from woodpecker_idem._core import decode_messages, encode_entry
-from woodpecker_idem.client.replicas import ReplicaFault, read_checked
+from woodpecker_idem.ensemble.replicas import ReplicaFault, read_checked
 from woodpecker_idem.errors import CorruptEntryError
 from woodpecker_idem.meta.base import SegmentMeta
 from woodpecker_idem.types import LogMessage, LogMessageId, SegmentState

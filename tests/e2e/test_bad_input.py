@@ -21,7 +21,7 @@ from woodpecker_idem import (
     WriteTimeoutError,
 )
 from woodpecker_idem.config import KEYS, load_config
-from woodpecker_idem.logstore.transport import FaultInjectingTransport
+from woodpecker_idem.testing import FaultInjectingTransport
 
 QUIET = {
     "idempotency.snapshot_interval_s": 3600,

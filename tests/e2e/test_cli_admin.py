@@ -254,6 +254,41 @@ def test_cat_follow_prints_new_entries_as_they_are_written(store: Store) -> None
     assert [line.split("\t")[-1] for line in lines] == ["first", "second", "third"]
 
 
+def test_cat_follow_behind_a_truncation_gets_the_truth(tmp_path: Path) -> None:
+    """`cat --follow` blocked on a full stdout pipe while everything it was to print next is
+    truncated: it ends with EntryTruncatedError naming the first entry kept (exit status 2),
+    instead of retrying a NodeUnavailableError for ever."""
+    store = Store("embedded", tmp_path / "data", {}, ["--data-dir", str(tmp_path / "data")])
+    with store.connect() as client:
+        log = client.open_log("tail", create=True)
+        writer = log.open_writer()
+        futures = [writer.write_async(b"x" * 200) for _ in range(3000)]  # ~700 KB of lines
+        last = [f.result(60).message_id for f in futures][-1]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "woodpecker_idem", "cat", "tail", *store.args, "--follow"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": PACKAGE_ROOT},
+        )
+        try:
+            first = _read_line(proc)  # then it fills the pipe (64 KiB) and blocks
+            log.truncate(wp.LogMessageId(last.segment_id, 0))
+            assert proc.stdout is not None and proc.stderr is not None
+            printed = 1 + len(proc.stdout.read().splitlines())  # drain: it goes on, then ends
+            assert proc.wait(60) == 2
+            err = proc.stderr.read().decode()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+        writer.close()
+    assert first.startswith("0:0\t") and printed < 3000
+    assert "EntryTruncatedError" in err and f"first entry kept is {last.segment_id}:0" in err
+
+
 def _read_line(proc: subprocess.Popen[bytes], timeout: float = 60) -> str:
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
@@ -293,6 +328,47 @@ def test_truncate_before_an_id_and_older_than(
         again = writer.write(b"late retry", idempotency_id="o7")
         assert again.duplicate and again.message_id == wp.LogMessageId(0, 7)
         writer.close()
+
+
+def test_negative_looking_values_are_refused_with_our_own_message(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_orders(store)
+    for argv, said in (
+        (["truncate", "orders", "--before", "-1:0"], "'-1:0' is not a message id (ids are never"),
+        (["truncate", "orders", "--before=-1:0"], "'-1:0' is not a message id (ids are never"),
+        (["truncate", "orders", "--older-than", "-5s"], "'-5s' is negative; a duration counts"),
+        (["cat", "orders", "--from", "-3:1"], "'-3:1' is not a message id"),
+    ):
+        code, _, err = run(capsys, *argv, *store.args)
+        assert code == 2 and said in err, err
+        assert "expected one argument" not in err
+    code, out, _ = run(capsys, "cat", "orders", *store.args, "--limit", "1")
+    assert out.startswith("0:0\t")  # nothing was truncated
+
+
+def test_readers_list_and_delete(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    ids = write_orders(store)
+    code, out, _ = run(capsys, "readers", "list", "orders", *store.args)
+    assert code == 0 and "no named readers" in out
+    with store.connect() as client:
+        log = client.open_log("orders")
+        with log.open_reader(name="billing") as r:
+            for _ in range(12):
+                r.read_next(0)
+            r.commit()
+        log.open_reader(name="audit", start="latest").close()
+    code, out, _ = run(capsys, "readers", "list", "orders", *store.args, "--json")
+    got = {r["name"]: (r["position"], r["lag"]) for r in json.loads(out)["readers"]}
+    assert code == 0 and got == {"audit": ("3:5", 0), "billing": (str(ids[12]), 35 - 12)}
+    code, out, _ = run(capsys, "readers", "list", "orders", *store.args)
+    assert out.splitlines()[0].split() == ["name", "position", "lag", "epoch", "owner", "updated"]
+    code, _, err = run(capsys, "readers", "delete", "orders", "bill", *store.args)
+    assert code == 2 and "no named reader 'bill'; did you mean 'billing'?" in err
+    code, out, _ = run(capsys, "readers", "delete", "orders", "billing", *store.args)
+    assert code == 0 and "deleted reader 'billing'" in out
+    code, out, _ = run(capsys, "readers", "list", "orders", *store.args, "--json")
+    assert [r["name"] for r in json.loads(out)["readers"]] == ["audit"]
 
 
 def test_drop_group_deletes_its_logs_and_record(

@@ -28,6 +28,8 @@ def test_defaults_match_the_design_table() -> None:
     assert cfg == Config()
     expected = {
         "quorum.es": 1,
+        "quorum.nodes": "embedded",
+        "quorum.call_timeout_ms": 30_000,
         "append.max_batch_entries": 1000,
         "append.max_batch_bytes": 2 * MiB,
         "append.linger_ms": 2,

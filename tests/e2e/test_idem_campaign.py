@@ -44,8 +44,7 @@ from stopped import wait_stopped
 import woodpecker_idem as wp
 from woodpecker_idem import LogMessageId, WriteResult, explicit_key
 from woodpecker_idem.clock import SYSTEM_CLOCK
-from woodpecker_idem.history import DUPLICATE, LOST, History, Stamp, Verdict
-from woodpecker_idem.history_store import read_stored
+from woodpecker_idem.testing.history import DUPLICATE, LOST, History, Stamp, Verdict, read_stored
 
 PACKAGE_ROOT = str(Path(wp.__file__).resolve().parent.parent)
 HERE = Path(__file__).resolve().parent.parent / "support"

@@ -19,7 +19,7 @@ from etcdserver import EtcdServer
 import woodpecker_idem as wp
 from woodpecker_idem import SegmentState, explicit_key
 from woodpecker_idem.errors import StorageUnavailableError, WoodpeckerError
-from woodpecker_idem.history import History
+from woodpecker_idem.testing.history import History
 
 WINDOW_S = 600
 MAX_KEYS = 100_000

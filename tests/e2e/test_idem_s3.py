@@ -14,11 +14,11 @@ import pytest
 import woodpecker_idem as wp
 from woodpecker_idem import explicit_key
 from woodpecker_idem._core import decode_snapshot
-from woodpecker_idem.history import History
 from woodpecker_idem.idempotency.snapshot import list_snapshots
 from woodpecker_idem.logstore.engine import LogStoreEngine
 from woodpecker_idem.logstore.transport import InProcessTransport
 from woodpecker_idem.objectstore import LocalObjectStore, open_object_store
+from woodpecker_idem.testing.history import History
 
 pytestmark = pytest.mark.s3
 

@@ -33,8 +33,7 @@ from stopped import wait_stopped
 
 import woodpecker_idem as wp
 from woodpecker_idem import LogMessageId, WriteResult, explicit_key
-from woodpecker_idem.history import History, Stamp
-from woodpecker_idem.history_store import read_stored
+from woodpecker_idem.testing.history import History, Stamp, read_stored
 
 PACKAGE_ROOT = str(Path(wp.__file__).resolve().parent.parent)
 HERE = Path(__file__).resolve().parent.parent / "support"

@@ -74,11 +74,16 @@ def test_the_client_package_does_not_import_the_idempotent_layer(name: str) -> N
 LAYERS: list[set[str]] = [
     {"objectstore", "meta"},  # beside each other: neither imports the other
     {"logstore"},
+    {"ensemble"},  # one per client: nodes found, placed, reached (senders) and read
     {"client"},
     {"writer"},
     {"idempotency"},
+    # the history checker and the fault injector: they read the nodes and the metadata store
+    # (logstore/, meta/) and take a client or a log as a plain object, so the composition root
+    # and everything above it (the Spark demo pipeline, the CLI demo) may use them
+    {"testing"},
     {"connect"},  # the composition root: config -> stores -> transport -> client
-    {"spark", "testing"},
+    {"spark"},
     {"cli"},
 ]
 LAYER_OF = {room: i for i, rooms in enumerate(LAYERS) for room in rooms}
@@ -225,6 +230,15 @@ def test_the_layer_rule_sees_imports() -> None:
     assert {"client", "idempotency", "objectstore"} <= set(_room_imports(PACKAGE / "connect.py"))
     assert "objectstore" in _room_imports(PACKAGE / "logstore" / "storage.py")
     assert "connect" in _room_imports(PACKAGE / "cli" / "common.py")
+    assert "meta" in _room_imports(PACKAGE / "testing" / "history" / "store.py")
+    assert "logstore" in _room_imports(PACKAGE / "testing" / "faults.py")
+    assert "testing" in _room_imports(PACKAGE / "spark" / "pipeline.py")
+
+
+def test_the_checkers_read_needs_no_engine() -> None:
+    """It reads the nodes through a `RawSource` (a transport's `raw_read`), so it judges logs
+    whose nodes are other processes: nothing of `logstore/` is imported for it."""
+    assert "logstore" not in _room_imports(PACKAGE / "testing" / "history" / "store.py")
 
 
 def _imports_of(path: Path) -> list[str]:
@@ -259,6 +273,25 @@ def test_the_pipeline_imports_nothing_of_the_dedup_state(name: str) -> None:
     assert bad == []
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in (PACKAGE / "writer").glob("*.py")))
+def test_the_pipeline_imports_nothing_of_the_client(name: str) -> None:
+    """Not even for typing: a writer is given a `LogContext` (ensemble/), not the client or
+    its log handle, so client -> writer is no cycle."""
+    bad = [m for m in _imports_of(PACKAGE / "writer" / name) if m.startswith("client")]
+    assert bad == []
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (PACKAGE / "ensemble").glob("*.py")))
+def test_the_ensemble_layer_imports_nothing_of_writers_or_clients(name: str) -> None:
+    """Not even for typing: writers and readers use the ensemble, never the reverse."""
+    bad = [
+        m
+        for m in _imports_of(PACKAGE / "ensemble" / name)
+        if m.startswith(("writer", "client", "idempotency", "connect"))
+    ]
+    assert bad == []
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in (PACKAGE / "idempotency").glob("*.py")))
 def test_the_dedup_state_imports_only_the_protocol_of_the_pipeline(name: str) -> None:
     bad = [
@@ -271,6 +304,8 @@ def test_the_dedup_state_imports_only_the_protocol_of_the_pipeline(name: str) ->
 
 def test_the_import_scan_sees_imports() -> None:
     assert "writer.dedup" in _imports_of(PACKAGE / "idempotency" / "stage.py")
+    assert "ensemble" in _imports_of(PACKAGE / "writer" / "api.py")  # for typing: seen too
+    assert "client.client" in _imports_of(PACKAGE / "connect.py")
     assert "writer.dedup" in _imports_of(PACKAGE / "writer" / "pipeline.py")
     assert "idempotency.stage" in _imports_of(PACKAGE / "connect.py")
 

@@ -25,7 +25,7 @@ from drain import Drain
 
 import woodpecker_idem as wp
 from woodpecker_idem import LogMessageId, WriteResult, explicit_key
-from woodpecker_idem.history import History
+from woodpecker_idem.testing.history import History
 
 HERE = Path(__file__).resolve().parent.parent / "support"
 PACKAGE_ROOT = str(Path(wp.__file__).resolve().parent.parent)

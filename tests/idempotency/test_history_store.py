@@ -1,4 +1,4 @@
-"""The history checker reads the log around the LogReader (woodpecker_idem/history_store.py).
+"""The history checker reads the log around the LogReader (testing/history/store.py).
 
 A reader that showed an entry only one node holds, or hid one, would blind a checker reading
 through it. These tests hold the checker's own read to the log's rules (quorum for an open
@@ -14,9 +14,19 @@ import woodpecker_idem as wp
 from woodpecker_idem import LogMessage, LogMessageId, explicit_key
 from woodpecker_idem._core import encode_entry
 from woodpecker_idem.client.reader import LogReader
-from woodpecker_idem.history import READER, REPLICAS, History, reader_problems
-from woodpecker_idem.history_store import combine, read_stored
+from woodpecker_idem.logstore.engine import LogStoreEngine
+from woodpecker_idem.logstore.transport import InProcessTransport
 from woodpecker_idem.meta.base import SegmentMeta
+from woodpecker_idem.objectstore.local import LocalObjectStore
+from woodpecker_idem.testing import FaultInjectingTransport
+from woodpecker_idem.testing.history import (
+    READER,
+    REPLICAS,
+    History,
+    combine,
+    read_stored,
+    reader_problems,
+)
 from woodpecker_idem.types import SegmentState
 
 T0 = 1_700_000_000_000
@@ -86,6 +96,27 @@ def test_reader_problems_names_every_way_a_read_can_differ():
     assert "out of log order" in reader_problems(log, [m(0), m(2), m(1)])[0]
     assert "more than once" in reader_problems(log, [m(0), m(1), m(1), m(2)])[0]
     assert all(p.startswith(READER) for p in reader_problems(log, [m(2)]))
+
+
+# --- the raw read: what a node's storage holds --------------------------------------------------
+
+
+def test_the_raw_read_is_what_the_storage_holds_not_what_the_live_engine_remembers(tmp_path):
+    """Another process completed the segment at entry 2 behind the node's live engine, which had
+    read it before: the live engine answers from its index, up to entry 4; the raw read (the
+    checker's) loads the segment from the storage and stops at the footer, through a fault
+    injector too (a failed node still shows the judge what it stores)."""
+    store = LocalObjectStore(tmp_path / "objects", fsync=False)
+    transport = InProcessTransport({"node-0": LogStoreEngine(store, "node-0")})
+    transport.add_entries("node-0", 1, 0, 0, b"".join(record(i) for i in range(5)))
+    assert len(transport.read("node-0", 1, 0, 0, 10)) == 5
+    LogStoreEngine(store, "node-0").complete(1, 0, 2)  # another process's engine
+    assert len(transport.read("node-0", 1, 0, 0, 10)) == 5  # the live engine's memory
+    assert transport.raw_read("node-0", 1, 0, 0, 10) == [stored(i) for i in range(3)]
+    faults = FaultInjectingTransport(transport)
+    faults.fail_node("node-0")
+    assert faults.raw_read("node-0", 1, 0, 1, 10) == [stored(1), stored(2)]
+    assert "raw_read" not in faults.calls
 
 
 # --- a real log --------------------------------------------------------------------------------

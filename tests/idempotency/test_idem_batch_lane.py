@@ -24,10 +24,10 @@ from woodpecker_idem import (
     explicit_key,
 )
 from woodpecker_idem._core import decode_snapshot, encode_frame
-from woodpecker_idem.history import History
 from woodpecker_idem.idempotency import snapshot as snapshot_module
-from woodpecker_idem.logstore.transport import FaultInjectingTransport
 from woodpecker_idem.meta.base import SegmentMeta
+from woodpecker_idem.testing import FaultInjectingTransport
+from woodpecker_idem.testing.history import History
 from woodpecker_idem.types import SegmentState
 from woodpecker_idem.writer.results import BatchCompletion, RowJoiner, RunRows
 from woodpecker_idem.writer.segments import EntryJoiner, OpenSegment, PendingEntry

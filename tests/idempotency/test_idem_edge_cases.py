@@ -32,9 +32,9 @@ from woodpecker_idem import (
 )
 from woodpecker_idem._core import decode_snapshot
 from woodpecker_idem.errors import StorageUnavailableError
-from woodpecker_idem.history import History, Verdict
 from woodpecker_idem.idempotency.snapshot import list_snapshots
-from woodpecker_idem.logstore.transport import FaultInjectingTransport
+from woodpecker_idem.testing import FaultInjectingTransport
+from woodpecker_idem.testing.history import History, Verdict
 
 QUIET = {  # no snapshot unless a test asks for one
     "idempotency.snapshot_interval_s": 3600,
@@ -459,7 +459,7 @@ def test_case7_metadata_outage_does_not_stop_snapshots(env_factory):
         acked = {f"k{i}": env.write(w, b"p%d" % i, f"k{i}") for i in range(5)}
         wait_for(lambda: w.metrics_snapshot()["snapshot_failures"] >= 2, what="failed attempts")
         assert list_snapshots(env.client.objects, env.log.log_id) == []
-        assert w.snapshotter._thread.is_alive()
+        assert w.snapshotter.active
         outage.clear()
         wait_for(
             lambda: list_snapshots(env.client.objects, env.log.log_id) != [],

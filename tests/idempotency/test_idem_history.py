@@ -1,4 +1,4 @@
-"""Tests of the history checker itself (woodpecker_idem.history): it must catch what it is for.
+"""Tests of the history checker itself (woodpecker_idem.testing.history): it must catch its kinds.
 
 Logs here are hand-made lists of LogMessage and attempts carry hand-made times, so each violation
 is exact. Each kind of violation has a history that must FAIL naming that kind, next to the
@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,12 +23,16 @@ from woodpecker_idem import (
     WriteTimeoutError,
     explicit_key,
 )
-from woodpecker_idem._core import DedupWindow
-from woodpecker_idem.history import (
+from woodpecker_idem._core import DedupWindow, encode_entry
+from woodpecker_idem.meta.base import SegmentMeta
+from woodpecker_idem.testing.history import (
     CREATED_TWICE,
     DUPLICATE,
     INVENTED,
+    KINDS,
     LOST,
+    READER,
+    REPLICAS,
     STALE_ID,
     TIMESTAMP,
     UNKEYED_COPY,
@@ -35,7 +40,10 @@ from woodpecker_idem.history import (
     WRONG_PAYLOAD,
     History,
     Stamp,
+    Verdict,
+    read_stored,
 )
+from woodpecker_idem.types import SegmentState
 
 T0 = 1_700_000_000_000
 WINDOW_MS = 10_000
@@ -320,10 +328,12 @@ def test_unknown_start_is_weaker_not_wrong():
 
 
 def test_history_is_thread_safe():
-    """Threads record at once and none of their attempts is lost or recorded twice: the
-    interpreter switches threads every microsecond here, so an unlocked read-modify-write of the
-    record loses attempts (the old form of this test, 4 threads of 500 calls at the default
-    interval, could not fail)."""
+    """Threads record at once: each attempt is recorded once, and the record is in the order the
+    attempts ended (`History._record` stamps the end and appends in one step under the lock).
+    The interpreter switches threads every microsecond here, so with that lock gone a thread
+    stamped, then preempted before its append, puts the record out of end order (an attempt
+    that ended before a judgement began could then be missing from it). The old form of this
+    test, counting attempts only, could not fail: one list.append is atomic under the GIL."""
     h = History()
     threads, per_thread = 8, 1500
     start = threading.Barrier(threads)
@@ -345,6 +355,12 @@ def test_history_is_thread_safe():
         sys.setswitchinterval(old)
     ids = sorted(a.message_id for a in h.attempts)
     assert ids == sorted(LogMessageId(n, i) for n in range(threads) for i in range(per_thread))
+    ends = [a.end.ns for a in h.attempts]
+    late = [k for k in range(1, len(ends)) if ends[k] < ends[k - 1]]
+    assert late == [], f"{len(late)} attempts recorded after one that ended later"
+    for n in range(threads):  # and each thread's attempts in the order it made them
+        mine = [a.message_id.entry_id for a in h.attempts if a.message_id.segment_id == n]
+        assert mine == list(range(per_thread))
 
 
 def test_a_judgement_sees_the_record_as_it_was_when_it_began():
@@ -441,3 +457,180 @@ def test_call_async_records_an_attempt_when_its_future_ends():
     with pytest.raises(wp.InvalidArgumentError):
         h.call_async(key, b"r", refused)
     assert h.attempts[-1].error == "InvalidArgumentError: bad id"
+
+
+# --- one counterexample per kind of verdict (issue 30) ----------------------------------------
+# Each history below breaks exactly one rule, and the checker must name exactly that kind: a
+# judge that reported the wrong kind, or more kinds than it can prove, would mislead every fault
+# test it judges. `replicas` and `reader` come from `check_log`'s own read of the nodes, fed here
+# by a hand-made `RawSource` (no engine, no node process) and hand-made segment metadata.
+
+NODES3 = ("node-0", "node-1", "node-2")
+
+
+class HandSource:
+    """A `RawSource` over hand-made node contents: {node: {segment_id: [LogEntry bytes]}}."""
+
+    def __init__(self, held: dict[str, dict[int, list[bytes]]]) -> None:
+        self.held = held
+
+    @property
+    def node_ids(self) -> list[str]:
+        return sorted(self.held)
+
+    def raw_read(self, node_id, log_id, segment_id, from_entry_id, max_entries):
+        entries = self.held[node_id].get(segment_id, [])
+        return entries[from_entry_id : from_entry_id + max_entries]
+
+
+class HandLog:
+    """What `check_log` needs of a log: its id, its client's metadata, a reader."""
+
+    def __init__(self, segments: list[SegmentMeta], read: list[LogMessage] | None = None):
+        meta = SimpleNamespace(
+            get_log_by_id=lambda log_id: SimpleNamespace(truncated_to=None),
+            list_segments=lambda log_id: segments,
+        )
+        self.log_id = 1
+        self.client = SimpleNamespace(meta=meta)
+        self.read = read
+
+    def open_reader(self):
+        return iter(self.read or [])
+
+
+def stored_entry(entry: int, key: bytes) -> bytes:
+    """A LogEntry as a node stores it: the record without its length and checksum."""
+    return encode_entry(0, entry, T0 + entry, b"p", None, key)[8:]
+
+
+def completed(last: int) -> SegmentMeta:
+    return SegmentMeta(1, 0, SegmentState.COMPLETED, NODES3, 3, 3, 2, 0, last_entry_id=last)
+
+
+def _lost() -> Verdict:
+    h = History()
+    ok(h, K("a"), 0, 0)
+    ok(h, K("b"), 0, 1)
+    return judge(h, [msg(0, 0, K("a"))])
+
+
+def _wrong_id() -> Verdict:
+    h = History()
+    ok(h, K("a"), 0, 0)
+    ok(h, K("b"), 0, 0, dup=True, t=(2, 3))  # b answered with a's entry
+    return judge(h, [msg(0, 0, K("a"))])
+
+
+def _wrong_payload() -> Verdict:
+    h = History()
+    ok(h, K("a"), 0, 0, payload=b"mine")
+    return judge(h, [msg(0, 0, K("a"), payload=b"other")])
+
+
+def _created_twice() -> Verdict:
+    h = History()
+    ok(h, K("a"), 0, 0)
+    ok(h, K("a"), 0, 0, t=(2, 3))  # a retry that should have said duplicate=True
+    return judge(h, [msg(0, 0, K("a"))])
+
+
+def _stale_id() -> Verdict:
+    h = History()
+    ok(h, K("a"), 0, 0)
+    ok(h, K("a"), 0, 1, t=(WINDOW_MS + 5, WINDOW_MS + 6))  # rewritten after its window
+    ok(h, K("a"), 0, 0, dup=True, t=(WINDOW_MS + 10, WINDOW_MS + 11))  # answered the old id
+    return judge(h, [msg(0, 0, K("a")), msg(0, 1, K("a"), WINDOW_MS + 5)])
+
+
+def _duplicate() -> Verdict:
+    h = History()
+    ok(h, K("a"), 0, 0)
+    ok(h, K("a"), 0, 5, t=(WINDOW_MS - 2, WINDOW_MS - 1))
+    return judge(h, [msg(0, 0, K("a")), msg(0, 5, K("a"), WINDOW_MS - 2)])
+
+
+def _unkeyed_copy() -> Verdict:
+    h = History()
+    ok(h, K("a"), 0, 0)
+    ok(h, K("a"), 0, 0, dup=True, t=(2, 3))
+    return judge(h, [msg(0, 0, K("a")), msg(0, 1, None, 2)])  # a retry appended without key
+
+
+def _invented() -> Verdict:
+    h = History()
+    ok(h, K("a"), 0, 0)
+    return judge(h, [msg(0, 0, K("a")), msg(0, 1, K("ghost"))])
+
+
+def _timestamp() -> Verdict:
+    h = History()
+    ok(h, K("a"), 0, 0, t=(0, 1))
+    return judge(h, [msg(0, 0, K("a"), 5_000)])
+
+
+def _replicas() -> Verdict:
+    # completed at entry 1, but entry 1 is stored on none of its nodes
+    source = HandSource({"node-0": {0: [stored_entry(0, K("a"))]}, "node-1": {}, "node-2": {0: []}})
+    h = History()
+    h.ok(K("a"), b"p", WriteResult(LogMessageId(0, 0)), at(0), at(1))
+    log = HandLog([completed(1)])
+    log.read = read_stored(log.client, log, source).messages
+    return h.check_log(log, WINDOW_MS, 100, source=source)
+
+
+def _reader() -> Verdict:
+    # both entries on a quorum of nodes, but the LogReader skips the second
+    entries = [stored_entry(0, K("a")), stored_entry(1, K("b"))]
+    source = HandSource({node: {0: list(entries)} for node in NODES3})
+    h = History()
+    h.ok(K("a"), b"p", WriteResult(LogMessageId(0, 0)), at(0), at(1))
+    h.ok(K("b"), b"p", WriteResult(LogMessageId(0, 1)), at(1), at(2))
+    log = HandLog([completed(1)])
+    log.read = read_stored(log.client, log, source).messages[:1]
+    return h.check_log(log, WINDOW_MS, 100, source=source)
+
+
+# kind -> (the history breaking that rule, what its one problem says)
+COUNTEREXAMPLES = {
+    LOST: (_lost, "was acknowledged at 0:1, which is not in the log"),
+    WRONG_ID: (_wrong_id, "was acknowledged at 0:0, which holds"),
+    WRONG_PAYLOAD: (_wrong_payload, "was acknowledged as created at 0:0, which holds another"),
+    CREATED_TWICE: (_created_twice, "2 attempts of key"),
+    STALE_ID: (_stale_id, "was answered with 0:0, but it had been rewritten at 0:1"),
+    DUPLICATE: (_duplicate, "is at 0:0 and again at 0:5"),
+    UNKEYED_COPY: (_unkeyed_copy, "0:1 has no key but copies the payload"),
+    INVENTED: (_invented, "at 0:1 was never written"),
+    TIMESTAMP: (_timestamp, f"has timestamp {T0 + 5_000}, outside every call"),
+    REPLICAS: (_replicas, "entry 1 is stored intact on none of node-0, node-1, node-2"),
+    READER: (_reader, "the LogReader skipped 1 committed entries, first 0:1"),
+}
+
+
+def test_every_kind_of_verdict_has_a_counterexample():
+    assert sorted(COUNTEREXAMPLES) == sorted(KINDS)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_counterexample_gets_exactly_its_verdict(kind: str):
+    """One problem, of that kind, naming what broke."""
+    history, says = COUNTEREXAMPLES[kind]
+    v = history()
+    assert not v.ok, v.summary()
+    assert v.kinds == {kind}, v.problems
+    (problem,) = v.problems
+    assert problem.startswith(f"{kind}: ") and says in problem, problem
+
+
+def test_the_hand_made_logs_pass_when_nothing_is_broken():
+    """The two stored-log counterexamples fail for the one broken thing only."""
+    entries = [stored_entry(0, K("a")), stored_entry(1, K("b"))]
+    source = HandSource({node: {0: list(entries)} for node in NODES3})
+    h = History()
+    h.ok(K("a"), b"p", WriteResult(LogMessageId(0, 0)), at(0), at(1))
+    h.ok(K("b"), b"p", WriteResult(LogMessageId(0, 1)), at(1), at(2))
+    log = HandLog([completed(1)])
+    log.read = read_stored(log.client, log, source).messages
+    assert [m.message_id for m in log.read] == [LogMessageId(0, 0), LogMessageId(0, 1)]
+    v = h.check_log(log, WINDOW_MS, 100, source=source)
+    assert v.ok, v.summary()

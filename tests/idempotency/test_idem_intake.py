@@ -14,7 +14,7 @@ from gate import GatedTransport, gate
 
 import woodpecker_idem as wp
 from woodpecker_idem import ManualClock, WriterFencedError, content_key, explicit_key
-from woodpecker_idem.history import History
+from woodpecker_idem.testing.history import History
 
 QUIET = {"idempotency.snapshot_interval_s": 3600, "idempotency.snapshot_threshold": 10**8}
 SLOW_LINGER = {"append.linger_ms": 1000}  # nothing is admitted by the flusher during a test step

@@ -20,7 +20,7 @@ import woodpecker_idem as wp
 from woodpecker_idem import CorruptEntryError, LogMessageId, explicit_key
 from woodpecker_idem._core import decode_snapshot
 from woodpecker_idem.errors import EntryTruncatedError, NodeUnavailableError
-from woodpecker_idem.logstore.transport import FaultInjectingTransport
+from woodpecker_idem.testing import FaultInjectingTransport
 
 NODES = ("node-0", "node-1", "node-2")
 _IDEM = wp.load_config().idempotency

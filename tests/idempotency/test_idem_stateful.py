@@ -35,8 +35,8 @@ from woodpecker_idem import (
     explicit_key,
 )
 from woodpecker_idem.errors import NodeUnavailableError
-from woodpecker_idem.history import History
-from woodpecker_idem.logstore.transport import FaultInjectingTransport
+from woodpecker_idem.testing import FaultInjectingTransport
+from woodpecker_idem.testing.history import History
 
 KEYS = [f"key-{i}" for i in range(6)]
 WINDOW_MS = 5_000

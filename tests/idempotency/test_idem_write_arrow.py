@@ -13,23 +13,24 @@ from woodpecker_idem import (
     explicit_key,
 )
 from woodpecker_idem._core import arrow_canonical_json
+from woodpecker_idem.client import LogHandle
+
+_LOG_OF: dict[int, LogHandle] = {}  # a writer's log (by id(writer)), for read_all
 
 
 @pytest.fixture
-def log(wp_connect, tmp_path):
+def writer(wp_connect, tmp_path):
     client = wp_connect(tmp_path / "data")
-    return client.open_log("orders", create=True)
-
-
-@pytest.fixture
-def writer(log):
+    log = client.open_log("orders", create=True)
     w = log.open_writer(idempotent=True)
+    _LOG_OF[id(w)] = log
     yield w
     w.close()
+    del _LOG_OF[id(w)]
 
 
-def read_all(log):
-    reader = log.open_reader("earliest")
+def read_all(writer, log=None):
+    reader = (log or _LOG_OF[id(writer)]).open_reader("earliest")
     try:
         return list(reader)
     finally:
@@ -47,7 +48,7 @@ def orders(n: int, start: int = 0) -> pa.RecordBatch:
     )
 
 
-def test_a_batch_is_written_once_and_rewritten_as_duplicates(writer, log):
+def test_a_batch_is_written_once_and_rewritten_as_duplicates(writer):
     batch = orders(1000)
     first = writer.write_arrow(batch, key_column="order_id", payload_column="body")
     assert len(first) == 1000 and not any(first.duplicate)
@@ -55,38 +56,38 @@ def test_a_batch_is_written_once_and_rewritten_as_duplicates(writer, log):
     assert all(again.duplicate)
     assert list(again.entry_ids) == list(first.entry_ids)
     assert list(again.segment_ids) == list(first.segment_ids)
-    msgs = read_all(log)
+    msgs = read_all(writer)
     assert [m.payload for m in msgs] == [b"order %d" % i for i in range(1000)]
     assert [m.idempotency_key for m in msgs] == [explicit_key(str(i)) for i in range(1000)]
     assert writer.metrics_snapshot()["duplicates_suppressed"] == 1000
 
 
-def test_rows_as_canonical_json_keyed_by_content(writer, log):
+def test_rows_as_canonical_json_keyed_by_content(writer):
     batch = orders(5).drop_columns(["body"])
     res = writer.write_arrow(batch)
-    msgs = read_all(log)
+    msgs = read_all(writer)
     payloads = arrow_canonical_json(batch)
     assert [m.payload for m in msgs] == payloads
     assert [m.idempotency_key for m in msgs] == [content_key(p) for p in payloads]
     assert res.message_id(4) == msgs[4].message_id
 
 
-def test_duplicates_inside_a_batch_join_the_first(writer, log):
+def test_duplicates_inside_a_batch_join_the_first(writer):
     batch = pa.record_batch({"k": ["a", "b", "a"], "p": [b"1", b"2", b"3"]})
     res = writer.write_arrow(batch, key_column="k", payload_column="p")
     assert list(res.duplicate) == [0, 0, 1]
     assert res.message_id(2) == res.message_id(0)
-    assert [m.payload for m in read_all(log)] == [b"1", b"2"]
+    assert [m.payload for m in read_all(writer)] == [b"1", b"2"]
 
 
-def test_columns_and_tables(writer, log):
+def test_columns_and_tables(writer):
     payloads = pa.array([b"x", b"y"])
     res = writer.write_arrow(payloads, key_column=pa.array([10, 11]))
     assert not any(res.duplicate)
     table = pa.Table.from_batches([orders(3), orders(3, 3)])
     res = writer.write_arrow(table, key_column="order_id", payload_column="body")
     assert len(res) == 6
-    keys = [m.idempotency_key for m in read_all(log)]
+    keys = [m.idempotency_key for m in read_all(writer)]
     assert keys[:2] == [explicit_key("10"), explicit_key("11")]
 
 
@@ -131,14 +132,14 @@ def test_columns_and_tables(writer, log):
         ),
     ],
 )
-def test_a_bad_row_fails_the_call_and_writes_nothing(writer, log, batch, kwargs, error, match):
+def test_a_bad_row_fails_the_call_and_writes_nothing(writer, batch, kwargs, error, match):
     writer.write_arrow(
         pa.record_batch({"k": ["before"], "p": [b"0"]}), key_column="k", payload_column="p"
     )
     with pytest.raises(error, match=match):
         writer.write_arrow(batch, **kwargs)
     writer.flush()
-    assert [m.payload for m in read_all(log)] == [b"0"]
+    assert [m.payload for m in read_all(writer)] == [b"0"]
     assert writer.window.pending_count == 0
 
 
@@ -150,7 +151,7 @@ def test_write_many_checks_every_payload_before_queueing(wp_connect, tmp_path):
     with pytest.raises(PayloadTooLargeError):
         w.write_many([b"a", b"b", b"x" * 2000, b"d"])
     w.flush()
-    assert read_all(small) == []
+    assert read_all(w, small) == []
     w.close()
 
 

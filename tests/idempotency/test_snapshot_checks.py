@@ -13,8 +13,8 @@ import pytest
 
 import woodpecker_idem as wp
 from woodpecker_idem._core import DedupWindow, encode_snapshot
-from woodpecker_idem.history import History
 from woodpecker_idem.idempotency.snapshot import snapshot_key
+from woodpecker_idem.testing.history import History
 
 WINDOW_S = 600
 MAX_KEYS = 10_000

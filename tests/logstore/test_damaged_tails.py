@@ -16,8 +16,8 @@ from segfile_util import batches, flip, locate
 
 import woodpecker_idem as wp
 from woodpecker_idem.errors import QuorumUnavailableError, SegmentDamagedError
-from woodpecker_idem.history import History
 from woodpecker_idem.logstore.segment_files import BATCH_HEADER_SIZE
+from woodpecker_idem.testing.history import History
 
 WINDOW_S = 600
 MAX_KEYS = 10_000

@@ -24,6 +24,7 @@ from woodpecker_idem.errors import (
     LogGroupSizeMismatchError,
     LogNotFoundError,
     MetadataConflictError,
+    ReaderFencedError,
     StorageUnavailableError,
     WoodpeckerError,
     WriterFencedError,
@@ -32,6 +33,7 @@ from woodpecker_idem.meta import (
     LogGroupMeta,
     MetadataStore,
     NodeInfo,
+    ReaderMeta,
     SegmentMeta,
     SqliteMetadataStore,
     TxnMeta,
@@ -500,6 +502,91 @@ def test_delete_log_removes_txn_records(meta_store: MetadataStore) -> None:
     meta_store.delete_log("a")
     assert meta_store.list_txns(m.log_id) == []
     assert meta_store.get_txn(m.log_id, "job") is None
+
+
+# --- named readers -------------------------------------------------------------------------------
+
+
+def test_named_reader_created_at_start_then_resumed_at_its_commit(
+    meta_store: MetadataStore,
+) -> None:
+    m = meta_store.create_log("a", NOW)
+    assert meta_store.get_reader(m.log_id, "billing") is None
+    first = meta_store.take_reader(m.log_id, "billing", "host:1", LogMessageId(2, 5), NOW)
+    assert (first.position, first.epoch, first.owner) == (LogMessageId(2, 5), 1, "host:1")
+    assert meta_store.get_reader(m.log_id, "billing") == first
+    done = meta_store.commit_reader(m.log_id, "billing", 1, LogMessageId(3, 7), NOW + 1)
+    assert done.position == LogMessageId(3, 7) and done.updated_ms == NOW + 1
+    assert meta_store.get_reader(m.log_id, "billing") == done
+    # a second open: the name exists, so `start` is ignored and the epoch moves on
+    again = meta_store.take_reader(m.log_id, "billing", "host:2", LogMessageId(0, 0), NOW + 2)
+    assert (again.position, again.epoch, again.owner) == (LogMessageId(3, 7), 2, "host:2")
+    # a commit may move back too (a consumer that replays on purpose)
+    back = meta_store.commit_reader(m.log_id, "billing", 2, LogMessageId(1, 0), NOW + 3)
+    assert meta_store.get_reader(m.log_id, "billing") == back
+    assert back.position == LogMessageId(1, 0)
+
+
+def test_named_reader_open_fences_the_earlier_holder(meta_store: MetadataStore) -> None:
+    m = meta_store.create_log("a", NOW)
+    old = meta_store.take_reader(m.log_id, "r", "A", LogMessageId(0, 0), NOW)
+    meta_store.commit_reader(m.log_id, "r", old.epoch, LogMessageId(0, 4), NOW)
+    new = meta_store.take_reader(m.log_id, "r", "B", LogMessageId(0, 0), NOW)
+    assert new.epoch > old.epoch
+    with pytest.raises(ReaderFencedError, match=r"reader 'r'.*opened again by B") as info:
+        meta_store.commit_reader(m.log_id, "r", old.epoch, LogMessageId(0, 9), NOW)
+    assert info.value.code == "READER_FENCED" and not info.value.retriable
+    assert meta_store.get_reader(m.log_id, "r").position == LogMessageId(0, 4)  # type: ignore[union-attr]
+    meta_store.commit_reader(m.log_id, "r", new.epoch, LogMessageId(0, 9), NOW)
+    # deleting the name fences its holder too
+    assert meta_store.delete_reader(m.log_id, "r") is not None
+    with pytest.raises(ReaderFencedError, match="deleted"):
+        meta_store.commit_reader(m.log_id, "r", new.epoch, LogMessageId(0, 10), NOW)
+    assert meta_store.get_reader(m.log_id, "r") is None
+
+
+def _open_reader_worker(opener: Opener, log_id: int, n: int) -> list[int]:
+    store = opener()
+    try:
+        return [
+            store.take_reader(log_id, "r", "p", LogMessageId(0, 0), NOW).epoch for _ in range(n)
+        ]
+    finally:
+        store.close()
+
+
+def test_concurrent_reader_opens_get_distinct_epochs(
+    meta_store: MetadataStore, meta_opener: Opener
+) -> None:
+    m = meta_store.create_log("a", NOW)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(3) as pool:
+        results = pool.starmap(_open_reader_worker, [(meta_opener, m.log_id, 5)] * 3)
+    epochs = [e for r in results for e in r]
+    assert sorted(epochs) == list(range(1, 16))  # every open its own epoch: one holder at a time
+
+
+def test_named_readers_list_delete_and_per_log(meta_store: MetadataStore) -> None:
+    m = meta_store.create_log("a", NOW)
+    b = meta_store.create_log("b", NOW)
+    assert meta_store.list_readers(m.log_id) == []
+    zed = meta_store.take_reader(m.log_id, "zed", "", LogMessageId(0, 0), NOW)
+    slash = meta_store.take_reader(m.log_id, "a/b c", "", LogMessageId(1, 2), NOW)
+    other = meta_store.take_reader(b.log_id, "zed", "", LogMessageId(5, 0), NOW)
+    assert meta_store.list_readers(m.log_id) == [slash, zed]
+    assert meta_store.list_readers(b.log_id) == [other]
+    assert meta_store.delete_reader(m.log_id, "a/b c") == slash
+    assert meta_store.delete_reader(m.log_id, "a/b c") is None  # absent: nothing to do
+    assert meta_store.list_readers(m.log_id) == [zed]
+    meta_store.delete_log("a")
+    assert meta_store.list_readers(m.log_id) == []
+    assert meta_store.list_readers(b.log_id) == [other]
+    with pytest.raises(LogNotFoundError):
+        meta_store.take_reader(m.log_id, "zed", "", LogMessageId(0, 0), NOW)
+    for name, pos in (("", LogMessageId(0, 0)), ("x", (0, -1))):
+        with pytest.raises(InvalidArgumentError):
+            meta_store.take_reader(b.log_id, name, "", pos, NOW)  # type: ignore[arg-type]
+    assert isinstance(other, ReaderMeta)
 
 
 # --- node registry -------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from test_store_namespaces import raw_keys, s3_config
 
 import woodpecker_idem as wp
 from woodpecker_idem.errors import MetadataLostError, ObjectStoreOwnedError, WriterFencedError
-from woodpecker_idem.history import History
+from woodpecker_idem.testing.history import History
 
 WINDOW_S = 600
 MAX_KEYS = 10_000

@@ -43,9 +43,17 @@ def test_snapshots_on_a_full_disk_are_counted_and_retried_quietly(
         return SnapshotSource(SnapshotStream(window, 1, 1, now_ms, {}), 0)
 
     snapshotter = Snapshotter(
-        store, 1, 1, lambda: 1_700_000_000_000, capture, lambda: 0, lambda: True,
-        3600.0, 10_000, 2,
-    )  # fmt: skip
+        store=store,
+        log_id=1,
+        epoch=1,
+        clock_ms=lambda: 1_700_000_000_000,
+        capture=capture,
+        new_keys=lambda: 0,
+        still_owner=lambda: True,
+        interval_s=3600.0,
+        threshold=10_000,
+        kept=2,
+    )
     try:
         monkeypatch.setattr(local, "write_all", _full)  # snapshots are streamed: put_parts
         with caplog.at_level(logging.WARNING, logger="woodpecker_idem"):

@@ -109,9 +109,17 @@ def test_s3_multipart_parts_and_abort(
         return SnapshotSource(SnapshotStream(window, 1, 1, now_ms, {1: n - 1}), 0)
 
     snapshotter = Snapshotter(
-        object_store, 1, 1, lambda: 1_700_000_000_000, capture, lambda: 0, lambda: True,
-        3600.0, 10_000, 2,
-    )  # fmt: skip
+        store=object_store,
+        log_id=1,
+        epoch=1,
+        clock_ms=lambda: 1_700_000_000_000,
+        capture=capture,
+        new_keys=lambda: 0,
+        still_owner=lambda: True,
+        interval_s=3600.0,
+        threshold=10_000,
+        kept=2,
+    )
     try:
         assert snapshotter.write_now() is False
         assert snapshotter.failures == 1

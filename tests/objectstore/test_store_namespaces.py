@@ -14,8 +14,8 @@ import pytest
 
 import woodpecker_idem as wp
 from woodpecker_idem.errors import ConfigError, ObjectStoreOwnedError
-from woodpecker_idem.history import History
 from woodpecker_idem.meta import SqliteMetadataStore
+from woodpecker_idem.testing.history import History
 
 WINDOW_S = 600
 MAX_KEYS = 10_000

@@ -27,7 +27,6 @@ from woodpecker_idem.errors import (
     WriterFencedError,
     WriterForkedError,
 )
-from woodpecker_idem.history import History
 from woodpecker_idem.retry import Backoff
 from woodpecker_idem.spark import ROUTE_COLUMN
 from woodpecker_idem.spark.options import SinkOptions, ensure_log_group
@@ -36,6 +35,7 @@ from woodpecker_idem.spark.sink import (
     _WriteThread,
     write_batches,
 )
+from woodpecker_idem.testing.history import History
 
 P = 2
 

@@ -60,8 +60,8 @@ from woodpecker_idem.errors import (
     WoodpeckerError,
     WriterFencedError,
 )
-from woodpecker_idem.logstore.transport import FaultInjectingTransport
 from woodpecker_idem.retry import Backoff, retry_call
+from woodpecker_idem.testing import FaultInjectingTransport
 
 OUT = threading.Lock()
 MET_KINDS = ("node_down", "storage_down", "acks_dropped", "meta_down", "takeover")

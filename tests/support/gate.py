@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from woodpecker_idem.logstore.transport import FaultInjectingTransport, LogStoreTransport
+from woodpecker_idem.logstore.transport import LogStoreTransport
+from woodpecker_idem.testing import FaultInjectingTransport
 
 
 class GatedTransport(FaultInjectingTransport):

@@ -20,7 +20,7 @@ import pytest
 import woodpecker_idem
 from woodpecker_idem import explicit_key
 from woodpecker_idem._core import route_keys
-from woodpecker_idem.history import History
+from woodpecker_idem.testing.history import History
 
 # Workers import the package from where this process did (source tree or installed wheel).
 PACKAGE_PARENT = str(Path(woodpecker_idem.__file__).resolve().parent.parent)

@@ -23,10 +23,9 @@ from test_meta_etcd import _writer_key  # the documented layout of the `writers`
 
 import woodpecker_idem as wp
 from woodpecker_idem import ManualClock, WriteResult, WriterFencedError, explicit_key
-from woodpecker_idem.history import History
-from woodpecker_idem.history_store import fresh_engines, read_stored
 from woodpecker_idem.objectstore import local as local_mod
 from woodpecker_idem.objectstore.local import LocalObjectStore
+from woodpecker_idem.testing.history import History, read_stored
 
 QUIET = {"idempotency.snapshot_interval_s": 3600, "idempotency.snapshot_threshold": 10**8}
 # nothing queued is admitted by the flusher within a test step (writes queued behind a batch in
@@ -228,9 +227,15 @@ def test_a_tail_reader_in_another_client_shows_no_entry_only_one_node_holds(
     pending = w.write_async(b"e5")
     for _ in range(2):
         assert gated.waiting.acquire(timeout=30)  # node-1's and node-2's adds are held
-    node0 = fresh_engines(writer_client.transport)["node-0"]
+
+    def node0_stored() -> list[bytes]:  # what node-0's storage holds, not its live engine
+        last = acked[-1]
+        return writer_client.transport.raw_read(
+            "node-0", handle.log_id, last.segment_id, last.entry_id + 1, 1
+        )
+
     deadline = time.monotonic() + 60  # generous: only a stalled machine gets near it
-    while not node0.read(handle.log_id, acked[-1].segment_id, acked[-1].entry_id + 1, 1):
+    while not node0_stored():
         assert time.monotonic() < deadline, "node-0 never stored the held entry"
         time.sleep(0.005)
     assert not pending.done()

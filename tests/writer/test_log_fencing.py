@@ -17,6 +17,7 @@ from drain import Drain
 
 import woodpecker_idem
 from woodpecker_idem._core import encode_entry
+from woodpecker_idem.ensemble.recovery import recover_segment
 from woodpecker_idem.errors import SegmentFencedError, WoodpeckerError, WriterFencedError
 from woodpecker_idem.logstore.blocks import KIND_FENCE, decode_block_header
 from woodpecker_idem.logstore.engine import LogStoreEngine
@@ -24,7 +25,6 @@ from woodpecker_idem.logstore.transport import InProcessTransport
 from woodpecker_idem.meta.base import SegmentMeta
 from woodpecker_idem.objectstore.local import LocalObjectStore
 from woodpecker_idem.types import LogMessageId, SegmentState
-from woodpecker_idem.writer.recovery import recover_segment
 
 LOGPROC = Path(__file__).resolve().parent.parent / "support" / "logproc.py"
 # the child imports the same woodpecker_idem as this process (the installed wheel in CI)

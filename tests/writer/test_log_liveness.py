@@ -25,9 +25,9 @@ from woodpecker_idem.errors import (
     WriterFencedError,
     WriteTimeoutError,
 )
-from woodpecker_idem.history import History
-from woodpecker_idem.logstore.transport import FaultInjectingTransport
 from woodpecker_idem.meta.base import SegmentMeta
+from woodpecker_idem.testing import FaultInjectingTransport
+from woodpecker_idem.testing.history import History
 from woodpecker_idem.types import SegmentState
 
 WINDOW_S = 3600

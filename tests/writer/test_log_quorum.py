@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 
 from woodpecker_idem._core import encode_entry
+from woodpecker_idem.ensemble.recovery import recover_segment
 from woodpecker_idem.errors import (
     QuorumUnavailableError,
     SegmentClosedError,
     WoodpeckerError,
     WriteTimeoutError,
 )
-from woodpecker_idem.logstore.transport import FaultInjectingTransport
 from woodpecker_idem.meta.base import SegmentMeta
+from woodpecker_idem.testing import FaultInjectingTransport
 from woodpecker_idem.types import LogMessageId, SegmentState
-from woodpecker_idem.writer.recovery import recover_segment
 
 ES3 = {"quorum.es": 3, "append.timeout_ms": 1000, "append.max_retries": 1, "append.linger_ms": 1}
 

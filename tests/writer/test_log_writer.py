@@ -25,7 +25,7 @@ from woodpecker_idem.errors import (
     WoodpeckerError,
     WriterClosedError,
 )
-from woodpecker_idem.logstore.transport import FaultInjectingTransport
+from woodpecker_idem.testing import FaultInjectingTransport
 from woodpecker_idem.types import LogMessageId, SegmentState, WriteMessage, WriteResult
 
 

@@ -23,7 +23,7 @@ import pytest
 
 import woodpecker_idem as wp
 from woodpecker_idem import WoodpeckerError, explicit_key, explicit_keys
-from woodpecker_idem.history import History, Stamp
+from woodpecker_idem.testing.history import History, Stamp
 
 # Limits small enough that backpressure, batch cuts and rolls happen on most calls
 TIGHT = {

@@ -14,7 +14,7 @@ from gate import gate
 
 import woodpecker_idem as wp
 from woodpecker_idem import WriteTimeoutError, explicit_key
-from woodpecker_idem.history import History
+from woodpecker_idem.testing.history import History
 
 HOLD_S = 60.0  # how long the storage hangs
 TIMEOUT_S = 2.0  # the call's own bound

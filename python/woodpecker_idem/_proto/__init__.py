@@ -1,0 +1,1 @@
+"""Generated from proto/ by scripts/protos (messages only; do not edit: regenerate)."""

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0elogstore.proto\x12\x18woodpecker_idem.logstore\"\xeb\x01\n\x08LogEntry\x12\x12\n\nsegment_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x46\n\nproperties\x18\x05 \x03(\x0b\x32\x32.woodpecker_idem.logstore.LogEntry.PropertiesEntry\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\x0c\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\\\n\rSegmentFooter\x12\x15\n\rlast_entry_id\x18\x01 \x01(\x03\x12\x34\n\x06\x62locks\x18\x02 \x03(\x0b\x32$.woodpecker_idem.logstore.BlockIndex\"J\n\nBlockIndex\x12\r\n\x05\x62lock\x18\x01 \x01(\x03\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\"}\n\x11\x41\x64\x64\x45ntriesRequest\x12\x0e\n\x06log_id\x18\x01 \x01(\x03\x12\x12\n\nsegment_id\x18\x02 \x01(\x03\x12\x16\n\x0e\x66irst_entry_id\x18\x03 \x01(\x03\x12\r\n\x05\x66rame\x18\x04 \x01(\x0c\x12\x0b\n\x03lac\x18\x05 \x01(\x03\x12\x10\n\x08recovery\x18\x06 \x01(\x08\"+\n\x12\x41\x64\x64\x45ntriesResponse\x12\x15\n\rlast_entry_id\x18\x01 \x01(\x03\"K\n\x0eSegmentRequest\x12\x0e\n\x06log_id\x18\x01 \x01(\x03\x12\x12\n\nsegment_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\"7\n\x11LastEntryResponse\x12\x15\n\rlast_entry_id\x18\x01 \x01(\x03\x12\x0b\n\x03lac\x18\x02 \x01(\x03\"]\n\x0bReadRequest\x12\x0e\n\x06log_id\x18\x01 \x01(\x03\x12\x12\n\nsegment_id\x18\x02 \x01(\x03\x12\x15\n\rfrom_entry_id\x18\x03 \x01(\x03\x12\x13\n\x0bmax_entries\x18\x04 \x01(\x05\"\x1f\n\x0cReadResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x03(\x0c\"\x07\n\x05\x45mpty2\xc8\x04\n\x08LogStore\x12g\n\nAddEntries\x12+.woodpecker_idem.logstore.AddEntriesRequest\x1a,.woodpecker_idem.logstore.AddEntriesResponse\x12^\n\x05\x46\x65nce\x12(.woodpecker_idem.logstore.SegmentRequest\x1a+.woodpecker_idem.logstore.LastEntryResponse\x12U\n\x08\x43omplete\x12(.woodpecker_idem.logstore.SegmentRequest\x1a\x1f.woodpecker_idem.logstore.Empty\x12U\n\x04Read\x12%.woodpecker_idem.logstore.ReadRequest\x1a&.woodpecker_idem.logstore.ReadResponse\x12i\n\x10LastAddConfirmed\x12(.woodpecker_idem.logstore.SegmentRequest\x1a+.woodpecker_idem.logstore.LastEntryResponse\x12Z\n\rDeleteSegment\x12(.woodpecker_idem.logstore.SegmentRequest\x1a\x1f.woodpecker_idem.logstore.Emptyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0elogstore.proto\x12\x18woodpecker_idem.logstore\"\xeb\x01\n\x08LogEntry\x12\x12\n\nsegment_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x46\n\nproperties\x18\x05 \x03(\x0b\x32\x32.woodpecker_idem.logstore.LogEntry.PropertiesEntry\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\x0c\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\\\n\rSegmentFooter\x12\x15\n\rlast_entry_id\x18\x01 \x01(\x03\x12\x34\n\x06\x62locks\x18\x02 \x03(\x0b\x32$.woodpecker_idem.logstore.BlockIndex\"J\n\nBlockIndex\x12\r\n\x05\x62lock\x18\x01 \x01(\x03\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\"}\n\x11\x41\x64\x64\x45ntriesRequest\x12\x0e\n\x06log_id\x18\x01 \x01(\x03\x12\x12\n\nsegment_id\x18\x02 \x01(\x03\x12\x16\n\x0e\x66irst_entry_id\x18\x03 \x01(\x03\x12\r\n\x05\x66rame\x18\x04 \x01(\x0c\x12\x0b\n\x03lac\x18\x05 \x01(\x03\x12\x10\n\x08recovery\x18\x06 \x01(\x08\"+\n\x12\x41\x64\x64\x45ntriesResponse\x12\x15\n\rlast_entry_id\x18\x01 \x01(\x03\"K\n\x0eSegmentRequest\x12\x0e\n\x06log_id\x18\x01 \x01(\x03\x12\x12\n\nsegment_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\"7\n\x11LastEntryResponse\x12\x15\n\rlast_entry_id\x18\x01 \x01(\x03\x12\x0b\n\x03lac\x18\x02 \x01(\x03\"D\n\x14\x43ompletedEndResponse\x12\x1a\n\rlast_entry_id\x18\x01 \x01(\x03H\x00\x88\x01\x01\x42\x10\n\x0e_last_entry_id\"\x1c\n\nLogRequest\x12\x0e\n\x06log_id\x18\x01 \x01(\x03\"]\n\x0bReadRequest\x12\x0e\n\x06log_id\x18\x01 \x01(\x03\x12\x12\n\nsegment_id\x18\x02 \x01(\x03\x12\x15\n\rfrom_entry_id\x18\x03 \x01(\x03\x12\x13\n\x0bmax_entries\x18\x04 \x01(\x05\"\x1f\n\x0cReadResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x03(\x0c\"O\n\x12SealSegmentRequest\x12\x0e\n\x06log_id\x18\x01 \x01(\x03\x12\x12\n\nsegment_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\"v\n\x13SealSegmentResponse\x12\x12\n\nblock_keys\x18\x01 \x03(\t\x12\x12\n\nfooter_key\x18\x02 \x01(\t\x12\x37\n\x06\x66ooter\x18\x03 \x01(\x0b\x32\'.woodpecker_idem.logstore.SegmentFooter\"\x07\n\x05\x45mpty2\xcc\x07\n\x08LogStore\x12g\n\nAddEntries\x12+.woodpecker_idem.logstore.AddEntriesRequest\x1a,.woodpecker_idem.logstore.AddEntriesResponse\x12^\n\x05\x46\x65nce\x12(.woodpecker_idem.logstore.SegmentRequest\x1a+.woodpecker_idem.logstore.LastEntryResponse\x12U\n\x08\x43omplete\x12(.woodpecker_idem.logstore.SegmentRequest\x1a\x1f.woodpecker_idem.logstore.Empty\x12h\n\x0c\x43ompletedEnd\x12(.woodpecker_idem.logstore.SegmentRequest\x1a..woodpecker_idem.logstore.CompletedEndResponse\x12U\n\x04Read\x12%.woodpecker_idem.logstore.ReadRequest\x1a&.woodpecker_idem.logstore.ReadResponse\x12i\n\x10LastAddConfirmed\x12(.woodpecker_idem.logstore.SegmentRequest\x1a+.woodpecker_idem.logstore.LastEntryResponse\x12Z\n\rDeleteSegment\x12(.woodpecker_idem.logstore.SegmentRequest\x1a\x1f.woodpecker_idem.logstore.Empty\x12R\n\tDeleteLog\x12$.woodpecker_idem.logstore.LogRequest\x1a\x1f.woodpecker_idem.logstore.Empty\x12X\n\x07RawRead\x12%.woodpecker_idem.logstore.ReadRequest\x1a&.woodpecker_idem.logstore.ReadResponse\x12j\n\x0bSealSegment\x12,.woodpecker_idem.logstore.SealSegmentRequest\x1a-.woodpecker_idem.logstore.SealSegmentResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,12 +49,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SEGMENTREQUEST']._serialized_end=699
   _globals['_LASTENTRYRESPONSE']._serialized_start=701
   _globals['_LASTENTRYRESPONSE']._serialized_end=756
-  _globals['_READREQUEST']._serialized_start=758
-  _globals['_READREQUEST']._serialized_end=851
-  _globals['_READRESPONSE']._serialized_start=853
-  _globals['_READRESPONSE']._serialized_end=884
-  _globals['_EMPTY']._serialized_start=886
-  _globals['_EMPTY']._serialized_end=893
-  _globals['_LOGSTORE']._serialized_start=896
-  _globals['_LOGSTORE']._serialized_end=1480
+  _globals['_COMPLETEDENDRESPONSE']._serialized_start=758
+  _globals['_COMPLETEDENDRESPONSE']._serialized_end=826
+  _globals['_LOGREQUEST']._serialized_start=828
+  _globals['_LOGREQUEST']._serialized_end=856
+  _globals['_READREQUEST']._serialized_start=858
+  _globals['_READREQUEST']._serialized_end=951
+  _globals['_READRESPONSE']._serialized_start=953
+  _globals['_READRESPONSE']._serialized_end=984
+  _globals['_SEALSEGMENTREQUEST']._serialized_start=986
+  _globals['_SEALSEGMENTREQUEST']._serialized_end=1065
+  _globals['_SEALSEGMENTRESPONSE']._serialized_start=1067
+  _globals['_SEALSEGMENTRESPONSE']._serialized_end=1185
+  _globals['_EMPTY']._serialized_start=1187
+  _globals['_EMPTY']._serialized_end=1194
+  _globals['_LOGSTORE']._serialized_start=1197
+  _globals['_LOGSTORE']._serialized_end=2169
 # @@protoc_insertion_point(module_scope)

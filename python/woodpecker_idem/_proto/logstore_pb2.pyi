@@ -87,6 +87,18 @@ class LastEntryResponse(_message.Message):
     lac: int
     def __init__(self, last_entry_id: _Optional[int] = ..., lac: _Optional[int] = ...) -> None: ...
 
+class CompletedEndResponse(_message.Message):
+    __slots__ = ("last_entry_id",)
+    LAST_ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    last_entry_id: int
+    def __init__(self, last_entry_id: _Optional[int] = ...) -> None: ...
+
+class LogRequest(_message.Message):
+    __slots__ = ("log_id",)
+    LOG_ID_FIELD_NUMBER: _ClassVar[int]
+    log_id: int
+    def __init__(self, log_id: _Optional[int] = ...) -> None: ...
+
 class ReadRequest(_message.Message):
     __slots__ = ("log_id", "segment_id", "from_entry_id", "max_entries")
     LOG_ID_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +116,26 @@ class ReadResponse(_message.Message):
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedScalarFieldContainer[bytes]
     def __init__(self, entries: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class SealSegmentRequest(_message.Message):
+    __slots__ = ("log_id", "segment_id", "last_entry_id")
+    LOG_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    log_id: int
+    segment_id: int
+    last_entry_id: int
+    def __init__(self, log_id: _Optional[int] = ..., segment_id: _Optional[int] = ..., last_entry_id: _Optional[int] = ...) -> None: ...
+
+class SealSegmentResponse(_message.Message):
+    __slots__ = ("block_keys", "footer_key", "footer")
+    BLOCK_KEYS_FIELD_NUMBER: _ClassVar[int]
+    FOOTER_KEY_FIELD_NUMBER: _ClassVar[int]
+    FOOTER_FIELD_NUMBER: _ClassVar[int]
+    block_keys: _containers.RepeatedScalarFieldContainer[str]
+    footer_key: str
+    footer: SegmentFooter
+    def __init__(self, block_keys: _Optional[_Iterable[str]] = ..., footer_key: _Optional[str] = ..., footer: _Optional[_Union[SegmentFooter, _Mapping]] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()

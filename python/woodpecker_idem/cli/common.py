@@ -44,10 +44,35 @@ def message_id(text: str) -> LogMessageId:
     """An argparse type: `SEGMENT:ENTRY` (as `cat` prints ids)."""
     m = re.fullmatch(r"\s*(\d+):(\d+)\s*", text)
     if m is None:
+        sign = " (ids are never negative)" if text.strip().startswith("-") else ""
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a message id; write SEGMENT:ENTRY, e.g. 3:0"
+            f"{text!r} is not a message id{sign}; write SEGMENT:ENTRY, e.g. 3:0"
         )
     return LogMessageId(int(m.group(1)), int(m.group(2)))
+
+
+# Options whose value may look like an option ("--before -1:0", "--older-than -5s"): argparse
+# takes a token that starts with "-" for the next option and fails with "expected one argument",
+# which says nothing about the value. `join_values` hands such a value to the option, whose type
+# then refuses it with our own message.
+VALUE_OPTIONS = ("--before", "--older-than", "--from", "--limit")
+
+
+def join_values(argv: Sequence[str]) -> list[str]:
+    """`argv` with `OPTION -VALUE` written `OPTION=-VALUE` for VALUE_OPTIONS when the value
+    starts with a minus and a digit or a dot (a negative-looking value, never an option)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if tok in VALUE_OPTIONS and nxt is not None and re.match(r"-[\d.]", nxt):
+            out.append(f"{tok}={nxt}")
+            i += 2
+            continue
+        out.append(tok)
+        i += 1
+    return out
 
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -56,6 +81,11 @@ _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 *
 def duration_s(text: str) -> float:
     """An argparse type: a duration like 90s, 30m, 12h, 7d, 2w or 1500ms (no unit: seconds)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*", text)
+    if m is None and text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is negative; a duration counts back from now, so write it without a "
+            "sign: 90s, 30m, 12h, 7d, 2w"
+        )
     if m is None:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a duration; write a number with a unit: 90s, 30m, 12h, 7d, 2w"
@@ -205,7 +235,7 @@ def log_summary(client: WoodpeckerClient, name: str, times: bool = True) -> dict
     first: LogMessageId | None = None
     last: LogMessageId | None = None
     for seg in segments:
-        end = visible_last(client.transport, seg)
+        end = visible_last(client.ensemble.calls, seg)
         start = floor.entry_id if seg.segment_id == floor.segment_id else 0
         if seg.segment_id < floor.segment_id or end < start:
             continue

@@ -34,8 +34,8 @@ from .. import (
 from .._core import DedupWindow, decode_snapshot, encode_snapshot
 from ..clock import SYSTEM_CLOCK
 from ..errors import InvalidArgumentError, WoodpeckerError
-from ..history import History, Stamp
-from ..logstore.transport import FaultInjectingTransport
+from ..testing.faults import FaultInjectingTransport
+from ..testing.history import History, Stamp
 from .common import int_in, run_job
 
 

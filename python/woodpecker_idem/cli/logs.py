@@ -1,4 +1,5 @@
-"""The commands about logs: `logs`, `stat LOG`, `cat LOG`, `truncate LOG`, `drop-group NAME`."""
+"""The commands about logs: `logs`, `stat LOG`, `cat LOG`, `truncate LOG`, `drop-group NAME`,
+`readers list|delete`."""
 
 from __future__ import annotations
 
@@ -90,6 +91,25 @@ def add_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
         help="drop it even if a writer's lease on one of its logs has not expired",
     )
     add_store_args(p, json_output=False)
+    p = add_parser(
+        "readers",
+        help="a log's named readers (open_reader(name=...)): list them with their committed "
+        "position and lag, or delete one",
+    )
+    which = p.add_subparsers(dest="readers_command", required=True, metavar="{list,delete}")
+    q = which.add_parser(
+        "list", help="each named reader: committed position, lag (entries behind the end), owner"
+    )
+    q.add_argument("log", help="the log's name")
+    add_store_args(q)
+    q = which.add_parser(
+        "delete",
+        help="forget a named reader: its position goes, it no longer holds retention back, and "
+        "a live holder's next commit is refused",
+    )
+    q.add_argument("log", help="the log's name")
+    q.add_argument("name", help="the reader's name")
+    add_store_args(q, json_output=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,6 +122,10 @@ def run(args: argparse.Namespace) -> int:
             return _cat(client, args.log, args.start, args.limit, args.follow, args.json)
         if args.command == "truncate":
             return _truncate(client, args.log, args.before, args.older_than, args.dry_run)
+        if args.command == "readers":
+            if args.readers_command == "list":
+                return _readers(client, args.log, args.json)
+            return _delete_reader(client, args.log, args.name)
         return _drop_group(client, args.name, args.force)
 
 
@@ -163,7 +187,7 @@ def _stat(client: WoodpeckerClient, name: str, as_json: bool) -> int:
     summary = log_summary(client, name)
     segments = []
     for seg in client.meta.list_segments(handle.log_id):
-        end = visible_last(client.transport, seg)
+        end = visible_last(client.ensemble.calls, seg)
         segments.append(
             {
                 "segment_id": seg.segment_id,
@@ -318,7 +342,9 @@ def _truncate(
         live = [s for s in segments if s.state is not SegmentState.TRUNCATED]
         end = LogMessageId(0, 0)
         if live:
-            end = LogMessageId(live[-1].segment_id, visible_last(client.transport, live[-1]) + 1)
+            end = LogMessageId(
+                live[-1].segment_id, visible_last(client.ensemble.calls, live[-1]) + 1
+            )
         if before > end:
             raise InvalidArgumentError(
                 f"--before {before} is past the end of log {name!r} (the next id is {end})"
@@ -338,6 +364,47 @@ def _truncate(
         return 0
     handle.truncate(before)
     print(f"{name}: truncated to {before} (was {was or '0:0'}); {what} deleted")
+    return 0
+
+
+# --- readers ---------------------------------------------------------------------------------
+
+
+def _readers(client: WoodpeckerClient, name: str, as_json: bool) -> int:
+    handle = open_log(client, name)
+    rows = [
+        {
+            "name": r.name,
+            "position": str(r.position),
+            "lag": r.lag,
+            "epoch": r.epoch,
+            "owner": r.owner or None,
+            "updated": fmt_time(r.updated_ms),
+        }
+        for r in handle.readers()
+    ]
+    if as_json:
+        print_json({"log": name, "readers": rows})
+        return 0
+    if not rows:
+        print(f"{name}: no named readers")
+        return 0
+    cols = ["name", "position", "lag", "epoch", "owner", "updated"]
+    print_table(cols, [[row[c] for c in cols] for row in rows])
+    return 0
+
+
+def _delete_reader(client: WoodpeckerClient, name: str, reader: str) -> int:
+    handle = open_log(client, name)
+    if not handle.delete_reader(reader):
+        names = [r.name for r in handle.readers()]
+        close = difflib.get_close_matches(reader, names, n=3)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise InvalidArgumentError(
+            f"log {name!r} has no named reader {reader!r}{hint} "
+            f"(`woodpecker-idem readers list {name}` lists them)"
+        )
+    print(f"{name}: deleted reader {reader!r}")
     return 0
 
 

@@ -174,7 +174,7 @@ def _log(client: WoodpeckerClient, meta: LogMeta, report: Report) -> None:
 def _replica(
     client: WoodpeckerClient, seg: SegmentMeta, node: str, where: str, report: Report
 ) -> None:
-    transport = client.transport
+    transport = client.ensemble.calls
     log_id, sid = seg.log_id, seg.segment_id
     try:
         if seg.state in DONE:
@@ -231,6 +231,6 @@ def _replica(
 
 
 def _read(client: WoodpeckerClient, seg: SegmentMeta, node: str, entry: int, n: int) -> list:
-    raw = client.transport.read(node, seg.log_id, seg.segment_id, entry, n)
+    raw = client.ensemble.calls.read(node, seg.log_id, seg.segment_id, entry, n)
     check_entries(raw, seg.segment_id, entry)
     return raw

@@ -1,9 +1,11 @@
-"""WoodpeckerClient: owns one set of stores and a transport, and hands out LogHandles.
+"""WoodpeckerClient: owns one set of stores and the ensemble layer, and hands out LogHandles.
 
 Built by the composition root (`woodpecker_idem.connect`); this package does not import it."""
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import weakref
 from pathlib import Path
@@ -13,6 +15,7 @@ from .. import registry
 from ..args import bool_arg, timeout_arg
 from ..clock import Clock
 from ..config import Config, check_value
+from ..ensemble import Ensemble, LogContext
 from ..errors import (
     ClientClosedError,
     InvalidArgumentError,
@@ -29,9 +32,12 @@ from .log import ClosableWriter, LogHandle, WriterFactory
 
 W = TypeVar("W", bound=ClosableWriter)
 
+DELETE_LEASE_MS = 2_000  # the lease the delete takes with the log's last epoch (gone with it)
+
 
 class WoodpeckerClient:
-    """Owns the stores and the transport; hands out LogHandles."""
+    """Owns the stores and the ensemble layer (the nodes, their senders, the background work of
+    every writer); hands out LogHandles."""
 
     def __init__(
         self,
@@ -40,7 +46,7 @@ class WoodpeckerClient:
         clock: Clock,
         meta: MetadataStore,
         objects: ObjectStore,
-        transport: LogStoreTransport,
+        ensemble: Ensemble,
         writers: WriterFactory,
     ):
         self.config = config
@@ -48,7 +54,7 @@ class WoodpeckerClient:
         self.clock = clock
         self.meta = meta
         self.objects = objects
-        self.transport = transport
+        self.ensemble = ensemble
         # LogHandle.open_writer builds its writer with this (given by the composition root: the
         # client does not import the writer pipeline above it)
         self.writers = writers
@@ -60,6 +66,18 @@ class WoodpeckerClient:
         self._retention: RetentionRunner | None = None
         self._retention_of: dict[str, RetentionPolicy] = {}  # set_retention, by log name
         self._closed = False
+
+    @property
+    def transport(self) -> LogStoreTransport:
+        """How the client reaches its nodes, below the ensemble layer's senders and deadlines
+        (node calls that need a deadline go through `ensemble.calls`)."""
+        return self.ensemble.transport
+
+    @transport.setter
+    def transport(self, transport: LogStoreTransport) -> None:
+        """Reach the nodes through `transport` from now on (tests wrap the transport in a fault
+        injector before they open a writer; `connect(transport=...)` is the public way)."""
+        self.ensemble.transport = transport
 
     @property
     def closed(self) -> bool:
@@ -142,6 +160,27 @@ class WoodpeckerClient:
         """The background retention runner (None until a writer opens with a bound set)."""
         return self._retention
 
+    def context(self, log_id: int, name: str) -> LogContext:
+        """What a writer or reader of the log is given (not the client)."""
+        transport = self.ensemble.transport
+        return LogContext(
+            log_id=log_id,
+            name=name,
+            config=self.config,
+            clock=self.clock,
+            meta=self.meta,
+            objects=self.objects,
+            ensemble=self.ensemble,
+            transport=transport,
+            calls=self.ensemble.calls_through(transport),
+            client_closed=lambda: self._closed,
+        )
+
+    def threads(self) -> list[threading.Thread]:
+        """The client's own background threads (its ensemble layer's: node senders, the
+        scheduler), however many writers it has open."""
+        return self.ensemble.threads()
+
     def store_id(self) -> str:
         """The metadata store's identity (a UUID made when the store was created); object keys
         live under it: `{objectstore.root}/{store_id}/...`."""
@@ -198,12 +237,21 @@ class WoodpeckerClient:
         return [m.name for m in self.meta.list_logs()]
 
     def delete_log(self, name: str) -> None:
-        """Remove the log's entries, snapshots and metadata."""
+        """Remove the log's entries, snapshots and metadata. A writer still writing it, in this
+        process or another, is fenced first: nothing is acknowledged once the delete is
+        committed, and its next write fails with `WriterFencedError`. (A segment such a writer
+        still had open stays on its nodes, fenced, so that its adds keep meeting the fence.)"""
         self.check_open()
         _check_name(name)
         meta = self.meta.get_log(name)
-        for node in self.transport.node_ids:
-            self.transport.delete_log(node, meta.log_id)
+        # A new epoch refuses the live writer's metadata writes (a roll, a repair's seal); then
+        # each unfinished segment is fenced on its nodes, which refuses its adds. Its acks end
+        # here, before the records go (the last step commits the delete).
+        owner = f"delete_log:{socket.gethostname()}:{os.getpid()}"
+        self.meta.take_over(meta.log_id, owner, self.clock.now_ms(), DELETE_LEASE_MS)
+        segments = self.meta.list_segments(meta.log_id)
+        self.ensemble.fence_segments(segments)
+        self.ensemble.delete_log(meta.log_id, segments)
         self.objects.delete_prefix(f"dedup_snapshot/{meta.log_id}/")
         self.meta.delete_log(name)
 
@@ -222,7 +270,7 @@ class WoodpeckerClient:
             retention.stop()
         for writer in writers:
             writer.close(timeout)
-        self.transport.close()
+        self.ensemble.close()  # its tasks cancelled and joined before the stores close
         self.meta.close()
         self.objects.close()
 

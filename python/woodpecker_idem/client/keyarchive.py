@@ -16,11 +16,11 @@ from collections.abc import Callable
 
 from .._core import concat
 from .._proto.logstore_pb2 import LogEntry
+from ..ensemble.replicas import ReplicaFault, read_entries
 from ..logstore.blocks import decode_entry, encode_record, record_entry, split_frame
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import SegmentMeta
 from ..objectstore.base import ObjectStore
-from .replicas import ReplicaFault, read_entries
 
 READ_CHUNK = 2000
 

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Literal, Protocol, overload
 
 from .. import registry
 from ..args import bool_arg, message_id_arg
-from ..errors import InvalidArgumentError, NodeUnavailableError
-from ..types import LogMessageId, SegmentState
+from ..errors import InvalidArgumentError, MetadataConflictError, NodeUnavailableError
+from ..meta.base import SegmentMeta
+from ..types import LogMessageId, ReaderInfo, SegmentState
 from .keyarchive import archive_keys, archive_prefix
-from .reader import LogReader
+from .reader import LogReader, entries_from, last_entry
 
 if TYPE_CHECKING:
     from ..writer.api import IdempotentLogWriter, LogWriter
@@ -101,11 +102,60 @@ class LogHandle:
         )
         return self.client.track(writer, self)
 
-    def open_reader(self, start: str | LogMessageId = "earliest") -> LogReader:
+    def open_reader(
+        self,
+        start: str | LogMessageId = "earliest",
+        *,
+        name: str | None = None,
+        start_time_ms: int | None = None,
+    ) -> LogReader:
+        """A reader from `start`: 'earliest' (the first entry kept), 'latest' (what is written
+        from now on), a `LogMessageId` or its text ("3:120"); or, with `start_time_ms`, the first
+        entry whose timestamp is at or after it (milliseconds since the epoch).
+
+        With `name` the reader is durable: `reader.commit()` records its position in the
+        metadata store and the next `open_reader(name=...)` of that name, in any process, resumes
+        there (`start` applies only to a new name). Opening a name takes it over: the reader
+        that held it before gets `ReaderFencedError` at its next commit. See docs/semantics.md.
+        """
         self.client.check_open()
-        reader = LogReader(self, start)
+        reader = LogReader(self, start, name=name, start_time_ms=start_time_ms)
         registry.add_reader(reader, self)  # its corrupt-replica count reaches the metrics
         return reader
+
+    def last_message_id(self) -> LogMessageId | None:
+        """The id of the log's last entry a reader can read now (None: the log is empty)."""
+        self.client.check_open()
+        last = last_entry(self.client.ensemble.calls, self.client.meta.list_segments(self.log_id))
+        floor = self.client.meta.get_log_by_id(self.log_id).truncated_to
+        if last is None or (floor is not None and last < floor):
+            return None
+        return last
+
+    def readers(self) -> list[ReaderInfo]:
+        """The log's named readers, by name: each one's committed position and lag (entries
+        from it to the end of the log)."""
+        self.client.check_open()
+        meta = self.client.meta
+        segments = meta.list_segments(self.log_id)
+        return [
+            ReaderInfo(
+                r.name,
+                r.position,
+                entries_from(self.client.ensemble.calls, segments, r.position),
+                r.epoch,
+                r.owner,
+                r.updated_ms,
+            )
+            for r in meta.list_readers(self.log_id)
+        ]
+
+    def delete_reader(self, name: str) -> bool:
+        """Forget the named reader `name` (its position; a live holder's next commit is refused
+        with `ReaderFencedError`, and it no longer holds retention back). False if there was
+        no such reader."""
+        self.client.check_open()
+        return self.client.meta.delete_reader(self.log_id, name) is not None
 
     def segments(self):
         self.client.check_open()
@@ -131,11 +181,12 @@ class LogHandle:
             if seg.state not in (SegmentState.COMPLETED, SegmentState.SEALED):
                 continue
             if seg.completed_ms > horizon:  # before the entries go: a failure leaves them
-                archive_keys(client.transport, client.objects, seg)
-            meta.update_segment(None, dataclasses.replace(seg, state=SegmentState.TRUNCATED))
+                archive_keys(client.ensemble.calls, client.objects, seg)
+            if not self._mark_truncated(seg):
+                continue
             for node in seg.nodes:
                 try:
-                    client.transport.delete_segment(node, self.log_id, seg.segment_id)
+                    client.ensemble.calls.delete_segment(node, self.log_id, seg.segment_id)
                 except NodeUnavailableError as exc:
                     log.warning(
                         "truncate: could not delete %s/%s on %s: %s",
@@ -145,6 +196,27 @@ class LogHandle:
                         exc,
                     )
         self._drop_old_archives(horizon)
+
+    def _mark_truncated(self, seg: SegmentMeta) -> bool:
+        """Mark `seg` TRUNCATED; False if it is gone meanwhile. A live writer may move a
+        completed segment on (COMPLETED -> SEALED) while we truncate: that changes its revision,
+        not its entries, so the mark is made again on the record as it is now."""
+        meta = self.client.meta
+        current: SegmentMeta | None = seg
+        for _ in range(10):
+            if current is None or current.state is SegmentState.TRUNCATED:
+                return False
+            try:
+                meta.update_segment(
+                    None, dataclasses.replace(current, state=SegmentState.TRUNCATED)
+                )
+                return True
+            except MetadataConflictError:
+                current = meta.get_segment(self.log_id, seg.segment_id)
+        raise MetadataConflictError(
+            f"truncate: segment {self.log_id}/{seg.segment_id} kept changing under it; "
+            "call truncate again"
+        )
 
     def _drop_old_archives(self, horizon: int) -> None:
         """Delete kept keys of truncated segments now older than the window."""

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from .._core import DedupWindow, Snapshot, StoredEntry
 from .._proto.logstore_pb2 import LogEntry
 from ..client.keyarchive import load_archive
-from ..client.replicas import ReplicaFault, read_entries
 from ..config import KEYS, Section, check_value
-from ..errors import ConfigError, InvalidArgumentError, InvalidTypeError
+from ..ensemble.replicas import ReplicaFault, read_entries
+from ..errors import ConfigError, InvalidArgumentError, InvalidTypeError, NodeUnavailableError
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
 from ..objectstore.base import ObjectStore
@@ -118,11 +118,11 @@ def rebuild_window(
     if snap is not None:
         newest[0] = max(newest[0], snap.timestamp_ms)
     backfilled = sum(
-        _replay(window, transport, objects, span, on_corrupt, newest) for span in before
+        _replay(window, transport, objects, meta, span, on_corrupt, newest) for span in before
     )
     loaded = _load_snapshot(window, snap, segments) if snap is not None else 0
     replayed = backfilled + sum(
-        _replay(window, transport, objects, span, on_corrupt, newest) for span in after
+        _replay(window, transport, objects, meta, span, on_corrupt, newest) for span in after
     )
     behind = max(0, newest[0] - now_ms)
     if behind > CLOCK_SKEW_WARN_MS:
@@ -253,6 +253,7 @@ def _replay(
     window: DedupWindow,
     transport: LogStoreTransport,
     objects: ObjectStore,
+    meta: MetadataStore,
     span: Span,
     on_corrupt: Callable[[ReplicaFault], None],
     newest: list[int],
@@ -261,14 +262,42 @@ def _replay(
     `newest[0]` is raised to the newest timestamp read."""
     seg, entry, last = span
     if seg.state is SegmentState.TRUNCATED:  # its entries are gone: only keys were kept
-        kept = [e for e in load_archive(objects, seg) if entry <= e.entry_id <= last]
-        _add(window, kept, newest)
-        return len(kept)
+        return _replay_archive(window, objects, seg, entry, last, newest)
     while entry <= last:
-        entries = read_entries(transport, seg, entry, min(READ_CHUNK, last - entry + 1), on_corrupt)
+        try:
+            entries = read_entries(
+                transport, seg, entry, min(READ_CHUNK, last - entry + 1), on_corrupt
+            )
+        except NodeUnavailableError:
+            # a truncation running now may have dropped it since the segments were listed:
+            # it keeps a window's keys aside before it deletes (keyarchive.py), so read those
+            now = meta.get_segment(seg.log_id, seg.segment_id)
+            if now is not None and now.state is not SegmentState.TRUNCATED:
+                raise  # still there: a real outage, retried by the caller
+            log.info(
+                "log %s: segment %s was truncated during the window rebuild; reading its kept "
+                "keys instead",
+                seg.log_id,
+                seg.segment_id,
+            )
+            return entry - span[1] + _replay_archive(window, objects, seg, entry, last, newest)
         _add(window, entries, newest)
         entry += len(entries)
     return last - span[1] + 1
+
+
+def _replay_archive(
+    window: DedupWindow,
+    objects: ObjectStore,
+    seg: SegmentMeta,
+    entry: int,
+    last: int,
+    newest: list[int],
+) -> int:
+    """The kept keys of truncated `seg` in entries entry..last (see `_replay`)."""
+    kept = [e for e in load_archive(objects, seg) if entry <= e.entry_id <= last]
+    _add(window, kept, newest)
+    return len(kept)
 
 
 def _add(

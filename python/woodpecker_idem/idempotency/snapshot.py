@@ -12,11 +12,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .._core import Snapshot, SnapshotStream, decode_snapshot
 from ..errors import SnapshotCorruptError, WoodpeckerError
 from ..objectstore.base import ObjectStore
 from ..retry import Backoff
+
+if TYPE_CHECKING:
+    from ..ensemble.scheduler import Scheduler, Timer
 
 log = logging.getLogger(__name__)
 
@@ -121,14 +125,17 @@ SNAPSHOT_GAP_S = 1.0
 class Snapshotter:
     """Writes snapshots every `interval_s` or after `due_keys` new keys (`threshold`, or half
     the last snapshot's keys if more) but at least min(SNAPSHOT_GAP_S, `interval_s`) apart, off
-    the write path.
+    the write path: a timer of the client's `scheduler` checks whether one is due (`kick()` asks
+    it to look now), and the write runs as a task of the scheduler's workers. Without a
+    scheduler nothing runs in the background (`write_now()` only).
 
-    A failed write is logged, counted and retried on the next tick; writes go on meanwhile. A fenced
+    A failed write is logged, counted and retried with backoff; writes go on meanwhile. A fenced
     writer stops and deletes nothing.
     """
 
     def __init__(
         self,
+        *,
         store: ObjectStore,
         log_id: int,
         epoch: int,
@@ -139,6 +146,7 @@ class Snapshotter:
         interval_s: float,
         threshold: int,
         kept: int,
+        scheduler: Scheduler | None = None,
     ):
         self.store = store
         self.log_id = log_id
@@ -158,44 +166,80 @@ class Snapshotter:
         self.bytes_written = 0
         self.last_key: str | None = None
         self._stop = threading.Event()
-        self._kick = threading.Event()
         self._last = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name=f"wp-snapshot-{log_id}", daemon=True)
-        self._thread.start()
+        self._backoff: Backoff | None = None  # set while snapshots fail
+        # A write is queued or running (set and cleared on the timer thread and the task's
+        # worker, never both at once: the timer submits a write only while none is, and the
+        # write re-arms the timer only after clearing it).
+        self._writing = False
+        self._idle = threading.Event()  # no write queued or running
+        self._idle.set()
+        self._scheduler = scheduler
+        self._timer: Timer | None = None
+        if scheduler is not None:
+            self._timer = scheduler.timer(self._check, f"snapshot-{log_id}")
+            self._timer.at(time.monotonic() + self._poll_s())
+
+    @property
+    def active(self) -> bool:
+        """Snapshots are still being scheduled (not stopped, and the client not closed)."""
+        return self._timer is not None and not self._stop.is_set() and not self._timer.cancelled
 
     def kick(self) -> None:
         """Ask for a snapshot soon (threshold reached)."""
-        self._kick.set()
+        if self._timer is not None:
+            self._timer.poke()
 
     def cancel(self) -> None:
-        """Stop soon, without waiting (callable from the task's own thread, or under a lock)."""
+        """Stop soon, without waiting (callable from the task itself, or under a lock)."""
         self._stop.set()
-        self._kick.set()
+        if self._timer is not None:
+            self._timer.cancel()
 
     def stop(self) -> None:
+        """Stop, and wait (up to 30 s) for a write under way to end."""
         self.cancel()
-        self._thread.join(30)
+        if self._scheduler is not None and not self._scheduler.closed:
+            self._idle.wait(30)
 
-    def _run(self) -> None:
-        backoff: Backoff | None = None  # set while snapshots fail
-        while not self._stop.is_set():
-            self._kick.wait(backoff.next_delay() if backoff else min(self.interval_s, 1.0))
-            self._kick.clear()
-            if self._stop.is_set():
-                return
-            since = time.monotonic() - self._last
-            if since < self.interval_s and backoff is None:  # not due by time: by new keys?
-                if self._new_keys() < self.due_keys:
-                    continue
-                if since < self._gap_s and self._stop.wait(self._gap_s - since):
-                    return  # stopped while waiting out the gap
+    def _poll_s(self) -> float:
+        return self._backoff.next_delay() if self._backoff else min(self.interval_s, 1.0)
+
+    def _check(self) -> float | None:
+        """On the scheduler's timer thread: submit a write if one is due (by time, by new keys
+        but not within the gap, or a retry after a failure); else when to look again."""
+        if self._stop.is_set():
+            return None
+        if self._writing:
+            return self._poll_s()
+        since = time.monotonic() - self._last
+        if since < self.interval_s and self._backoff is None:  # not due by time: by new keys?
+            if self._new_keys() < self.due_keys:
+                return min(self.interval_s - since, 1.0)
+            if since < self._gap_s:
+                return self._gap_s - since
+        self._writing = True
+        self._idle.clear()
+        assert self._scheduler is not None  # a timer exists only with a scheduler
+        if not self._scheduler.submit(self, self._write_task):
+            self._writing = False
+            self._idle.set()
+        return None  # the write re-arms the timer when it ends
+
+    def _write_task(self) -> None:
+        try:
             try:
                 ok = self.write_now()
             except Exception:  # a bug, not an outage: keep the log's snapshots coming anyway
                 self.failures += 1
                 log.exception("log %s: snapshot write failed; retrying", self.log_id)
                 ok = False
-            backoff = None if ok else (backoff or Backoff(initial_s=0.5, max_s=10.0))
+            self._backoff = None if ok else (self._backoff or Backoff(initial_s=0.5, max_s=10.0))
+        finally:
+            self._writing = False
+            self._idle.set()
+        if not self._stop.is_set() and self._timer is not None:
+            self._timer.at(time.monotonic() + self._poll_s())
 
     def write_now(self) -> bool:
         """Capture one snapshot and stream it to the store (encoded a chunk at a time as the

@@ -26,11 +26,7 @@ from .rebuild import RecoveryReport, open_window, rebuild_window
 from .snapshot import SnapshotSource, Snapshotter
 
 if TYPE_CHECKING:
-    from ..clock import Clock
-    from ..config import Section
-    from ..logstore.transport import LogStoreTransport
-    from ..meta import MetadataStore
-    from ..objectstore.base import ObjectStore
+    from ..ensemble import LogContext
 
 log = logging.getLogger(__name__)
 
@@ -44,23 +40,20 @@ class WindowStage:
 
     def __init__(
         self,
+        ctx: LogContext,
         *,
-        log_id: int,
-        cfg: Section,
-        clock: Clock,
-        meta: MetadataStore,
-        objects: ObjectStore,
-        transport: LogStoreTransport,
         window_duration_s: float | None = None,
         window_max_keys: int | None = None,
     ):
+        cfg = ctx.config.idempotency
         self.window = open_window(cfg, window_duration_s, window_max_keys)  # checks the options
-        self.log_id = log_id
+        self.log_id = ctx.log_id
         self._cfg = cfg
-        self._clock = clock
-        self._meta = meta
-        self._objects = objects
-        self._transport = transport
+        self._clock = ctx.clock
+        self._meta = ctx.meta
+        self._objects = ctx.objects
+        self._transport = ctx.calls  # node reads with the ensemble's deadline
+        self._scheduler = ctx.ensemble.scheduler  # where its snapshots are written
         self._watermarks: dict[int, int] = {}  # segment -> last entry whose key is committed
         self._new_keys = 0  # keys committed since the last snapshot
         self._early_unreported = 0  # early evictions not logged yet (see _warn_early)
@@ -92,16 +85,17 @@ class WindowStage:
         self.report = report
         cfg = self._cfg
         self.snapshotter = Snapshotter(
-            self._objects,
-            self.log_id,
-            epoch,
-            self._clock.now_ms,
-            self._capture,
-            self._pending_new_keys,
-            self._still_owner,
-            cfg.snapshot_interval_s,
-            cfg.snapshot_threshold,
-            cfg.snapshots_kept,
+            store=self._objects,
+            log_id=self.log_id,
+            epoch=epoch,
+            clock_ms=self._clock.now_ms,
+            capture=self._capture,
+            new_keys=self._pending_new_keys,
+            still_owner=self._still_owner,
+            interval_s=cfg.snapshot_interval_s,
+            threshold=cfg.snapshot_threshold,
+            kept=cfg.snapshots_kept,
+            scheduler=self._scheduler,
         )
 
     # --- judging keys (the pipeline's lock is held) -----------------------------------------------

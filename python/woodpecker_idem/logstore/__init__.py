@@ -1,6 +1,6 @@
 """LogStore nodes: the object-mode engine and the transports that reach it."""
 
 from .engine import LogStoreEngine
-from .transport import FaultInjectingTransport, InProcessTransport, LogStoreTransport
+from .transport import InProcessTransport, LogStoreTransport
 
-__all__ = ["FaultInjectingTransport", "InProcessTransport", "LogStoreEngine", "LogStoreTransport"]
+__all__ = ["InProcessTransport", "LogStoreEngine", "LogStoreTransport"]

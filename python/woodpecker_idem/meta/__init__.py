@@ -10,7 +10,15 @@ import os
 from collections.abc import Sequence
 
 from ..errors import ConfigError
-from .base import LogGroupMeta, LogMeta, MetadataStore, NodeInfo, SegmentMeta, TxnMeta
+from .base import (
+    LogGroupMeta,
+    LogMeta,
+    MetadataStore,
+    NodeInfo,
+    ReaderMeta,
+    SegmentMeta,
+    TxnMeta,
+)
 from .sqlite import SqliteMetadataStore
 
 __all__ = [
@@ -18,6 +26,7 @@ __all__ = [
     "LogMeta",
     "MetadataStore",
     "NodeInfo",
+    "ReaderMeta",
     "SegmentMeta",
     "SqliteMetadataStore",
     "TxnMeta",

@@ -73,6 +73,21 @@ class TxnMeta:
     revision: int = 0  # assigned by the store; pass the one you read to replace it
 
 
+@dataclass(frozen=True, slots=True)
+class ReaderMeta:
+    """A named reader of one log (`LogHandle.open_reader(name=...)`): its committed position (the
+    next entry it returns when it opens again) and its epoch (bumped by every open, so the
+    reader an open took over can no longer commit)."""
+
+    log_id: int
+    name: str
+    position: LogMessageId
+    epoch: int = 1
+    owner: str = ""  # who opened it last (host:pid), for operators
+    updated_ms: int = 0
+    revision: int = 0  # assigned by the store
+
+
 class MetadataStore(ABC):
     """Every method is atomic. Writer-issued changes carry the writer's epoch and fail with
     `WriterFencedError` when the log's epoch has moved on."""
@@ -191,6 +206,34 @@ class MetadataStore(ABC):
     @abstractmethod
     def delete_txn(self, log_id: int, app_id: str) -> None:
         """Forget one app's record in one log (absent: nothing to do). `delete_log` removes all."""
+
+    # --- named readers (durable reader positions) ---
+    @abstractmethod
+    def take_reader(
+        self, log_id: int, name: str, owner: str, start: LogMessageId, now_ms: int
+    ) -> ReaderMeta:
+        """Open reader `name` of the log in one transaction: create it at `start` (epoch 1) if
+        it is new, else bump its epoch and keep its committed position (`start` is ignored).
+        Returns the record; `LogNotFoundError` if the log does not exist."""
+
+    @abstractmethod
+    def commit_reader(
+        self, log_id: int, name: str, epoch: int, position: LogMessageId, now_ms: int
+    ) -> ReaderMeta:
+        """Record `position` as the reader's committed position, if `epoch` is still its epoch;
+        `ReaderFencedError` if another open took the name over or the reader was deleted."""
+
+    @abstractmethod
+    def get_reader(self, log_id: int, name: str) -> ReaderMeta | None: ...
+
+    @abstractmethod
+    def list_readers(self, log_id: int) -> list[ReaderMeta]:
+        """The log's named readers, ordered by name."""
+
+    @abstractmethod
+    def delete_reader(self, log_id: int, name: str) -> ReaderMeta | None:
+        """Forget a named reader (its live holder's next commit is refused); returns what was
+        removed, or None if there was no such reader. `delete_log` removes all of them."""
 
     # --- node registry ---
     @abstractmethod

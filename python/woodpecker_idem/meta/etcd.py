@@ -18,6 +18,8 @@ of `/x/logs`.
     groups/{name}, nodes/{id}   LogGroupRecord, NodeRecord
     txns/{log_id}/{app_id}      a batch identity's record (JSON, records.encode_txn); its mod
                                 revision is TxnMeta.revision
+    readers/{log_id}/{name}     a named reader's position and epoch (JSON, records.encode_reader);
+                                its mod revision is ReaderMeta.revision
 
 Every change is one etcd transaction: a take-over bumps the epoch, the log record and the writer
 key together; a writer's write compares `epochs/{log_id}` in the same transaction that makes it.
@@ -45,7 +47,15 @@ from ..errors import (
 from ..retry import Backoff
 from ..types import LogMessageId
 from . import records as rec
-from .base import LogGroupMeta, LogMeta, MetadataStore, NodeInfo, SegmentMeta, TxnMeta
+from .base import (
+    LogGroupMeta,
+    LogMeta,
+    MetadataStore,
+    NodeInfo,
+    ReaderMeta,
+    SegmentMeta,
+    TxnMeta,
+)
 from .etcd_client import (
     KV,
     NO_SECURITY,
@@ -278,7 +288,7 @@ class EtcdMetadataStore(MetadataStore):
                 [same_mod(self._k("logs", i), meta.revision)],
                 [delete(self._k(key, i)) for key in ("logs", "epochs", "writers")]
                 + [delete(self._k("names", name)), delete(self._k("segments", i, ""), True)]
-                + [delete(self._k("txns", i, ""), True)],
+                + [delete(self._k("txns", i, ""), True), delete(self._k("readers", i, ""), True)],
                 [],
             )
             if not out.get("succeeded"):
@@ -515,6 +525,91 @@ class EtcdMetadataStore(MetadataStore):
 
     def delete_txn(self, log_id: int, app_id: str) -> None:
         self._txn("delete_txn", [], [delete(self._k("txns", log_id, app_id))], [])
+
+    # --- named readers -------------------------------------------------------------------------
+
+    def _reader_kv(self, op: str, log_id: int, name: str) -> tuple[ReaderMeta | None, int]:
+        """The reader's record and its mod revision (None, 0 when absent)."""
+        kvs = self._range(op, self._k("readers", log_id, name))
+        if not kvs:
+            return None, 0
+        rev = int(kvs[0]["mod_revision"])
+        return rec.decode_reader(log_id, name, unb64(kvs[0]["value"]), rev), rev
+
+    def take_reader(
+        self, log_id: int, name: str, owner: str, start: LogMessageId, now_ms: int
+    ) -> ReaderMeta:
+        start = rec.check_reader(name, start)
+        key, log_key = self._k("readers", log_id, name), self._k("logs", log_id)
+
+        def attempt() -> ReaderMeta:
+            old, rev = self._reader_kv("take_reader", log_id, name)
+            if old is None:
+                new = ReaderMeta(log_id, name, start, 1, owner, now_ms)
+            else:
+                new = replace(old, epoch=old.epoch + 1, owner=owner, updated_ms=now_ms)
+            held = absent(key) if old is None else same_mod(key, rev)
+            out = self._txn(
+                "take_reader",
+                [held, present(log_key)],
+                [put(key, rec.encode_reader(new))],
+                [get(log_key)],
+            )
+            if out.get("succeeded"):
+                return replace(new, revision=int(out["header"]["revision"]))
+            if not range_kvs(out["responses"][0]):
+                self._check_identity("take_reader")
+                raise LogNotFoundError(f"log id {log_id} does not exist")
+            raise _Retry
+
+        new = self._cas_loop("take_reader", attempt)
+        log.info("log id %d: reader %r opened at epoch %d by %s", log_id, name, new.epoch, owner)
+        return new
+
+    def commit_reader(
+        self, log_id: int, name: str, epoch: int, position: LogMessageId, now_ms: int
+    ) -> ReaderMeta:
+        position = rec.check_reader(name, position)
+        key = self._k("readers", log_id, name)
+
+        def attempt() -> ReaderMeta:
+            old, rev = self._reader_kv("commit_reader", log_id, name)
+            if old is None or old.epoch != epoch:
+                raise rec.reader_fenced(log_id, name, "commit", epoch, old)
+            new = replace(old, position=position, updated_ms=now_ms)
+            out = self._txn(
+                "commit_reader", [same_mod(key, rev)], [put(key, rec.encode_reader(new))], []
+            )
+            if not out.get("succeeded"):
+                raise _Retry  # changed since we read it: read again (an open fences us then)
+            return replace(new, revision=int(out["header"]["revision"]))
+
+        return self._cas_loop("commit_reader", attempt)
+
+    def get_reader(self, log_id: int, name: str) -> ReaderMeta | None:
+        return self._reader_kv("get_reader", log_id, name)[0]
+
+    def list_readers(self, log_id: int) -> list[ReaderMeta]:
+        kvs = self._range("list_readers", self._k("readers", log_id, ""), prefix=True)
+        head = len(self._k("readers", log_id, ""))
+        out = [
+            rec.decode_reader(
+                log_id,
+                unb64(kv["key"]).decode()[head:],
+                unb64(kv["value"]),
+                int(kv["mod_revision"]),
+            )
+            for kv in kvs
+        ]
+        return sorted(out, key=lambda r: r.name)
+
+    def delete_reader(self, log_id: int, name: str) -> ReaderMeta | None:
+        key = self._k("readers", log_id, name)
+        out = self._txn("delete_reader", [present(key)], [get(key), delete(key)], [])
+        if not out.get("succeeded"):
+            return None
+        kv = range_kvs(out["responses"][0])[0]
+        return rec.decode_reader(log_id, name, unb64(kv["value"]), int(kv["mod_revision"]))
 
     def register_node(self, node: NodeInfo) -> None:
         rec.check_name("node_id", node.node_id)

@@ -17,10 +17,11 @@ from ..errors import (
     InvalidArgumentError,
     InvalidTypeError,
     MetadataConflictError,
+    ReaderFencedError,
     WriterFencedError,
 )
 from ..types import LogMessageId, SegmentState
-from .base import LogGroupMeta, LogMeta, NodeInfo, SegmentMeta, TxnMeta
+from .base import LogGroupMeta, LogMeta, NodeInfo, ReaderMeta, SegmentMeta, TxnMeta
 
 M = TypeVar("M")
 
@@ -80,6 +81,65 @@ def fenced(name: str, log_id: int, op: str, epoch: int, current: int) -> WriterF
     return WriterFencedError(
         f"log {name!r} (id {log_id}): {op} by writer epoch {epoch} refused, "
         f"current writer epoch is {current}"
+    )
+
+
+def check_reader(name: object, position: object) -> LogMessageId:
+    """A reader's name and a position to record (a LogMessageId or a pair of ints >= 0)."""
+    check_name("reader name", name)
+    if not isinstance(position, tuple) or len(position) != 2:
+        raise InvalidTypeError(
+            f"reader position must be a LogMessageId, got {type(position).__name__}"
+        )
+    for part in position:
+        if isinstance(part, bool) or not isinstance(part, int) or part < 0:
+            raise InvalidArgumentError(f"reader position must be two ints >= 0, got {position!r}")
+    return LogMessageId(*position)
+
+
+def reader_fenced(
+    log_id: int, name: str, op: str, epoch: int, current: ReaderMeta | None
+) -> ReaderFencedError:
+    if current is None:
+        why = "the reader was deleted"
+    else:
+        who = f" by {current.owner}" if current.owner else ""
+        why = f"it was opened again{who} (reader epoch {current.epoch})"
+    return ReaderFencedError(
+        f"reader {name!r} of log id {log_id}: {op} by reader epoch {epoch} refused: {why}; "
+        "only the newest open of a name commits"
+    )
+
+
+# A named reader's record is JSON, like a batch identity's (read only by this package).
+
+
+def encode_reader(r: ReaderMeta) -> bytes:
+    return json.dumps(
+        {
+            "position": [r.position.segment_id, r.position.entry_id],
+            "epoch": r.epoch,
+            "owner": r.owner,
+            "updated_ms": r.updated_ms,
+        },
+        sort_keys=True,
+    ).encode()
+
+
+def decode_reader(log_id: int, name: str, data: bytes, revision: int) -> ReaderMeta:
+    return parse(f"reader {name!r}", data, lambda d: _decode_reader(log_id, name, d, revision))
+
+
+def _decode_reader(log_id: int, name: str, data: bytes, revision: int) -> ReaderMeta:
+    r = json.loads(data)
+    return ReaderMeta(
+        log_id=log_id,
+        name=name,
+        position=LogMessageId(*r["position"]),
+        epoch=int(r["epoch"]),
+        owner=str(r.get("owner", "")),
+        updated_ms=int(r.get("updated_ms", 0)),
+        revision=revision,
     )
 
 

@@ -37,15 +37,23 @@ from ..errors import (
 from ..retry import Backoff, retry_call
 from ..types import LogMessageId, SegmentState
 from . import records as rec
-from .base import LogGroupMeta, LogMeta, MetadataStore, NodeInfo, SegmentMeta, TxnMeta
+from .base import (
+    LogGroupMeta,
+    LogMeta,
+    MetadataStore,
+    NodeInfo,
+    ReaderMeta,
+    SegmentMeta,
+    TxnMeta,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BUSY_TIMEOUT_MS = 10_000
 
 # 2: the store has an identity (`store_identity`); objects live under it. Tables added since
-# (txns) are created by any writable open (CREATE IF NOT EXISTS); a read-only open of a file
-# without them reads them as empty.
+# (txns, readers) are created by any writable open (CREATE IF NOT EXISTS); a read-only open of a
+# file without them reads them as empty.
 _SCHEMA_VERSION = 2
 
 _SCHEMA = """
@@ -102,6 +110,17 @@ CREATE TABLE IF NOT EXISTS txns (
     revision INTEGER NOT NULL,
     PRIMARY KEY (log_id, app_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS readers (
+    log_id INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    segment_id INTEGER NOT NULL,
+    entry_id INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    owner TEXT NOT NULL,
+    updated_ms INTEGER NOT NULL,
+    revision INTEGER NOT NULL,
+    PRIMARY KEY (log_id, name)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS nodes (
     node_id TEXT PRIMARY KEY,
     address TEXT NOT NULL,
@@ -136,6 +155,21 @@ def _row_to_txn(row: tuple[Any, ...]) -> TxnMeta:
         writer=row[6],
         updated_ms=row[7],
         revision=row[8],
+    )
+
+
+_READER_COLUMNS = "log_id, name, segment_id, entry_id, epoch, owner, updated_ms, revision"
+
+
+def _row_to_reader(row: tuple[Any, ...]) -> ReaderMeta:
+    return ReaderMeta(
+        log_id=row[0],
+        name=row[1],
+        position=LogMessageId(row[2], row[3]),
+        epoch=row[4],
+        owner=row[5],
+        updated_ms=row[6],
+        revision=row[7],
     )
 
 
@@ -538,6 +572,7 @@ class SqliteMetadataStore(MetadataStore):
                 raise LogNotFoundError(f"log {name!r} does not exist")
             conn.execute("DELETE FROM segments WHERE log_id = ?", (row[0],))
             conn.execute("DELETE FROM txns WHERE log_id = ?", (row[0],))
+            conn.execute("DELETE FROM readers WHERE log_id = ?", (row[0],))
             conn.execute("DELETE FROM logs WHERE log_id = ?", (row[0],))
         log.info("deleted log %r (id %d)", name, row[0])
         return _row_to_log(row)
@@ -767,6 +802,85 @@ class SqliteMetadataStore(MetadataStore):
     def delete_txn(self, log_id: int, app_id: str) -> None:
         with self._write("delete_txn") as conn:
             conn.execute("DELETE FROM txns WHERE log_id = ? AND app_id = ?", (log_id, app_id))
+
+    # --- named readers -----------------------------------------------------------------------
+
+    @staticmethod
+    def _reader_row(conn: sqlite3.Connection, log_id: int, name: str) -> ReaderMeta | None:
+        row = conn.execute(
+            f"SELECT {_READER_COLUMNS} FROM readers WHERE log_id = ? AND name = ?",
+            (log_id, name),
+        ).fetchone()
+        return None if row is None else _row_to_reader(row)
+
+    def take_reader(
+        self, log_id: int, name: str, owner: str, start: LogMessageId, now_ms: int
+    ) -> ReaderMeta:
+        start = rec.check_reader(name, start)
+        with self._write("take_reader") as conn:
+            self._log_row(conn, log_id)  # LogNotFoundError
+            old = self._reader_row(conn, log_id, name)
+            if old is None:
+                new = ReaderMeta(log_id, name, start, 1, owner, now_ms, 1)
+            else:
+                new = dataclasses.replace(
+                    old,
+                    epoch=old.epoch + 1,
+                    owner=owner,
+                    updated_ms=now_ms,
+                    revision=old.revision + 1,
+                )
+            conn.execute(
+                f"INSERT OR REPLACE INTO readers({_READER_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)",
+                (log_id, name, *new.position, new.epoch, owner, now_ms, new.revision),
+            )
+        log.info("log id %d: reader %r opened at epoch %d by %s", log_id, name, new.epoch, owner)
+        return new
+
+    def commit_reader(
+        self, log_id: int, name: str, epoch: int, position: LogMessageId, now_ms: int
+    ) -> ReaderMeta:
+        position = rec.check_reader(name, position)
+        with self._write("commit_reader") as conn:
+            old = self._reader_row(conn, log_id, name)
+            if old is None or old.epoch != epoch:
+                raise rec.reader_fenced(log_id, name, "commit", epoch, old)
+            new = dataclasses.replace(
+                old, position=position, updated_ms=now_ms, revision=old.revision + 1
+            )
+            conn.execute(
+                "UPDATE readers SET segment_id = ?, entry_id = ?, updated_ms = ?, revision = ? "
+                "WHERE log_id = ? AND name = ?",
+                (*position, now_ms, new.revision, log_id, name),
+            )
+        return new
+
+    def _read_readers(self, op: str, where: str, args: tuple[Any, ...]) -> list[ReaderMeta]:
+        try:
+            rows = self._read(
+                op, f"SELECT {_READER_COLUMNS} FROM readers WHERE {where} ORDER BY name", args
+            )
+        except StorageUnavailableError:
+            if self._read_only and not self._read(
+                op, "SELECT 1 FROM sqlite_master WHERE name = 'readers'"
+            ):
+                return []  # a read-only file from before named readers: none recorded
+            raise
+        return [_row_to_reader(r) for r in rows]
+
+    def get_reader(self, log_id: int, name: str) -> ReaderMeta | None:
+        found = self._read_readers("get_reader", "log_id = ? AND name = ?", (log_id, name))
+        return found[0] if found else None
+
+    def list_readers(self, log_id: int) -> list[ReaderMeta]:
+        return self._read_readers("list_readers", "log_id = ?", (log_id,))
+
+    def delete_reader(self, log_id: int, name: str) -> ReaderMeta | None:
+        with self._write("delete_reader") as conn:
+            old = self._reader_row(conn, log_id, name)
+            if old is not None:
+                conn.execute("DELETE FROM readers WHERE log_id = ? AND name = ?", (log_id, name))
+        return old
 
     # --- node registry ------------------------------------------------------------------------
 

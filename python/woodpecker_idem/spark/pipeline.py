@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._core import arrow_explicit_keys, route_keys
-from ..history import History, Verdict
+from ..testing.history import History, Verdict
 from ..types import LogMessage, LogMessageId
 from . import register
 from .progress import ProgressBar

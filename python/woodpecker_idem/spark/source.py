@@ -60,7 +60,7 @@ def log_spans(client: WoodpeckerClient, name: str) -> tuple[LogMessageId, list[S
         if seg.state is SegmentState.TRUNCATED or seg.segment_id < floor.segment_id:
             continue
         first = floor.entry_id if seg.segment_id == floor.segment_id else 0
-        spans.append(Span(seg.segment_id, first, visible_last(client.transport, seg)))
+        spans.append(Span(seg.segment_id, first, visible_last(client.ensemble.calls, seg)))
         if seg.state is SegmentState.ACTIVE:
             break
     return floor, spans

@@ -42,20 +42,19 @@ from .pipeline import Pipeline, open_pipeline
 from .results import Outcomes, WriteFuture, resolve
 
 if TYPE_CHECKING:
-    from ..client.log import LogHandle
+    from ..ensemble import LogContext
 
 
 class _Writer:
     """What both writers share: the pipeline they face, flush, close and their state."""
 
-    def __init__(self, handle: LogHandle, dedup: Dedup):
-        self._pipeline = pipeline = open_pipeline(handle, dedup)
-        self._handle = handle
+    def __init__(self, ctx: LogContext, dedup: Dedup):
+        self._pipeline = pipeline = open_pipeline(ctx, dedup)
         self._acc = pipeline.accumulator
         self._lock = pipeline.lock
         self._max_entry_bytes = pipeline.max_entry_bytes
         self._generation = pipeline.generation
-        self.log_id = handle.log_id
+        self.log_id = ctx.log_id
         self.epoch = pipeline.epoch
         self.owner = pipeline.owner
 
@@ -135,8 +134,8 @@ class LogWriter(_Writer):
     left, and opens a segment before it accepts a write. Its pipeline's dedup stage is the no-op
     `NoDedup`: no key is computed or stored, no window, no snapshot thread."""
 
-    def __init__(self, handle: LogHandle):
-        super().__init__(handle, NO_DEDUP)
+    def __init__(self, ctx: LogContext):
+        super().__init__(ctx, NO_DEDUP)
 
     # --- writing -----------------------------------------------------------------------------
 
@@ -206,8 +205,8 @@ class IdempotentLogWriter(_Writer):
     original position. Open it with `LogHandle.open_writer(idempotent=True)`: the pipeline
     rebuilds the window (snapshot + gap) before it accepts a write."""
 
-    def __init__(self, handle: LogHandle, stage: Any):
-        super().__init__(handle, stage)
+    def __init__(self, ctx: LogContext, stage: Any):
+        super().__init__(ctx, stage)
         self._stage = stage
 
     def write(

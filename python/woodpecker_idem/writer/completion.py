@@ -18,8 +18,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
+from ..ensemble.recovery import recover_segment, seal
 from ..errors import (
     EntryConflictError,
+    LogNotFoundError,
     NodeUnavailableError,
     QuorumUnavailableError,
     SegmentClosedError,
@@ -33,8 +35,7 @@ from ..retry import Backoff, retry_call
 from ..types import SegmentState
 from .adopted import check_adopted
 from .dedup import Dedup
-from .lifecycle import Maintenance
-from .recovery import recover_segment, seal
+from .lifecycle import Maintenance, deleted
 from .results import Outcomes, resolve
 from .segments import RETRY_INITIAL_S, RETRY_MAX_S, Batch, OpenSegment, SegmentStatus, span
 
@@ -156,6 +157,9 @@ class SegmentCompletion:
             except WriterFencedError as fenced:
                 pipeline.fence(fenced)
                 return
+            except LogNotFoundError as gone:  # deleted (which fences the segment first)
+                pipeline.fence(deleted(self._log_id, gone))
+                return
             except WoodpeckerError as err:  # metadata down: the repair's seal finds out later
                 log.warning("log %s: could not check the writer epoch: %s", self._log_id, err)
         with pipeline.lock:
@@ -212,6 +216,9 @@ class SegmentCompletion:
                 return
             except WriterFencedError as exc:
                 pipeline.fence(exc)
+                return
+            except LogNotFoundError as exc:  # deleted under the writer: nothing to repair
+                pipeline.fence(deleted(self._log_id, exc))
                 return
             except Exception as exc:  # retried: the outage may end any time
                 pipeline.metrics["background_retries"] += 1

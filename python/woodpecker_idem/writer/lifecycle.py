@@ -3,11 +3,12 @@ Ctrl-C.
 
 - `Lease`: opening takes the log over in the metadata store (a new epoch) under a lease renewed
   every few seconds; an answer that another writer holds the log fences this writer.
-- `Ticker` (one thread): the slow, periodic side of writing. Batches are cut on the write and ack
-  paths (group commit, `sender.Dispatch`); this thread fails waiters past their deadline (their
-  entries stay pending), keeps readers' LAC fresh, completes drained rolled segments, renews the
-  lease, and is the safety net that sends or admits anything left waiting.
-- `Maintenance` (one thread): slow metadata and completion work, off the write path.
+- `Ticker` (a timer of the client's scheduler): the slow, periodic side of writing. Batches are
+  cut on the write and ack paths (group commit, `sender.Dispatch`); the tick fails waiters past
+  their deadline (their entries stay pending), keeps readers' LAC fresh, completes drained rolled
+  segments, renews the lease, and is the safety net that sends or admits anything left waiting.
+- `Maintenance` (ordered tasks on the client's scheduler): slow metadata and completion work,
+  off the write path.
 - Forks: `FORKS` is bumped in every forked child, so a writer made before the fork sees it changed
   with one list read per call (cheaper than `os.getpid()`); a write there raises
   `WriterForkedError` instead of waiting forever for threads that do not exist.
@@ -33,7 +34,6 @@ import _signal  # type: ignore[import-not-found]  # signal's C half: its wrapper
 import atexit
 import logging
 import os
-import queue
 import signal
 import socket
 import threading
@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import (
     ClientClosedError,
+    LogNotFoundError,
     WriterClosedError,
     WriterFencedError,
     WriterForkedError,
@@ -56,6 +57,7 @@ from .segments import SegmentStatus
 
 if TYPE_CHECKING:
     from ..clock import Clock
+    from ..ensemble.scheduler import Scheduler
     from ..meta import MetadataStore
     from .pipeline import Pipeline
     from .segments import OpenSegment, OpenSegments, PendingEntry
@@ -131,50 +133,65 @@ class Lease:
         except WriterFencedError as exc:
             self._fence(exc)
             return False
+        except LogNotFoundError as exc:
+            self._fence(deleted(self._log_id, exc))
+            return False
         return True
+
+
+def deleted(log_id: int, exc: LogNotFoundError) -> WriterFencedError:
+    """The error a writer is fenced with when its log was deleted under it."""
+    return WriterFencedError(f"log id {log_id} was deleted while this writer held it ({exc})")
 
 
 # --- background threads ------------------------------------------------------------------
 
 
 class Maintenance:
-    """One background thread for slow metadata/recovery work, off the write path. A task that
-    finds the writer taken over (`WriterFencedError`) hands it to `on_fenced`."""
+    """One writer's slow metadata and recovery work, off the write path: ordered tasks on the
+    client's scheduler (one at a time, in submit order, as on a thread of the writer's own). A
+    task that finds the writer taken over (`WriterFencedError`) hands it to `on_fenced`."""
 
-    def __init__(self, log_id: int, on_fenced: Callable[[WriterFencedError], None]):
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        log_id: int,
+        on_fenced: Callable[[WriterFencedError], None],
+    ):
         self.log_id = log_id
         self.on_fenced = on_fenced
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name=f"wp-maint-{log_id}", daemon=True)
-        self.thread.start()
+        self._scheduler = scheduler
+        self._stopped = False
 
     def submit(self, fn, *args) -> None:
-        self.queue.put((fn, args))
+        """Run `fn(*args)` after the tasks submitted before (nothing once stopped)."""
+        if not self._stopped:
+            self._scheduler.submit(self, self._run, fn, args)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Ask the thread to end after the queued tasks; wait up to `timeout` (retrying tasks end
-        once the writer's stop event is set)."""
-        self.queue.put(None)
-        self.thread.join(timeout)
+        """Take no more tasks; wait up to `timeout` for the queued ones to end (retrying tasks
+        end once the writer's stop event is set)."""
+        self._stopped = True
+        self._scheduler.drain(self, timeout)
 
-    def _run(self) -> None:
-        while True:
-            item = self.queue.get()
-            if item is None:
-                return
-            fn, args = item
-            try:
-                fn(*args)
-            except WriterFencedError as exc:
-                self.on_fenced(exc)
-            except Exception:
-                log.exception(
-                    "log %s: background task %s failed", self.log_id, getattr(fn, "__name__", fn)
-                )
+    def _run(self, fn, args) -> None:
+        try:
+            fn(*args)
+        except WriterFencedError as exc:
+            self.on_fenced(exc)
+        except LogNotFoundError as exc:  # deleted under the writer (a lease renewal, a roll)
+            self.on_fenced(deleted(self.log_id, exc))
+        except ClientClosedError:
+            pass  # the client closed under it: nothing left to complete for this writer
+        except Exception:
+            log.exception(
+                "log %s: background task %s failed", self.log_id, getattr(fn, "__name__", fn)
+            )
 
 
 LEASE_RENEW_EVERY_S = 10.0
 TICK_S = 0.05
+LOCK_BUSY_S = 0.001  # a tick that found the writer's lock held comes back this much later
 
 log = logging.getLogger(__name__)
 
@@ -200,75 +217,81 @@ class TickerView(Protocol):
 
 
 class Ticker:
-    """`dispatch`: the writer's group commit and node senders; `wake`: the condition (on the
-    writer's lock) the writer notifies when there is work; `maint`: where the lease renewal runs
-    (off this thread)."""
+    """The writer's tick, a timer of the client's scheduler (`poke()` runs it soon). `dispatch`:
+    the writer's group commit and sends; `maint`: where the lease renewal runs (off the timer
+    thread, which every writer of the client shares: a tick never waits for the writer's lock)."""
 
     def __init__(
         self,
         writer: TickerView,
         dispatch: Dispatch,
-        wake: threading.Condition,
+        scheduler: Scheduler,
         maint: Maintenance,
     ):
         self.writer = writer
         self.dispatch = dispatch
-        self.wake = wake
         self.maint = maint
         self.lease_renewed = time.monotonic()
-        self.thread = threading.Thread(
-            target=self.run, name=f"wp-tick-{writer.log_id}", daemon=True
-        )
-        self.thread.start()
+        self._timer = scheduler.timer(self.tick, f"tick-{writer.log_id}")
+        self._timer.poke()
 
-    def join(self, timeout: float) -> None:
-        self.thread.join(timeout)
+    def poke(self) -> None:
+        """Tick soon (there is work: a fence, a close)."""
+        self._timer.poke()
 
-    def run(self) -> None:
+    def at(self, when: float) -> None:
+        """Tick at monotonic time `when` at the latest (a queued write due then)."""
+        self._timer.at(when)
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+    def tick(self) -> float | None:
+        """One round (on the timer thread); returns the seconds until the next, None to stop."""
         w = self.writer
         dispatch = self.dispatch
-        while True:
-            w.check_stage()  # a takeover the dedup stage noticed fences the writer
-            lac_only: list[OpenSegment] = []
-            expired: list[tuple[Waiter, object]] = []
-            admitted: Outcomes = []
-            with w.lock:
-                if w.stopped:
-                    return
-                now = time.monotonic()
-                wait = TICK_S
-                try:
-                    admitted, due = w.admit_queued_locked()
+        w.check_stage()  # a takeover the dedup stage noticed fences the writer
+        lac_only: list[OpenSegment] = []
+        expired: list[tuple[Waiter, object]] = []
+        admitted: Outcomes = []
+        # Not blocking: the timer thread serves every writer of the client, and a writer's lock
+        # can be held across a metadata call (a roll); this tick comes back for it shortly.
+        if not w.lock.acquire(blocking=False):
+            return LOCK_BUSY_S
+        try:
+            if w.stopped:
+                return None
+            now = time.monotonic()
+            wait = TICK_S
+            try:
+                admitted, due = w.admit_queued_locked()
+                if due is not None:
+                    wait = min(wait, due)
+            except Exception:  # a bug must not stop the flusher (and hang every call)
+                log.exception("log %s: admitting queued writes failed", w.log_id)
+            for seg in w.segments.all_locked():
+                if seg.status in (SegmentStatus.OPEN, SegmentStatus.ROLLED):
+                    dispatch.send_locked(seg)
+                    due = dispatch.send_due(seg, now)
                     if due is not None:
                         wait = min(wait, due)
-                except Exception:  # a bug must not stop the flusher (and hang every call)
-                    log.exception("log %s: admitting queued writes failed", w.log_id)
-                for seg in w.segments.all_locked():
-                    if seg.status in (SegmentStatus.OPEN, SegmentStatus.ROLLED):
-                        dispatch.send_locked(seg)
-                        due = dispatch.send_due(seg, now)
-                        if due is not None:
-                            wait = min(wait, due)
-                        if (
-                            seg.aq > 1
-                            and not seg.unsent
-                            and not seg.batches
-                            and seg.lac > seg.lac_sent
-                        ):
-                            lac_only.append(seg)  # LAC-only update for tail readers
-                            seg.lac_sent = seg.lac
-                    self._expire_locked(seg, now, expired)
-                    w.complete_if_drained_locked(seg)
-                if now - self.lease_renewed > LEASE_RENEW_EVERY_S:
-                    self.lease_renewed = now
-                    self.maint.submit(w.renew_lease)
-                if not lac_only and not expired and not admitted:
-                    self.wake.wait(max(wait, 0.0005))
-                    continue
-                for seg in lac_only:
-                    dispatch.send_lac_locked(seg)
-            resolve(expired)
-            resolve(admitted)
+                    if seg.aq > 1 and not seg.unsent and not seg.batches and seg.lac > seg.lac_sent:
+                        lac_only.append(seg)  # LAC-only update for tail readers
+                        seg.lac_sent = seg.lac
+                self._expire_locked(seg, now, expired)
+                w.complete_if_drained_locked(seg)
+            if now - self.lease_renewed > LEASE_RENEW_EVERY_S:
+                self.lease_renewed = now
+                self.maint.submit(w.renew_lease)
+            for seg in lac_only:
+                dispatch.send_lac_locked(seg)
+        finally:
+            w.lock.release()
+        resolve(expired)
+        resolve(admitted)
+        if lac_only or expired or admitted:
+            return 0.0  # something happened: look again at once, as a loop would
+        return max(wait, 0.0005)
 
     def _expire_locked(self, seg: OpenSegment, now: float, expired: list) -> None:
         """Fail waiters past their deadline (the entries stay pending), in any segment state."""

@@ -5,15 +5,17 @@ this same pipeline; they differ only in the dedup stage it consults (`dedup.Dedu
   api.py            the writers' calls: arguments checked, then handed here
   accumulator.py    the queue, admission into runs, the batch lane, backpressure (`InFlight`)
   segments.py       the open segments, the current one, the roll
-  sender.py         group commit and one sender thread per node; acks come back to `on_ack`
-  completion.py     completing segments (takeover, repair, drained, close); recovery.py its rule
-  lifecycle.py      the state (open/closed/fenced), lease, ticker and maintenance threads,
-                    forks, exit, Ctrl-C
+  sender.py         group commit; batches go to the client's node senders, acks come back to
+                    `on_ack`
+  completion.py     completing segments (takeover, repair, drained, close); the rule is
+                    ensemble/recovery.py
+  lifecycle.py      the state (open/closed/fenced), lease, the tick and the maintenance tasks
+                    (on the client's scheduler), forks, exit, Ctrl-C
   results.py        futures and a batch call's rows
 
 Opening is explicit steps, each on a whole object: `Pipeline(...)` builds the parts and starts
 nothing; `take_over()` bumps the epoch and completes what earlier writers left; the stage
-rebuilds what it keeps (`Dedup.rebuild`); `open()` opens a segment and starts the threads. Only
+rebuilds what it keeps (`Dedup.rebuild`); `open()` opens a segment and starts the tick. Only
 then is a write accepted (`open_pipeline` runs the steps).
 
 One lock (`lock`) guards every part's state; a `_locked` method needs it. Outcomes are set after
@@ -51,7 +53,7 @@ from .segments import Batch, OpenSegment, OpenSegments, SegmentStatus
 from .sender import Dispatch
 
 if TYPE_CHECKING:
-    from ..client.log import LogHandle
+    from ..ensemble import LogContext
 
 log = logging.getLogger(__name__)
 
@@ -61,22 +63,23 @@ class Pipeline:
     names below, each part's view typed by a protocol (`SenderView`, `TickerView`, `RollView`,
     `CompletionView`)."""
 
-    def __init__(self, handle: LogHandle, dedup: Dedup):
-        client = handle.client
-        cfg = client.config
+    def __init__(self, ctx: LogContext, dedup: Dedup):
+        cfg = ctx.config
         ap = cfg.append
-        self.log_id = handle.log_id
-        self.clock = client.clock
+        ensemble = ctx.ensemble
+        self.log_id = ctx.log_id
+        self.clock = ctx.clock
         self.dedup = dedup
-        self._meta = client.meta
+        self._meta = ctx.meta
+        self._scheduler = ensemble.scheduler
         self.generation = FORKS[0]  # see FORKS: its threads and locks exist in this process only
         self._pid = os.getpid()
         self.timeout_s = ap.timeout_ms / 1000  # a waiter's deadline
+        self._linger_s = ap.linger_ms / 1000
         self.max_retries = ap.max_retries  # a node's retries of one batch
         self.max_entry_bytes = ap.max_entry_bytes
         self.lock = threading.Lock()
-        self._wake = threading.Condition(self.lock)  # the ticker sleeps on it
-        self.state = WriterState(self.log_id, lambda: client.closed)
+        self.state = WriterState(self.log_id, ctx.client_closed)
         self._stopping = threading.Event()  # set on close or fence: background retries end
         self.metrics: dict[str, float] = {
             "segments_rolled": 0,
@@ -86,10 +89,11 @@ class Pipeline:
             "entries_acked": 0,  # entries that reached their ack quorum
             "ack_latency_seconds": 0.0,  # their time from acceptance to ack, summed
         }
-        self._maint = Maintenance(self.log_id, self.fence)
+        self._maint = Maintenance(self._scheduler, self.log_id, self.fence)
         self._dispatch = Dispatch(
             self,
-            client.transport,
+            ensemble,
+            ctx.transport,
             self._stopping,
             max_batch_entries=ap.max_batch_entries,
             max_batch_bytes=ap.max_batch_bytes,
@@ -100,14 +104,14 @@ class Pipeline:
             self,
             cfg,
             meta=self._meta,
-            transport=client.transport,
+            ensemble=ensemble,
             dispatch=self._dispatch,
             maint=self._maint,
         )
         self._completion = SegmentCompletion(
             self,
             meta=self._meta,
-            transport=client.transport,
+            transport=ctx.calls,
             dedup=dedup,
             maint=self._maint,
             stopping=self._stopping,
@@ -122,7 +126,7 @@ class Pipeline:
             segments=self.segments,
             state=self.state,
             metrics=self.metrics,
-            wake=self._wake.notify,
+            wake=self._tick_after_linger,
             unavailable=self._completion.unavailable_error,
         )
         self._lease: Lease | None = None
@@ -144,8 +148,21 @@ class Pipeline:
         """Open a segment and start the ticker: writes are accepted from here on."""
         with self.lock:
             self.segments.open_locked()
-        self._ticker = Ticker(self, self._dispatch, self._wake, self._maint)
+        self._ticker = Ticker(self, self._dispatch, self._scheduler, self._maint)
         track(self)  # closed at interpreter exit if still open
+
+    def _poke(self) -> None:
+        """Tick now (a fence: the tick sees the writer stopped, and ends)."""
+        ticker = self._ticker
+        if ticker is not None:
+            ticker.poke()
+
+    def _tick_after_linger(self) -> None:
+        """A lone write was queued behind a batch in flight: the tick admits it after
+        append.linger_ms unless an ack comes first (one timer entry, no thread woken now)."""
+        ticker = self._ticker
+        if ticker is not None:
+            ticker.at(time.monotonic() + self._linger_s)
 
     def abandon(self) -> None:
         """Opening failed part way: stop the threads started so far (nothing was accepted)."""
@@ -278,7 +295,6 @@ class Pipeline:
             self.state.closed = True
             late = self.accumulator.drop_locked()  # accepted after the flush: nobody admits them
             self.dedup.stopped_locked()
-            self._wake.notify_all()
             self.inflight.space.notify_all()
         closed = WriterClosedError(
             f"writer of log {self.log_id} closed before this write was queued"
@@ -287,7 +303,7 @@ class Pipeline:
         self._stopping.set()
         untrack(self)
         if self._ticker is not None:
-            self._ticker.join(left(5))
+            self._ticker.stop()
         self._dispatch.stop(left)
         self._maint.stop(left(10))
         with self.lock:
@@ -346,16 +362,16 @@ class Pipeline:
         ]
         resolved.extend((f, WriterFencedError(str(exc))) for f in self.accumulator.drop_locked())
         self.dedup.stopped_locked()
-        self._wake.notify_all()
+        self._poke()  # the tick sees the writer stopped, and ends
         self.inflight.space.notify_all()
         return resolved
 
 
-def open_pipeline(handle: LogHandle, dedup: Dedup) -> Pipeline:
+def open_pipeline(ctx: LogContext, dedup: Dedup) -> Pipeline:
     """A pipeline ready for writes: built, the log taken over (earlier writers' segments
     completed), the stage rebuilt, a segment open. Nothing is accepted before the last step; a
     step that fails stops what the earlier ones started."""
-    pipeline = Pipeline(handle, dedup)
+    pipeline = Pipeline(ctx, dedup)
     try:
         pipeline.take_over()
         dedup.rebuild(pipeline.epoch)

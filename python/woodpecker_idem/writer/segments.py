@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, cast
 
 from .._core import concat, payload_bytes
-from ..errors import QuorumUnavailableError, WriterFencedError
+from ..errors import WriterFencedError
 from ..logstore.blocks import split_frame
 from ..meta.base import SegmentMeta
 from ..retry import Backoff
@@ -35,7 +35,7 @@ from .results import Outcomes, RunWaiter, Waiter, resolve
 if TYPE_CHECKING:
     from ..clock import Clock
     from ..config import Config
-    from ..logstore.transport import LogStoreTransport
+    from ..ensemble import Ensemble
     from ..meta import MetadataStore
     from .lifecycle import Maintenance
     from .sender import Dispatch
@@ -298,15 +298,6 @@ def _split_run(run: PendingEntry, count: int) -> tuple[PendingEntry, PendingEntr
     return parts[0], parts[1]
 
 
-def choose_nodes(node_ids: list[str], es: int, segment_id: int) -> tuple[str, ...]:
-    """The ensemble for a new segment: es nodes, rotated by segment id to spread load."""
-    if len(node_ids) < es:
-        raise QuorumUnavailableError(f"{len(node_ids)} LogStore nodes known, es={es} needed")
-    start = segment_id % len(node_ids)
-    ring = node_ids[start:] + node_ids[:start]
-    return tuple(ring[:es])
-
-
 class RollView(Protocol):
     """What `OpenSegments` uses of its writer (`LogWriter` implements it; see there)."""
 
@@ -333,13 +324,13 @@ class OpenSegments:
         cfg: Config,
         *,
         meta: MetadataStore,
-        transport: LogStoreTransport,
+        ensemble: Ensemble,
         dispatch: Dispatch,
         maint: Maintenance,
     ):
         self._pipeline = pipeline
         self._meta = meta
-        self._transport = transport
+        self._ensemble = ensemble
         self._dispatch = dispatch
         self._maint = maint
         self._log_id = pipeline.log_id
@@ -355,6 +346,7 @@ class OpenSegments:
         self._open: dict[int, OpenSegment] = {}
         self.last_opened = -1  # the newest segment this writer has had a handle for
         self.current: OpenSegment | None = None  # None while a repair replaces it
+        self._failed_in_last: set[str] = set()  # nodes that failed in the last segment completed
 
     # --- where writes go (the write path) ------------------------------------------------------
 
@@ -424,12 +416,21 @@ class OpenSegments:
         self._open[meta.segment_id] = handle
         self.last_opened = max(self.last_opened, meta.segment_id)
         self.current = handle
-        self._dispatch.add_nodes(meta.nodes)
         return handle
+
+    def _failed_nodes_locked(self) -> set[str]:
+        """Nodes that failed in this writer's segments still open (the current one, a rolled
+        one draining, one being repaired) or in the last one completed: a new segment avoids
+        them while others are live."""
+        failed = set(self._failed_in_last)
+        for seg in self._open.values():
+            failed |= seg.failed_nodes.keys()
+        return failed
 
     def forget_locked(self, seg: OpenSegment) -> None:
         """`seg` is completed: it has nothing pending and is no longer this writer's to send."""
         self._open.pop(seg.segment_id, None)
+        self._failed_in_last = set(seg.failed_nodes)  # a repaired segment's successor avoids them
 
     def drop_current_locked(self, seg: OpenSegment) -> None:
         """`seg` lost its ack quorum: if it is the current segment, writes stop going to it."""
@@ -472,7 +473,7 @@ class OpenSegments:
                 log_id=self._log_id,
                 segment_id=segment_id,
                 state=SegmentState.ACTIVE,
-                nodes=choose_nodes(self._transport.node_ids, es, segment_id),
+                nodes=self._ensemble.new_ensemble(es, segment_id, self._failed_nodes_locked()),
                 es=es,
                 wq=es,
                 aq=es // 2 + 1,

@@ -1,35 +1,42 @@
-"""The sender: group commit and one sender thread per LogStore node (Kafka's `Sender`).
+"""The sender: group commit, and each batch handed to the client's node senders (Kafka's `Sender`
+over its `NetworkClient`).
 
 `Dispatch` decides when a segment's queued entries go to its nodes, and in which batches, and
-hands each batch to the `NodeWorker` of every live node of the segment; a worker sends its node's
-batches in order, retrying each up to append.max_retries times. Acks and a node's failure go back
-to the pipeline (`SenderView.on_ack` / `on_node_failed`), which commits in entry order and calls
-`send_locked` again for what was held meanwhile. `Dispatch` runs under the writer's lock; the
-workers never take it except through those two calls.
+hands each batch to the sender of every live node of the segment (`ensemble.senders`, one per
+node per client, shared by every writer): a segment is one lane there, so its batches reach a node
+in entry order, while other segments' lanes go on beside it. A `BatchSend` is one batch to one
+node: retried up to append.max_retries times, each retry waiting on the client's timer (holding
+back only its own segment's lane). Acks and a node's failure go back to the pipeline
+(`SenderView.on_ack` / `on_node_failed`), which commits in entry order and calls `send_locked`
+again for what was held meanwhile. `Dispatch` runs under the writer's lock; the node senders
+never take it except through those two calls.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
+from ..ensemble.senders import Job
 from ..errors import EntryConflictError, SegmentFencedError, WoodpeckerError
 from ..retry import Backoff
 from .segments import Batch, OpenSegment, SegmentStatus
 
 if TYPE_CHECKING:
+    from ..ensemble import Ensemble
     from ..logstore.transport import LogStoreTransport
 
 log = logging.getLogger(__name__)
 
+_SKIPPED = object()  # a send not made: the segment or the node is out, or the writer fenced
+
 
 class SenderView(Protocol):
-    """What a `NodeWorker` uses of its writer: its settings, whether it is fenced, and where an
-    ack or a node's failure goes (`LogWriter` implements it)."""
+    """What a `BatchSend` uses of its writer: its settings, whether it is fenced, and where an
+    ack or a node's failure goes (`Pipeline` implements it)."""
 
     log_id: int
     timeout_s: float  # append.timeout_ms in seconds: the retry backoff's ceiling is a tenth
@@ -44,96 +51,87 @@ class SenderView(Protocol):
         """`node` gave up on `batch` (after its retries, or at once for a final error)."""
 
 
-class NodeWorker:
-    """Sends batches to one node in order, retrying each up to append.max_retries times."""
+class BatchSend:
+    """One batch to one node, until acked or given up (its `job` runs on the node's sender).
+    `batch=None` is a LAC-only update (best effort) so readers of an idle segment with aq > 1
+    see its last acknowledged entries."""
 
-    def __init__(
-        self,
-        pipeline: SenderView,
-        node: str,
-        transport: LogStoreTransport,
-        stopping: threading.Event,
-    ):
-        self.pipeline = pipeline
+    __slots__ = ("_dispatch", "node", "seg", "batch", "_backoff")
+
+    def __init__(self, dispatch: Dispatch, node: str, seg: OpenSegment, batch: Batch | None):
+        self._dispatch = dispatch
         self.node = node
-        self.transport = transport
-        self.stopping = stopping  # set when the writer closes or is fenced: retries end
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name=f"wp-node-{node}", daemon=True)
-        self.thread.start()
+        self.seg = seg
+        self.batch = batch
+        self._backoff: Backoff | None = None
 
-    def submit(self, seg: OpenSegment, batch: Batch | None) -> None:
-        self.queue.put((seg, batch))
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Ask the thread to end and wait up to `timeout` (a send blocked in a slow node call
-        ends on its own later; the writer is closed by then, so its outcome is ignored)."""
-        self.queue.put(None)
-        self.thread.join(timeout)
-
-    def _run(self) -> None:
-        while True:
-            item = self.queue.get()
-            if item is None:
-                return
-            try:
-                self._send(*item)
-            except Exception:  # a bug must not silently stop this node's sends
-                log.exception("log %s: sender for %s failed", self.pipeline.log_id, self.node)
-            # Not kept while waiting for the next one: the batch's frame (and its segment) would
-            # outlive the batch by as long as this node stays idle.
-            del item
-
-    def _send(self, seg: OpenSegment, batch: Batch | None) -> None:
-        """Send one batch until acked, retrying transient failures up to append.max_retries.
-
-        `batch=None` is a LAC-only update (best effort) so readers of an idle segment with aq > 1
-        see its last acknowledged entries.
-        """
-        w = self.pipeline
-        transport = self.transport
+    def call(self) -> Any:
+        """One attempt (on the node's sender)."""
+        d = self._dispatch
+        w = d.pipeline
+        seg = self.seg
+        batch = self.batch
         if batch is None:
-            try:
-                transport.add_entries(
-                    self.node, w.log_id, seg.segment_id, seg.lac + 1, b"", seg.lac
-                )
-            except Exception as exc:  # the next batch carries the LAC anyway
+            return d.transport.add_entries(
+                self.node, w.log_id, seg.segment_id, seg.lac + 1, b"", seg.lac
+            )
+        if w.fenced or self.node in seg.failed_nodes:
+            return _SKIPPED
+        if seg.status is SegmentStatus.FAILED or seg.status is SegmentStatus.DONE:
+            return _SKIPPED
+        # on the node's sender, which sets the deadline
+        return d.transport.add_entries(
+            self.node, w.log_id, seg.segment_id, batch.first_entry_id, batch.frame, seg.lac
+        )
+
+    def done(self, result: Any, exc: BaseException | None) -> float | None:
+        """The attempt's outcome: None (this send is over) or the delay before the next."""
+        d = self._dispatch
+        w = d.pipeline
+        batch = self.batch
+        if batch is None:
+            if exc is not None:  # the next batch carries the LAC anyway
                 log.debug("log %s: LAC update to %s failed: %s", w.log_id, self.node, exc)
-            return
-        backoff = Backoff(0.02, max(w.timeout_s / 10, 0.01), stop=self.stopping)
-        while not w.fenced and self.node not in seg.failed_nodes:
-            if seg.status in (SegmentStatus.FAILED, SegmentStatus.DONE):
-                return
-            try:
-                transport.add_entries(
-                    self.node, w.log_id, seg.segment_id, batch.first_entry_id, batch.frame, seg.lac
-                )
-            except (SegmentFencedError, EntryConflictError) as exc:
-                w.on_node_failed(self.node, seg, batch, exc)
-                return
-            except WoodpeckerError as exc:
-                if not exc.retriable or backoff.attempts >= w.max_retries:
-                    w.on_node_failed(self.node, seg, batch, exc)
-                    return
-                batch.retrying = True  # later entries stop waiting for its ack (linger_ms)
-                if not backoff.wait():
-                    return  # the writer is closing: close() fails what is still pending
-                continue
-            except Exception as exc:  # e.g. OSError from a full disk: this node is out
-                log.exception("log %s: add to %s failed", w.log_id, self.node)
-                w.on_node_failed(self.node, seg, batch, exc)
-                return
-            w.on_ack(self.node, seg, batch)
-            return
+            d.ended()
+            return None
+        if exc is None:
+            if result is not _SKIPPED:
+                w.on_ack(self.node, self.seg, batch)
+            d.ended()
+            return None
+        if isinstance(exc, (SegmentFencedError, EntryConflictError)):
+            w.on_node_failed(self.node, self.seg, batch, exc)
+            d.ended()
+            return None
+        if isinstance(exc, WoodpeckerError):
+            if self._backoff is None:
+                self._backoff = Backoff(0.02, max(w.timeout_s / 10, 0.01))
+            if not exc.retriable or self._backoff.attempts >= w.max_retries:
+                w.on_node_failed(self.node, self.seg, batch, exc)
+                d.ended()
+                return None
+            if d.stopping.is_set():
+                d.ended()  # the writer is closing: close() fails what is still pending
+                return None
+            batch.retrying = True  # later entries stop waiting for its ack (linger_ms)
+            return self._backoff.next_delay()
+        if not isinstance(exc, Exception):
+            raise exc  # KeyboardInterrupt and the like are not a node's failure
+        # e.g. OSError from a full disk: this node is out
+        log.error("log %s: add to %s failed", w.log_id, self.node, exc_info=exc)
+        w.on_node_failed(self.node, self.seg, batch, exc)
+        d.ended()
+        return None
 
 
 class Dispatch:
-    """One writer's node senders and its group-commit rule (append.max_batch_entries,
-    append.max_batch_bytes, append.linger_ms)."""
+    """One writer's group-commit rule (append.max_batch_entries, append.max_batch_bytes,
+    append.linger_ms) and its sends in flight on the client's node senders."""
 
     def __init__(
         self,
         pipeline: SenderView,
+        ensemble: Ensemble,
         transport: LogStoreTransport,
         stopping: threading.Event,
         *,
@@ -141,21 +139,30 @@ class Dispatch:
         max_batch_bytes: int,
         linger_s: float,
     ):
-        self._pipeline = pipeline
-        self._transport = transport
-        self._stopping = stopping
+        self.pipeline = pipeline
+        self.stopping = stopping  # set when the writer closes or is fenced: retries end
+        self.ensemble = ensemble
+        self.transport = transport  # called on the node senders, which set the deadlines
         self._max_batch_entries = max_batch_entries
         self._max_batch_bytes = max_batch_bytes
         self._linger_s = linger_s
-        self._workers: dict[str, NodeWorker] = {}
+        self._sends = 0  # BatchSends submitted and not over
+        self._quiet = threading.Condition(threading.Lock())  # notified when _sends reaches 0
 
-    def add_nodes(self, nodes: Iterable[str]) -> None:
-        """A segment on `nodes` opened: start a sender for each node that has none yet."""
-        for node in nodes:
-            if node not in self._workers:
-                self._workers[node] = NodeWorker(
-                    self._pipeline, node, self._transport, self._stopping
-                )
+    def _submit(self, node: str, seg: OpenSegment, batch: Batch | None) -> None:
+        """Hand a send to the node's sender, in `seg`'s lane (its batches in entry order)."""
+        send = BatchSend(self, node, seg, batch)
+        with self._quiet:
+            self._sends += 1
+        if not self.ensemble.sender(node).submit(seg, Job(send.call, send.done)):
+            self.ended()  # the client is closing: nothing is sent any more
+
+    def ended(self) -> None:
+        """A send is over (acked, given up, skipped or dropped)."""
+        with self._quiet:
+            self._sends -= 1
+            if self._sends == 0:
+                self._quiet.notify_all()
 
     def send_locked(self, seg: OpenSegment) -> None:
         """Group commit: cut `seg`'s unsent entries into batches and hand them to the node senders.
@@ -193,7 +200,7 @@ class Dispatch:
                 if node in failed:
                     batch.failed.add(node)
                 else:
-                    self._workers[node].submit(seg, batch)
+                    self._submit(node, seg, batch)
             if seg.unsent:
                 seg.unsent_since = time.monotonic()
 
@@ -207,9 +214,16 @@ class Dispatch:
         """A LAC-only update of `seg` to its live nodes, so tail readers of an idle segment with
         aq > 1 see its last acknowledged entries."""
         for node in seg.live_nodes():
-            self._workers[node].submit(seg, None)
+            self._submit(node, seg, None)
 
     def stop(self, left: Callable[[float], float]) -> None:
-        """Stop every sender, each waited for `left(5)` seconds (the rest of close's budget)."""
-        for worker in self._workers.values():
-            worker.stop(left(5))
+        """Wait up to `left(5)` seconds (the rest of close's budget) for this writer's sends in
+        flight to end (`stopping` is set: none is retried any more). A send blocked in a slow
+        node call is answered at its deadline; the writer is closed by then, so it is ignored."""
+        deadline = time.monotonic() + left(5)
+        with self._quiet:
+            while self._sends > 0:
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    return
+                self._quiet.wait(wait)

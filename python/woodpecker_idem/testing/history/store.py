@@ -2,10 +2,11 @@
 
 A checker that read the log through `LogReader` would share the reader's bugs: a reader showing
 an entry only one node holds, or hiding one, would make the log it judges agree with the writes
-it judges. This read goes around the reader and the client's transport (which tests wrap to
-inject faults): it builds fresh engines over each node's storage (nothing a live engine cached
-is trusted), reads every segment the metadata lists from every node of its ensemble, and decides
-which entries are in the log by the rules of the log itself, not by the reader's code:
+it judges. This read goes around the reader: it asks each node for the raw bytes its storage
+holds (`LogStoreTransport.raw_read`, the node's stored bytes read fresh, nothing a live engine
+cached is trusted; a fault injector passes it through untouched), reads every segment the
+metadata lists from every node of its ensemble, and decides which entries are in the log by the
+rules of the log itself, not by the reader's code:
 
 - a completed (or sealed) segment holds entries 0..lastEntryId of its metadata; each must be
   stored intact on at least one node of its ensemble;
@@ -16,20 +17,24 @@ which entries are in the log by the rules of the log itself, not by the reader's
 
 What breaks these rules is returned as `problems` (kind `replicas`); a replica that is corrupt
 where another holds the entry intact is only counted in `corrupt_replicas` (readers skip it).
+
+Where the bytes come from is a `RawSource`: any object with the transport's `node_ids` and
+`raw_read`. A client's transport is one, whether its nodes live in this process
+(`InProcessTransport` reads a fresh engine over the node's storage) or, in service mode, in other
+processes (the `RawRead` RPC of proto/logstore.proto), so the checker needs no engine of its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from ._core import decode_entries, decode_messages
-from .errors import CorruptEntryError, InvalidArgumentError
-from .history import REPLICAS
-from .logstore.engine import LogStoreEngine
-from .logstore.transport import InProcessTransport, LogStoreTransport
-from .meta.base import MetadataStore, SegmentMeta
-from .types import LogMessage, LogMessageId, SegmentState
+from ..._core import decode_entries, decode_messages
+from ...errors import CorruptEntryError
+from ...meta.base import MetadataStore, SegmentMeta
+from ...types import LogMessage, LogMessageId, SegmentState
+from .model import REPLICAS
 
 READ_CHUNK = 10_000
 
@@ -43,51 +48,46 @@ class StoredLog:
     corrupt_replicas: list[str] = field(default_factory=list)
 
 
-def read_stored(client: object, log: object) -> StoredLog:
+class RawSource(Protocol):
+    """Where the checker reads what each node stores (a `LogStoreTransport` is one)."""
+
+    @property
+    def node_ids(self) -> list[str]: ...
+
+    def raw_read(
+        self, node_id: str, log_id: int, segment_id: int, from_entry_id: int, max_entries: int
+    ) -> list[bytes]: ...
+
+
+def read_stored(client: object, log: object, source: RawSource | None = None) -> StoredLog:
     """The entries `log` (a LogHandle or a log name) has on the LogStore nodes of `client` (a
-    WoodpeckerClient whose nodes live in this process, as every embedded client's do)."""
+    WoodpeckerClient), read from `source` (default: the client's transport)."""
     meta: MetadataStore = client.meta  # type: ignore[attr-defined]
     if isinstance(log, str):
         log_id = meta.get_log(log).log_id
     else:
         log_id = log.log_id  # type: ignore[attr-defined]
-    engines = fresh_engines(client.transport)  # type: ignore[attr-defined]
-    return stored_messages(meta, engines, log_id)
+    if source is None:
+        source = client.transport  # type: ignore[attr-defined]
+    return stored_messages(meta, source, log_id)
 
 
-def fresh_engines(transport: LogStoreTransport) -> dict[str, LogStoreEngine]:
-    """New engines over the storage of the in-process nodes behind `transport` (through any
-    wrappers with an `inner` transport, as fault injectors are)."""
-    seen = transport
-    while not isinstance(seen, InProcessTransport):
-        inner = getattr(seen, "inner", None)
-        if not isinstance(inner, LogStoreTransport):
-            raise InvalidArgumentError(
-                f"the stored entries are read from in-process LogStore nodes; transport "
-                f"{type(transport).__name__} has none behind it"
-            )
-        seen = inner
-    return {node: LogStoreEngine(engine.storage, node) for node, engine in seen.engines.items()}
-
-
-def stored_messages(
-    meta: MetadataStore, engines: Mapping[str, LogStoreEngine], log_id: int
-) -> StoredLog:
+def stored_messages(meta: MetadataStore, source: RawSource, log_id: int) -> StoredLog:
     """Every entry of log `log_id` by the rules in the module docstring."""
     out = StoredLog()
+    nodes = set(source.node_ids)
     floor = meta.get_log_by_id(log_id).truncated_to or LogMessageId(0, 0)
     for seg in meta.list_segments(log_id):
         if seg.state is SegmentState.TRUNCATED:
             continue
         held: dict[str, list[bytes]] = {}
         for node in seg.nodes:
-            engine = engines.get(node)
-            if engine is None:
+            if node not in nodes:
                 out.problems.append(
                     f"{REPLICAS}: segment {seg.segment_id} names node {node}, which does not exist"
                 )
                 continue
-            held[node] = _node_entries(engine, seg, out.corrupt_replicas)
+            held[node] = _node_entries(source, node, seg, out.corrupt_replicas)
         raw = combine(seg, held, out.problems)
         start = 0 if seg.segment_id > floor.segment_id else floor.entry_id
         if seg.segment_id < floor.segment_id or start >= len(raw):
@@ -98,14 +98,16 @@ def stored_messages(
     return out
 
 
-def _node_entries(engine: LogStoreEngine, seg: SegmentMeta, corrupt: list[str]) -> list[bytes]:
+def _node_entries(
+    source: RawSource, node: str, seg: SegmentMeta, corrupt: list[str]
+) -> list[bytes]:
     """The entries one node holds of `seg` from entry 0 on, up to the first gap or damage."""
     out: list[bytes] = []
     while True:
         try:
-            got = engine.read(seg.log_id, seg.segment_id, len(out), READ_CHUNK)
+            got = source.raw_read(node, seg.log_id, seg.segment_id, len(out), READ_CHUNK)
         except CorruptEntryError as exc:
-            corrupt.append(f"{engine.node_id} segment {seg.segment_id}: {exc}")
+            corrupt.append(f"{node} segment {seg.segment_id}: {exc}")
             return out
         if not got:
             return out
@@ -113,9 +115,7 @@ def _node_entries(engine: LogStoreEngine, seg: SegmentMeta, corrupt: list[str]) 
         out.extend(got[: len(good)])
         if bad is not None:
             index, why = bad
-            corrupt.append(
-                f"{engine.node_id} entry {seg.segment_id}:{len(out)} (read index {index}): {why}"
-            )
+            corrupt.append(f"{node} entry {seg.segment_id}:{len(out)} (read index {index}): {why}")
             return out
 
 

@@ -15,11 +15,11 @@ read the whole log back, then `History.check` lists every violation it can prove
     assert verdict.ok, verdict.summary()
 
 (`history.call(key, payload, fn)` does the same in one line.) `check_log` judges the entries the
-log's nodes store, read around the LogReader (`history_store.py`), so a reader bug cannot hide a
+log's nodes store, read around the LogReader (`store.py`), so a reader bug cannot hide a
 violation; it also holds a LogReader's read of the log to those entries. `check(messages, ...)`
 judges any list of messages. A plain write is recorded with key
 None. The attempts' own times decide what happened before what; the timestamps the log stores are
-themselves checked against them, never trusted. The rules are in `history_rules.py`.
+themselves checked against them, never trusted. The rules are in `rules.py`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,13 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .clock import SYSTEM_CLOCK, Clock
-from .types import LogMessage, LogMessageId, WriteResult
+from ...clock import SYSTEM_CLOCK, Clock
+from ...types import LogMessage, LogMessageId, WriteResult
+
+if TYPE_CHECKING:
+    from .store import RawSource
 
 NEVER = 2**62  # a time later than any real one
 UNKNOWN = -NEVER  # an unknown start: the attempt may have begun at any time before its end
@@ -79,7 +83,7 @@ DUPLICATE = "duplicate in window"
 UNKEYED_COPY = "unkeyed copy"
 INVENTED = "invented entry"
 TIMESTAMP = "timestamp"
-REPLICAS = "replicas"  # the nodes' copies break the log's rules (history_store.py)
+REPLICAS = "replicas"  # the nodes' copies break the log's rules (store.py)
 READER = "reader"  # a LogReader's read differs from the stored entries
 KINDS = (
     LOST,
@@ -126,7 +130,8 @@ class Verdict:
 
 @dataclass
 class History:
-    """Thread-safe record of write attempts. `clock` must be the clock the writer uses."""
+    """Thread-safe record of write attempts; those recorded without an explicit `end` are in the
+    order they ended. `clock` must be the clock the writer uses."""
 
     clock: Clock = SYSTEM_CLOCK
     attempts: list[Attempt] = field(default_factory=list)
@@ -143,17 +148,18 @@ class History:
         start: Stamp | None = None,
         end: Stamp | None = None,
     ) -> None:
-        """An acknowledged attempt. Without `start`, it may have begun at any time (weaker)."""
-        attempt = Attempt(
-            key,
-            bytes(payload),
-            start or UNKNOWN_START,
-            end or self.now(),
-            result.message_id,
-            bool(result.duplicate),
+        """An acknowledged attempt. Without `start`, it may have begun at any time (weaker);
+        without `end`, it ends now (see `_record`)."""
+        self._record(
+            lambda stamp: Attempt(
+                key,
+                bytes(payload),
+                start or UNKNOWN_START,
+                end or stamp,
+                result.message_id,
+                bool(result.duplicate),
+            )
         )
-        with self._lock:
-            self.attempts.append(attempt)
 
     def failed(
         self,
@@ -168,16 +174,26 @@ class History:
         if timed_out is None:
             timed_out = isinstance(error, TimeoutError)
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        attempt = Attempt(
-            key,
-            bytes(payload),
-            start or UNKNOWN_START,
-            end or self.now(),
-            error=text,
-            timed_out=timed_out,
+        done = bool(timed_out)
+        self._record(
+            lambda stamp: Attempt(
+                key,
+                bytes(payload),
+                start or UNKNOWN_START,
+                end or stamp,
+                error=text,
+                timed_out=done,
+            )
         )
+
+    def _record(self, make: Callable[[Stamp], Attempt]) -> None:
+        """Stamp the end and append in one step under the lock: attempts recorded without an
+        explicit `end` are then in the order they ended (by `Stamp.ns`), and a judgement (`check`
+        copies the record under the lock) holds every attempt stamped before it began. Stamped
+        outside the lock, an attempt ended before a judgement could still be missing from it,
+        and its entry would be judged as written by nobody."""
         with self._lock:
-            self.attempts.append(attempt)
+            self.attempts.append(make(self.now()))
 
     def call(self, key: bytes | None, payload: bytes, fn: Callable[[], WriteResult]) -> WriteResult:
         """Run one write `fn()` and record it (exceptions are recorded and re-raised)."""
@@ -205,16 +221,15 @@ class History:
             self.failed(key, payload, exc, start)
             raise
 
-        def ended(f: Future[WriteResult]) -> None:
-            end = self.now()
+        def ended(f: Future[WriteResult]) -> None:  # stamped now, when recorded (no `end`)
             if f.cancelled():
-                self.failed(key, payload, "cancelled", start, end)
+                self.failed(key, payload, "cancelled", start)
                 return
             exc = f.exception()
             if exc is None:
-                self.ok(key, payload, f.result(), start, end)
+                self.ok(key, payload, f.result(), start)
             else:
-                self.failed(key, payload, exc, start, end)
+                self.failed(key, payload, exc, start)
 
         future.add_done_callback(ended)
         return future
@@ -227,15 +242,22 @@ class History:
         return check_history(attempts, messages, window_ms, window_max_keys)
 
     def check_log(
-        self, log: object, window_ms: int, window_max_keys: int, *, reader: bool = True
+        self,
+        log: object,
+        window_ms: int,
+        window_max_keys: int,
+        *,
+        reader: bool = True,
+        source: RawSource | None = None,
     ) -> Verdict:
-        """Judge the entries `log` (a LogHandle of an embedded client) has on its nodes, read
-        without a LogReader (`history_store.read_stored`). With `reader`, a LogReader's read of
-        the whole log must return exactly those entries (call it once every writer is closed:
-        a reader stops at the confirmed tail of an open segment)."""
-        from .history_store import read_stored
+        """Judge the entries `log` (a LogHandle) has on its nodes, read without a LogReader
+        (`store.read_stored`) from `source` (default: its client's transport, whose `raw_read`
+        reaches the nodes wherever they run). With `reader`, a LogReader's read of the whole log
+        must return exactly those entries (call it once every writer is closed: a reader stops
+        at the confirmed tail of an open segment)."""
+        from .store import read_stored
 
-        stored = read_stored(log.client, log)  # type: ignore[attr-defined]
+        stored = read_stored(log.client, log, source)  # type: ignore[attr-defined]
         verdict = self.check(stored.messages, window_ms, window_max_keys)
         extra = list(stored.problems)
         if reader:
@@ -281,6 +303,6 @@ def check_history(
     attempts: list[Attempt], messages: Iterable[LogMessage], window_ms: int, window_max_keys: int
 ) -> Verdict:
     """Judge `messages` (the whole log, in log order) against `attempts`."""
-    from .history_rules import Judge
+    from .rules import Judge
 
     return Judge(attempts, list(messages), window_ms, window_max_keys).verdict()

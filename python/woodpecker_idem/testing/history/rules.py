@@ -1,4 +1,4 @@
-"""The rules of the history checker (`woodpecker_idem.history`); each finding is a proof.
+"""The rules of the history checker (`woodpecker_idem.testing.history`); each finding is a proof.
 
 Facts the rules use (docs/semantics.md):
 - An entry is created by one call of its key and stores that call's payload and a timestamp read
@@ -33,7 +33,8 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .history import (
+from ...types import LogMessage, LogMessageId
+from .model import (
     CREATED_TWICE,
     DUPLICATE,
     INVENTED,
@@ -48,7 +49,6 @@ from .history import (
     Attempt,
     Verdict,
 )
-from .types import LogMessage, LogMessageId
 
 
 @dataclass

@@ -21,7 +21,6 @@ from ..errors import (
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
 from ..types import SegmentState
-from .adopted import check_log_present
 
 log = logging.getLogger(__name__)
 
@@ -193,3 +192,39 @@ def seal(
             epoch, dataclasses.replace(current, state=SegmentState.SEALED)
         )
     return current
+
+
+def check_log_present(transport: LogStoreTransport, meta: MetadataStore, seg: SegmentMeta) -> None:
+    """Before `seg` is sealed as empty (recovery found none of its entries): `CorruptEntryError`
+    if the nodes do not hold the last entry of the newest earlier segment the metadata says was
+    written either. Then these nodes' storage is not where this log was written (another root, a
+    wiped bucket or directory), and sealing would lose every entry its writer acknowledged."""
+    earlier = [
+        s
+        for s in meta.list_segments(seg.log_id)
+        if s.segment_id < seg.segment_id
+        and s.state in (SegmentState.COMPLETED, SegmentState.SEALED)
+        and s.last_entry_id >= 0
+    ]
+    if not earlier:
+        return
+    prev = earlier[-1]
+    down: list[NodeUnavailableError] = []
+    for node in prev.nodes:
+        try:
+            if transport.read(node, prev.log_id, prev.segment_id, prev.last_entry_id, 1):
+                return
+        except NodeUnavailableError as exc:  # another replica may answer
+            down.append(exc)
+        except CorruptEntryError:  # held, though damaged: the storage is the log's
+            return
+    if down:  # a node that is back may hold it: retried
+        raise down[0]
+    raise CorruptEntryError(
+        f"segment {seg.log_id}/{seg.segment_id}: none of its entries can be found, and neither "
+        f"can entry {prev.last_entry_id} of segment {prev.segment_id}, which the metadata says "
+        f"was written (nodes {', '.join(prev.nodes)}): this storage does not hold the log (another "
+        "objectstore.root, or its objects deleted). The segment is not sealed as empty, which "
+        "would lose the entries its writer acknowledged; point the client at the log's storage "
+        "or restore it"
+    )

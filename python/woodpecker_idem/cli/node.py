@@ -1,0 +1,79 @@
+"""`woodpecker-idem logstore serve`: a LogStore node as a process of its own (service mode).
+
+The node serves the `LogStore` gRPC service (`logstore/remote.py`) over its storage in the
+deployment its config names (`nodes/{node_id}/` of the store's objects), registers itself in
+that metadata store under its address, and on SIGTERM (or SIGINT) stops taking calls, lets the
+calls under way finish (`--grace`), deregisters and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from ..connect import open_node
+from ..logstore.remote import LogStoreServer
+from ..meta import NodeInfo
+from .common import add_store_args
+
+
+def add_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
+    p = add_parser("logstore", help="run a LogStore node (service mode)")
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="{serve}")
+    serve = verbs.add_parser(
+        "serve",
+        help="serve one LogStore node over gRPC until SIGTERM",
+    )
+    serve.add_argument("--node-id", required=True, metavar="ID", help="the node's id")
+    serve.add_argument(
+        "--listen",
+        default="127.0.0.1:0",
+        metavar="HOST:PORT",
+        help="where to listen (default 127.0.0.1, a free port)",
+    )
+    serve.add_argument(
+        "--port-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write the port listened on to FILE once serving (for scripts: --listen HOST:0)",
+    )
+    serve.add_argument(
+        "--grace",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long calls under way may take to finish (default 5)",
+    )
+    add_store_args(serve, json_output=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    engine, meta, objects = open_node(args.config, args.data_dir, args.node_id)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    server = LogStoreServer(engine, args.listen)
+    try:
+        server.start()
+        meta.register_node(NodeInfo(args.node_id, server.address))
+        if args.port_file is not None:
+            tmp = args.port_file.with_suffix(".tmp")
+            tmp.write_text(str(server.port))
+            tmp.replace(args.port_file)  # whole, or not there: a reader never sees half
+        sys.stderr.write(f"LogStore node {args.node_id} serving on {server.address}\n")
+        sys.stderr.flush()
+        stop.wait()
+        server.stop(args.grace)  # drains: calls under way finish, new ones are refused
+        meta.unregister_node(args.node_id)
+        sys.stderr.write(f"LogStore node {args.node_id} stopped\n")
+    finally:
+        server.stop(0)
+        engine.close()
+        meta.close()
+        objects.close()
+    return 0

@@ -1,0 +1,134 @@
+"""The ensemble layer of one client: its nodes found (`NodeDirectory`), chosen (`new_ensemble`),
+reached (one `NodeSender` per node, shared by every writer and reader of the client, a deadline on
+every call) and the background work of its writers (`Scheduler`), all in one place."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Collection, Iterable, Mapping
+
+from ..errors import NodeUnavailableError, WoodpeckerError
+from ..logstore.transport import LogStoreTransport
+from ..meta.base import MetadataStore, SegmentMeta
+from ..types import SegmentState
+from .members import REFRESH_S, NodeDirectory
+from .placement import new_ensemble
+from .scheduler import Scheduler
+from .senders import NodeCalls, NodeSender
+
+log = logging.getLogger(__name__)
+
+
+class Ensemble:
+    """See the module doc. `transport` reaches the nodes; `registry`, when given, is the metadata
+    store whose node registry the directory reads (else the transport's nodes are the directory),
+    and `on_nodes` learns the registered node processes' addresses; `deadline_s` bounds every node
+    call."""
+
+    def __init__(
+        self,
+        transport: LogStoreTransport,
+        *,
+        deadline_s: float,
+        registry: MetadataStore | None = None,
+        on_nodes: Callable[[Mapping[str, str]], None] | None = None,
+        name: str = "client",
+    ):
+        self.transport = transport  # the nodes without deadlines: only the senders call it
+        self.deadline_s = deadline_s
+        self.scheduler = Scheduler(name)
+        self.directory = NodeDirectory(transport, registry, on_change=on_nodes)
+        self._lock = threading.Lock()
+        self._senders: dict[str, NodeSender] = {}
+        self._closed = False
+        if registry is not None:  # the registry is watched: nodes joining, leaving, moving
+            self.scheduler.timer(self._watch, "nodes").poke()
+        # every synchronous node call (readers, recoveries, the rebuild) goes through the senders
+        self.calls: LogStoreTransport = NodeCalls(lambda: self.transport, self.sender)
+
+    def calls_through(self, transport: LogStoreTransport) -> LogStoreTransport:
+        """`transport`'s calls made on the senders, with the deadline (as `calls` makes the
+        ensemble's transport of the moment)."""
+        return NodeCalls(lambda: transport, self.sender)
+
+    def _watch(self) -> float:
+        """On the timer thread: read the registry again, off it (a metadata call may block)."""
+        self.scheduler.submit("nodes", self._read_registry)
+        return REFRESH_S
+
+    def _read_registry(self) -> None:
+        try:
+            self.directory.live()
+        except WoodpeckerError as exc:  # the metadata store is down: the last read stands
+            log.debug("node registry not read: %s", exc)
+
+    def sender(self, node: str) -> NodeSender:
+        """The node's sender (made on first use)."""
+        sender = self._senders.get(node)
+        if sender is None:
+            with self._lock:
+                sender = self._senders.get(node)
+                if sender is None:
+                    sender = NodeSender(node, self.scheduler, self.deadline_s)
+                    if self._closed:
+                        sender.close(0)
+                    self._senders[node] = sender
+        return sender
+
+    def new_ensemble(
+        self, es: int, segment_id: int, exclude: Collection[str] = ()
+    ) -> tuple[str, ...]:
+        """The nodes of a new segment: `es` live nodes, avoiding `exclude` while others are live."""
+        return new_ensemble(self.directory.live(), es, segment_id, exclude)
+
+    def fence_segments(self, segments: Iterable[SegmentMeta]) -> None:
+        """Fence every unfinished (ACTIVE) segment of `segments` on each of its nodes: a writer
+        still adding to one is refused from now on. A node that does not answer is skipped
+        (logged): it may still take adds until its writer's next metadata write fails."""
+        for seg in segments:
+            if seg.state is not SegmentState.ACTIVE:
+                continue
+            for node in seg.nodes:
+                try:
+                    self.calls.fence(node, seg.log_id, seg.segment_id)
+                except NodeUnavailableError as exc:
+                    log.warning(
+                        "segment %s/%s not fenced on %s: %s", seg.log_id, seg.segment_id, node, exc
+                    )
+
+    def delete_log(self, log_id: int, segments: Collection[SegmentMeta]) -> None:
+        """Remove the log from the nodes: every node of the directory drops the whole log, unless
+        one of `segments` (the log's, from its metadata) is still ACTIVE. Such a segment, fenced
+        by `fence_segments` first, is left in place with its fence: a writer elsewhere that has
+        not noticed the delete meets that fence on its next add (a fence deleted with its
+        segment would let that add land, and be acknowledged, in a deleted log)."""
+        if not any(seg.state is SegmentState.ACTIVE for seg in segments):
+            for node in self.directory.live():
+                self.calls.delete_log(node, log_id)
+            return
+        for seg in segments:
+            if seg.state is SegmentState.ACTIVE:
+                log.info("log %s: segment %s left fenced on %s", log_id, seg.segment_id, seg.nodes)
+                continue
+            for node in seg.nodes:
+                self.calls.delete_segment(node, log_id, seg.segment_id)
+
+    def threads(self) -> list[threading.Thread]:
+        """The threads of the layer: the scheduler's and the senders' live workers."""
+        with self._lock:
+            senders = list(self._senders.values())
+        return self.scheduler.threads + [t for s in senders for t in s.threads]
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the background work and the senders (what is not started is dropped), then
+        release the transport. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            senders = list(self._senders.values())
+        self.scheduler.close(timeout)
+        for sender in senders:
+            sender.close(timeout)
+        self.transport.close()

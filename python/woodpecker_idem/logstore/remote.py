@@ -1,0 +1,340 @@
+"""LogStore nodes over gRPC (service mode): the client's transport and the node's service, one
+wire between them (`proto/logstore.proto`, service `LogStore`).
+
+The calls are the `LogStoreTransport` calls, one RPC each (`RPCS`), with the generated message
+classes and no generated stubs: both sides build their handlers from the same table, so the
+wire cannot drift from it. AddEntries carries the writer's batch frame as it is (no re-encoding
+per entry). Every call has a deadline (`timeout_s`).
+
+Errors cross as the project's own: the node aborts a call with the error's stable `code` in the
+trailing metadata (`wp-error`) and its message as details, and the client raises the same class
+(`errors.by_code`), retriable exactly as in-process. A node that cannot be reached, or does not
+answer within the deadline, is `NodeUnavailableError` (retriable).
+
+One channel per node per client (gRPC multiplexes every call of every writer over it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any
+
+from .._proto import logstore_pb2 as pb
+from ..errors import CorruptEntryError, NodeUnavailableError, WoodpeckerError, by_code
+from .engine import LogStoreEngine
+from .transport import LogStoreTransport
+
+log = logging.getLogger(__name__)
+
+SERVICE = "woodpecker_idem.logstore.LogStore"
+ERROR_KEY = "wp-error"
+MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # a batch of append.max_batch_bytes (<= 64 MiB) fits
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # A node that restarts is back within a second (gRPC's default backoff grows to 2 minutes,
+    # and every call meanwhile fails at once)
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+@dataclass(frozen=True)
+class Rpc:
+    """One transport call on the wire: its RPC name, its messages, and how each side maps its
+    arguments and result to them."""
+
+    name: str
+    request: Any
+    response: Any
+    # client: the call's arguments (after node_id) -> request; response -> the call's result
+    to_request: Callable[..., Any]
+    from_response: Callable[[Any], Any]
+    # node: the engine's call for a request -> response
+    serve: Callable[[LogStoreEngine, Any], Any]
+
+
+def _segment_req(log_id: int, segment_id: int, last_entry_id: int = -1) -> Any:
+    return pb.SegmentRequest(log_id=log_id, segment_id=segment_id, last_entry_id=last_entry_id)
+
+
+def _empty(call: Callable[..., None], *args: Any) -> Any:
+    call(*args)
+    return pb.Empty()
+
+
+def _last(pair: tuple[int, int]) -> Any:
+    return pb.LastEntryResponse(last_entry_id=pair[0], lac=pair[1])
+
+
+RPCS: dict[str, Rpc] = {
+    "add_entries": Rpc(
+        "AddEntries",
+        pb.AddEntriesRequest,
+        pb.AddEntriesResponse,
+        lambda log_id, segment_id, first, frame, lac=-1, recovery=False: pb.AddEntriesRequest(
+            log_id=log_id,
+            segment_id=segment_id,
+            first_entry_id=first,
+            frame=frame,
+            lac=lac,
+            recovery=recovery,
+        ),
+        lambda r: r.last_entry_id,
+        lambda e, q: pb.AddEntriesResponse(
+            last_entry_id=e.add_entries(
+                q.log_id, q.segment_id, q.first_entry_id, q.frame, q.lac, q.recovery
+            )
+        ),
+    ),
+    "fence": Rpc(
+        "Fence",
+        pb.SegmentRequest,
+        pb.LastEntryResponse,
+        _segment_req,
+        lambda r: (r.last_entry_id, r.lac),
+        lambda e, q: _last(e.fence(q.log_id, q.segment_id)),
+    ),
+    "complete": Rpc(
+        "Complete",
+        pb.SegmentRequest,
+        pb.Empty,
+        _segment_req,
+        lambda r: None,
+        lambda e, q: _empty(e.complete, q.log_id, q.segment_id, q.last_entry_id),
+    ),
+    "completed_end": Rpc(
+        "CompletedEnd",
+        pb.SegmentRequest,
+        pb.CompletedEndResponse,
+        _segment_req,
+        lambda r: r.last_entry_id if r.HasField("last_entry_id") else None,
+        lambda e, q: pb.CompletedEndResponse(last_entry_id=e.completed_end(q.log_id, q.segment_id)),
+    ),
+    "read": Rpc(
+        "Read",
+        pb.ReadRequest,
+        pb.ReadResponse,
+        lambda log_id, segment_id, first, n: pb.ReadRequest(
+            log_id=log_id, segment_id=segment_id, from_entry_id=first, max_entries=n
+        ),
+        lambda r: list(r.entries),
+        lambda e, q: pb.ReadResponse(
+            entries=e.read(q.log_id, q.segment_id, q.from_entry_id, q.max_entries)
+        ),
+    ),
+    "last_add_confirmed": Rpc(
+        "LastAddConfirmed",
+        pb.SegmentRequest,
+        pb.LastEntryResponse,
+        _segment_req,
+        lambda r: (r.last_entry_id, r.lac),
+        lambda e, q: _last(e.last_add_confirmed(q.log_id, q.segment_id)),
+    ),
+    "delete_segment": Rpc(
+        "DeleteSegment",
+        pb.SegmentRequest,
+        pb.Empty,
+        _segment_req,
+        lambda r: None,
+        lambda e, q: _empty(e.delete_segment, q.log_id, q.segment_id),
+    ),
+    "delete_log": Rpc(
+        "DeleteLog",
+        pb.LogRequest,
+        pb.Empty,
+        lambda log_id: pb.LogRequest(log_id=log_id),
+        lambda r: None,
+        lambda e, q: _empty(e.delete_log, q.log_id),
+    ),
+    "raw_read": Rpc(
+        "RawRead",
+        pb.ReadRequest,
+        pb.ReadResponse,
+        lambda log_id, segment_id, first, n: pb.ReadRequest(
+            log_id=log_id, segment_id=segment_id, from_entry_id=first, max_entries=n
+        ),
+        lambda r: list(r.entries),
+        # a fresh engine over the node's storage: nothing the serving engine holds is trusted
+        lambda e, q: pb.ReadResponse(
+            entries=LogStoreEngine(e.storage, e.node_id).read(
+                q.log_id, q.segment_id, q.from_entry_id, q.max_entries
+            )
+        ),
+    ),
+}
+
+
+class GrpcTransport(LogStoreTransport):
+    """Calls to LogStore node processes: `nodes` maps node id -> "host:port"."""
+
+    def __init__(self, nodes: Mapping[str, str], timeout_s: float):
+        import grpc  # the `service` extra: embedded clients never import it
+
+        self._grpc = grpc
+        self._nodes = dict(nodes)
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._channels: dict[str, Any] = {}
+        self._calls: dict[tuple[str, str], Callable[..., Any]] = {}
+
+    @property
+    def node_ids(self) -> list[str]:
+        return sorted(self._nodes)
+
+    def set_nodes(self, nodes: Mapping[str, str]) -> None:
+        """The node directory changed: nodes are reached where it says from now on (the channel
+        of a node still at the same address is kept; one that moved or left is closed)."""
+        with self._lock:
+            gone = [n for n, a in self._nodes.items() if nodes.get(n) != a]
+            self._nodes = dict(nodes)
+            closing = [self._channels.pop(n) for n in gone if n in self._channels]
+            self._calls = {k: c for k, c in self._calls.items() if k[0] not in gone}
+        for channel in closing:
+            channel.close()
+
+    def _call(self, node_id: str, method: str) -> Callable[..., Any]:
+        call = self._calls.get((node_id, method))
+        if call is not None:
+            return call
+        with self._lock:
+            address = self._nodes.get(node_id)
+            if address is None:
+                raise NodeUnavailableError(f"unknown LogStore node {node_id!r}")
+            channel = self._channels.get(node_id)
+            if channel is None:
+                channel = self._grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                self._channels[node_id] = channel
+            rpc = RPCS[method]
+            call = channel.unary_unary(
+                f"/{SERVICE}/{rpc.name}",
+                request_serializer=rpc.request.SerializeToString,
+                response_deserializer=rpc.response.FromString,
+            )
+            self._calls[(node_id, method)] = call
+            return call
+
+    def _invoke(self, node_id: str, method: str, *args: Any) -> Any:
+        rpc = RPCS[method]
+        request = rpc.to_request(*args)
+        try:
+            response = self._call(node_id, method)(request, timeout=self.timeout_s)
+        except self._grpc.RpcError as exc:
+            raise self._error(node_id, method, exc) from None
+        return rpc.from_response(response)
+
+    def _error(self, node_id: str, method: str, exc: Any) -> WoodpeckerError:
+        """The project's error for a failed call (see the module doc)."""
+        code = dict(exc.trailing_metadata() or ()).get(ERROR_KEY)
+        if code is not None:
+            return by_code(code)(exc.details() or code)
+        return NodeUnavailableError(
+            f"LogStore node {node_id} ({self._nodes.get(node_id)}): {method} failed: "
+            f"{exc.code().name} {exc.details() or ''}".strip()
+        )
+
+    def add_entries(
+        self, node_id, log_id, segment_id, first_entry_id, frame, lac=-1, recovery=False
+    ):
+        return self._invoke(
+            node_id, "add_entries", log_id, segment_id, first_entry_id, frame, lac, recovery
+        )
+
+    def fence(self, node_id, log_id, segment_id):
+        return self._invoke(node_id, "fence", log_id, segment_id)
+
+    def complete(self, node_id, log_id, segment_id, last_entry_id):
+        self._invoke(node_id, "complete", log_id, segment_id, last_entry_id)
+
+    def completed_end(self, node_id, log_id, segment_id):
+        return self._invoke(node_id, "completed_end", log_id, segment_id)
+
+    def read(self, node_id, log_id, segment_id, from_entry_id, max_entries):
+        return self._invoke(node_id, "read", log_id, segment_id, from_entry_id, max_entries)
+
+    def last_add_confirmed(self, node_id, log_id, segment_id):
+        return self._invoke(node_id, "last_add_confirmed", log_id, segment_id)
+
+    def delete_segment(self, node_id, log_id, segment_id):
+        self._invoke(node_id, "delete_segment", log_id, segment_id)
+
+    def delete_log(self, node_id, log_id):
+        self._invoke(node_id, "delete_log", log_id)
+
+    def raw_read(self, node_id, log_id, segment_id, from_entry_id, max_entries):
+        return self._invoke(node_id, "raw_read", log_id, segment_id, from_entry_id, max_entries)
+
+    def close(self) -> None:
+        with self._lock:
+            channels = list(self._channels.values())
+            self._channels.clear()
+            self._calls.clear()
+        for channel in channels:
+            channel.close()
+
+
+class LogStoreServer:
+    """One node's service: `engine` behind a gRPC server on `address` ("127.0.0.1:0" picks a
+    free port: `port` tells which)."""
+
+    def __init__(self, engine: LogStoreEngine, address: str = "127.0.0.1:0", workers: int = 8):
+        import grpc
+
+        self._grpc = grpc
+        self.engine = engine
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wp-serve"),
+            options=CHANNEL_OPTIONS,
+        )
+        handlers = {
+            rpc.name: grpc.unary_unary_rpc_method_handler(
+                self._handler(rpc),
+                request_deserializer=rpc.request.FromString,
+                response_serializer=rpc.response.SerializeToString,
+            )
+            for rpc in RPCS.values()
+        }
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE, handlers),)
+        )
+        self.port = self._server.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"LogStore node: cannot listen on {address}")
+        host = address.rsplit(":", 1)[0]
+        self.address = f"{host}:{self.port}"
+
+    def _handler(self, rpc: Rpc) -> Callable[[Any, Any], Any]:
+        grpc = self._grpc
+        engine = self.engine
+
+        def handle(request: Any, context: Any) -> Any:
+            try:
+                return rpc.serve(engine, request)
+            except WoodpeckerError as exc:
+                context.set_trailing_metadata(((ERROR_KEY, exc.code),))
+                if isinstance(exc, CorruptEntryError):
+                    status = grpc.StatusCode.DATA_LOSS
+                elif exc.retriable:
+                    status = grpc.StatusCode.UNAVAILABLE
+                else:
+                    status = grpc.StatusCode.ABORTED
+                context.abort(status, str(exc))
+            except OSError as exc:  # a full or failing disk: this node is out for the call
+                log.error("%s failed on this node: %s", rpc.name, exc)
+                context.set_trailing_metadata(((ERROR_KEY, NodeUnavailableError.code),))
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"{rpc.name}: {exc}")
+
+        return handle
+
+    def start(self) -> LogStoreServer:
+        self._server.start()
+        return self
+
+    def stop(self, grace_s: float | None = 5.0) -> None:
+        """Stop taking calls; calls under way get `grace_s` to finish (SIGTERM drains)."""
+        self._server.stop(grace_s).wait()

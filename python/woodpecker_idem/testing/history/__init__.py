@@ -1,0 +1,51 @@
+"""The history checker: `model` records write attempts and holds the verdict's kinds, `rules`
+judges a log against them (docs/semantics.md), `store` reads what the LogStore nodes store,
+around the LogReader, through a `RawSource` (a transport's `raw_read`)."""
+
+from .model import (
+    CREATED_TWICE,
+    DUPLICATE,
+    INVENTED,
+    KINDS,
+    LOST,
+    READER,
+    REPLICAS,
+    STALE_ID,
+    TIMESTAMP,
+    UNKEYED_COPY,
+    WRONG_ID,
+    WRONG_PAYLOAD,
+    Attempt,
+    History,
+    Stamp,
+    Verdict,
+    check_history,
+    reader_problems,
+)
+from .store import RawSource, StoredLog, combine, read_stored, stored_messages
+
+__all__ = [
+    "CREATED_TWICE",
+    "DUPLICATE",
+    "INVENTED",
+    "KINDS",
+    "LOST",
+    "READER",
+    "REPLICAS",
+    "STALE_ID",
+    "TIMESTAMP",
+    "UNKEYED_COPY",
+    "WRONG_ID",
+    "WRONG_PAYLOAD",
+    "Attempt",
+    "History",
+    "RawSource",
+    "Stamp",
+    "StoredLog",
+    "Verdict",
+    "check_history",
+    "combine",
+    "read_stored",
+    "reader_problems",
+    "stored_messages",
+]

@@ -1,0 +1,136 @@
+"""Service mode: three LogStore node processes (`woodpecker-idem logstore serve`) registered in the
+metadata store, a client with `quorum.nodes: registry` and es=3 placing its segments on them over
+gRPC; one node SIGKILLed mid-stream and restarted. Judged by the history checker, which reads the
+nodes' storage through their RawRead (no engine of the client's), and by the readers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from nodeserver import LogStoreNode
+
+import woodpecker_idem as wp
+from woodpecker_idem.errors import NodeUnavailableError
+from woodpecker_idem.testing import History, check_history, read_stored
+
+WAIT_S = 60
+WINDOW_MS, MAX_KEYS = 600_000, 100_000
+
+SERVICE = {
+    "quorum.nodes": "registry",
+    "quorum.es": 3,
+    "quorum.call_timeout_ms": 5_000,
+    "append.timeout_ms": 30_000,
+    "segment.max_entries": 90,  # rolls: segments placed again while a node is down
+    "storage.fsync": "never",
+}
+
+
+def _until_answers(client, node: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            client.transport.last_add_confirmed(node, 0, 0)
+            return
+        except NodeUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def nodes(tmp_path: Path):
+    started = [LogStoreNode(f"n{i}", tmp_path / "data").start() for i in range(3)]
+    try:
+        yield started
+    finally:
+        for node in started:
+            node.stop()
+
+
+def test_es3_over_three_node_processes_survives_a_node_killed_mid_stream(tmp_path, nodes):
+    client = wp.connect(tmp_path / "data", SERVICE)
+    try:
+        assert client.ensemble.directory.live() == ["n0", "n1", "n2"]
+        log = client.open_log("orders", create=True)
+        w = log.open_writer(idempotent=True)
+        history = History(client.clock)
+        killed = threading.Event()
+
+        def write(i: int) -> None:
+            key = f"order-{i % 400}"  # every key twice: the second time a duplicate
+            history.call(
+                wp.explicit_key(key),
+                key.encode(),
+                lambda: w.write(key.encode(), idempotency_id=key, timeout=WAIT_S),
+            )
+
+        for i in range(250):
+            write(i)
+        nodes[1].kill()  # mid-stream: an entry may be on it alone, unacknowledged
+        killed.set()
+        for i in range(250, 550):
+            write(i)
+        nodes[1].start()  # back over its storage, at the same address
+        for i in range(550, 800):
+            write(i)
+        assert len(log.segments()) > 3  # rolled while n1 was down and after
+        w.close()
+        _until_answers(client, "n1")  # the restarted node, for the checker's read of it
+        msgs = list(log.open_reader("earliest"))
+        assert len(msgs) == 400
+        verdict = check_history(history.attempts, msgs, WINDOW_MS, MAX_KEYS)
+        assert verdict.ok, verdict
+        stored = read_stored(client, log)  # the nodes' own storage, through RawRead
+        assert stored.problems == [], stored.problems
+        assert [m.message_id for m in stored.messages] == [m.message_id for m in msgs]
+        duplicates = [a for a in history.attempts if a.duplicate]
+        assert len(duplicates) == 400
+    finally:
+        client.close()
+    assert killed.is_set()
+    for node in nodes:
+        assert "serving on" in node.output()
+
+
+def test_a_frozen_node_is_passed_at_the_call_deadline_and_a_restart_keeps_its_fences(
+    tmp_path, nodes
+):
+    """SIGSTOP one node of three past `quorum.call_timeout_ms`: its calls fail at the deadline
+    (retriable), writes go on at aq=2 without waiting for it, and it is dropped from the segment.
+    Then a takeover fences the segments on the nodes; a node restarted after that still refuses
+    the old writer's adds (the fence is on its disk, not in its memory)."""
+    client = wp.connect(tmp_path / "data", {**SERVICE, "quorum.call_timeout_ms": 500})
+    try:
+        log = client.open_log("frozen", create=True)
+        old = log.open_writer(idempotent=True)
+        acked = {f"a{i}": old.write(b"a%d" % i, idempotency_id=f"a{i}") for i in range(20)}
+        nodes[2].freeze()
+        try:
+            for i in range(20, 60):
+                acked[f"a{i}"] = old.write(b"a%d" % i, idempotency_id=f"a{i}", timeout=WAIT_S)
+        finally:
+            nodes[2].thaw()
+        other = wp.connect(tmp_path / "data", SERVICE)  # another client takes the log over
+        try:
+            new = other.open_log("frozen").open_writer(idempotent=True)
+            nodes[0].kill()
+            nodes[0].start()  # restarted: its fences must hold
+            _until_answers(client, "n0")
+            with pytest.raises(wp.WriterFencedError):
+                for i in range(60, 200):  # the old writer's adds meet the fences, on n0 too
+                    old.write(b"late%d" % i, idempotency_id=f"late{i}", timeout=WAIT_S)
+            assert new.write(b"a0", idempotency_id="a0").duplicate  # the window came along
+            new.close()
+        finally:
+            other.close()
+        msgs = list(log.open_reader("earliest"))
+        assert [m.payload for m in msgs][:60] == [b"a%d" % i for i in range(60)]
+        assert not any(m.payload.startswith(b"late") for m in msgs)
+        for key, result in acked.items():
+            assert msgs[int(key[1:])].message_id == result.message_id
+    finally:
+        client.close()

@@ -1,0 +1,211 @@
+"""One contract for every transport: what a client may count on from a LogStore node, in process
+and over gRPC (a node's server in a process of its own, started by `woodpecker-idem logstore
+serve` and stopped by PID). The node rules are the engine's; this checks that each transport
+carries them, and its errors, unchanged: same results, same error classes, same `retriable`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from woodpecker_idem._core import encode_entry
+from woodpecker_idem.errors import (
+    EntryConflictError,
+    NodeUnavailableError,
+    SegmentFencedError,
+    by_code,
+)
+from woodpecker_idem.logstore.blocks import decode_entry
+from woodpecker_idem.logstore.engine import LogStoreEngine
+from woodpecker_idem.logstore.remote import GrpcTransport, LogStoreServer
+from woodpecker_idem.logstore.segment_files import segment_storage
+from woodpecker_idem.logstore.transport import InProcessTransport, LogStoreTransport
+from woodpecker_idem.objectstore.local import LocalObjectStore
+
+LOG, SEG = 7, 3
+NODE = "n0"
+WAIT_S = 60
+
+
+def rec(entry_id: int, payload: bytes | None = None, seg: int = SEG) -> bytes:
+    body = payload if payload is not None else b"payload-%d" % entry_id
+    return encode_entry(seg, entry_id, 1_700_000_000_000 + entry_id, body, None, None)
+
+
+def frame(first: int, last: int, **kw) -> bytes:
+    return b"".join(rec(i, **kw) for i in range(first, last + 1))
+
+
+def payloads(raw: list[bytes]) -> list[bytes]:
+    return [decode_entry(r, "t").payload for r in raw]
+
+
+def _engine(tmp_path: Path, layout: str) -> LogStoreEngine:
+    objects = LocalObjectStore(tmp_path / "objects", fsync=False)
+    if layout == "blocks":
+        return LogStoreEngine(objects, NODE)
+    return LogStoreEngine(segment_storage(objects, fsync=False), NODE)
+
+
+@pytest.fixture(params=["in-process", "grpc"])
+def transport(request, tmp_path: Path) -> Iterator[LogStoreTransport]:
+    engine = _engine(tmp_path, "files")
+    if request.param == "in-process":
+        yield InProcessTransport({NODE: engine})
+        return
+    server = LogStoreServer(engine).start()
+    remote = GrpcTransport({NODE: server.address}, timeout_s=10)
+    try:
+        yield remote
+    finally:
+        remote.close()
+        server.stop(0)
+
+
+def test_added_entries_are_read_back_and_confirmed(transport):
+    assert transport.add_entries(NODE, LOG, SEG, 0, frame(0, 4), -1) == 4
+    assert transport.add_entries(NODE, LOG, SEG, 5, frame(5, 6), 4) == 6
+    assert payloads(transport.read(NODE, LOG, SEG, 2, 10)) == [
+        b"payload-%d" % i for i in range(2, 7)
+    ]
+    assert transport.last_add_confirmed(NODE, LOG, SEG) == (6, 4)
+    assert payloads(transport.raw_read(NODE, LOG, SEG, 0, 100)) == payloads(
+        transport.read(NODE, LOG, SEG, 0, 100)
+    )
+
+
+def test_a_resend_is_acknowledged_only_with_the_same_bytes(transport):
+    transport.add_entries(NODE, LOG, SEG, 0, frame(0, 2))
+    assert transport.add_entries(NODE, LOG, SEG, 0, frame(0, 2)) == 2  # a lost ack's resend
+    with pytest.raises(EntryConflictError) as conflict:
+        transport.add_entries(NODE, LOG, SEG, 1, rec(1, b"other bytes"))
+    assert not conflict.value.retriable
+
+
+def test_a_fence_refuses_adds_but_not_recovery_copies(transport):
+    transport.add_entries(NODE, LOG, SEG, 0, frame(0, 1), 0)
+    assert transport.fence(NODE, LOG, SEG) == (1, 0)
+    with pytest.raises(SegmentFencedError) as fenced:
+        transport.add_entries(NODE, LOG, SEG, 2, frame(2, 2))
+    assert not fenced.value.retriable
+    assert transport.add_entries(NODE, LOG, SEG, 2, frame(2, 2), recovery=True) == 2
+
+
+def test_a_completed_segment_ends_where_it_was_completed(transport):
+    transport.add_entries(NODE, LOG, SEG, 0, frame(0, 5))
+    assert transport.completed_end(NODE, LOG, SEG) is None
+    transport.fence(NODE, LOG, SEG)
+    transport.complete(NODE, LOG, SEG, 3)
+    assert transport.completed_end(NODE, LOG, SEG) == 3
+    assert len(transport.read(NODE, LOG, SEG, 0, 100)) == 4
+    with pytest.raises(SegmentFencedError):
+        transport.add_entries(NODE, LOG, SEG, 6, frame(6, 6))
+
+
+def test_deleted_segments_and_logs_are_gone(transport):
+    transport.add_entries(NODE, LOG, SEG, 0, frame(0, 1))
+    transport.add_entries(NODE, LOG, SEG + 1, 0, frame(0, 1, seg=SEG + 1))
+    transport.delete_segment(NODE, LOG, SEG)
+    assert transport.read(NODE, LOG, SEG, 0, 10) == []
+    assert len(transport.read(NODE, LOG, SEG + 1, 0, 10)) == 2
+    transport.delete_log(NODE, LOG)
+    assert transport.read(NODE, LOG, SEG + 1, 0, 10) == []
+    transport.delete_log(NODE, LOG)  # deleting what is gone is no error
+
+
+def test_an_unknown_node_is_unavailable(transport):
+    with pytest.raises(NodeUnavailableError) as unknown:
+        transport.read("nowhere", LOG, SEG, 0, 1)
+    assert unknown.value.retriable
+
+
+def test_every_error_class_crosses_by_its_code():
+    assert by_code("SEGMENT_FENCED") is SegmentFencedError
+    assert by_code("NODE_UNAVAILABLE") is NodeUnavailableError
+    assert by_code("no such code").__name__ == "WoodpeckerError"
+
+
+# --- a node process ------------------------------------------------------------------------------
+
+
+def _serve(tmp_path: Path, port_file: Path) -> subprocess.Popen:
+    config = tmp_path / "node.yaml"
+    config.write_text(
+        f"objectstore:\n  path: {tmp_path / 'node-objects'}\nstorage:\n  fsync: never\n"
+    )
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "woodpecker_idem.cli",
+            "logstore",
+            "serve",
+            "--config",
+            str(config),
+            "--node-id",
+            NODE,
+            "--listen",
+            "127.0.0.1:0",
+            "--port-file",
+            str(port_file),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def _wait_for_port(proc: subprocess.Popen, port_file: Path) -> int:
+    import time
+
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if port_file.exists() and port_file.read_text().strip():
+            return int(port_file.read_text())
+        if proc.poll() is not None:
+            raise AssertionError(f"node exited {proc.returncode}: {proc.communicate()}")
+        time.sleep(0.05)
+    raise AssertionError("node did not listen")
+
+
+def test_a_node_process_serves_drains_on_sigterm_and_is_unavailable_after(tmp_path: Path):
+    """`woodpecker-idem logstore serve`: a node of its own; SIGTERM stops it cleanly (exit 0,
+    what it acknowledged is kept: a new node over the same storage serves it); then the client
+    gets a retriable NodeUnavailableError, not a hang."""
+    port_file = tmp_path / "port"
+    proc = _serve(tmp_path, port_file)
+    try:
+        port = _wait_for_port(proc, port_file)
+        remote = GrpcTransport({NODE: f"127.0.0.1:{port}"}, timeout_s=10)
+        assert remote.add_entries(NODE, LOG, SEG, 0, frame(0, 9)) == 9
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=WAIT_S)
+        assert proc.returncode == 0, (out, err)
+        assert "stopped" in err, err  # it said so, on its way out
+        with pytest.raises(NodeUnavailableError) as down:
+            remote.read(NODE, LOG, SEG, 0, 10)
+        assert down.value.retriable
+        remote.close()
+        port_file.unlink()
+        again = _serve(tmp_path, port_file)  # the same storage: what was acknowledged is there
+        try:
+            port = _wait_for_port(again, port_file)
+            remote = GrpcTransport({NODE: f"127.0.0.1:{port}"}, timeout_s=10)
+            assert payloads(remote.read(NODE, LOG, SEG, 0, 100)) == [
+                b"payload-%d" % i for i in range(10)
+            ]
+            remote.close()
+        finally:
+            again.kill()
+            again.communicate(timeout=WAIT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=WAIT_S)
