@@ -154,7 +154,7 @@ def recovery_log(tmp_path_factory):
     log = client.open_log("rec", create=True)
     w = log.open_writer(idempotent=True, window_duration_s=3600, window_max_keys=200_000)
     _fill(w, 0, SNAPSHOT_KEYS)
-    assert w._snapshotter.write_now()
+    assert w.snapshotter.write_now()
     _fill(w, SNAPSHOT_KEYS, GAP)
     yield client, log  # the writer is abandoned (a crash): every open below is a takeover
     client.close()

@@ -96,7 +96,7 @@ def run_process(n: int, snapshots: bool = True) -> dict[str, Any]:
         )
         log = client.open_log("bulk", create=True)
         writer = log.open_writer(idempotent=True, window_max_keys=n, window_duration_s=3600)
-        snapshotter = writer._stage.snapshotter  # noqa: SLF001 - a probe reads the counters
+        snapshotter = writer.snapshotter  # a probe reads the counters
         payloads = [b"p" * PROCESS_PAYLOAD] * PROCESS_BATCH  # one shared object per row slot
         gc.collect()
         reset_peak_rss()

@@ -15,7 +15,7 @@ from .client.log import LogHandle
 from .clock import SYSTEM_CLOCK, Clock
 from .config import Config, load_config, parse_fsync
 from .ensemble import Ensemble
-from .errors import ConfigError, InvalidArgumentError, InvalidTypeError, StorageReadOnlyError
+from .errors import InvalidArgumentError, InvalidTypeError, StorageReadOnlyError
 from .idempotency.stage import WindowStage
 from .logstore.engine import LogStoreEngine
 from .logstore.segment_files import segment_storage
@@ -159,12 +159,7 @@ def connect(
 
     `transport` replaces the in-process LogStore nodes (tests inject faults this way).
     """
-    cfg = _config(config)
-    if cfg.storage.type != "object":
-        raise ConfigError(
-            f"storage.type={cfg.storage.type!r} is not available yet; use 'object' "
-            "(staged LogStore nodes come with service mode)"
-        )
+    cfg = _config(config)  # refuses what is not available yet (storage.type: staged)
     root = _data_dir(DEFAULT_DATA_DIR if data_dir is None else data_dir)
     try:
         meta, objects = _open_stores(cfg, root)

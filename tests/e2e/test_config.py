@@ -12,6 +12,7 @@ from woodpecker_idem.config import (
     SECTIONS,
     Config,
     FsyncPolicy,
+    check_value,
     config_table_markdown,
     load_config,
     parse_fsync,
@@ -157,7 +158,7 @@ def test_env_parsing_per_type() -> None:
         "WOODPECKER_APPEND_MAX_INFLIGHT_BYTES": "134217728",
         "WOODPECKER_IDEMPOTENCY_WINDOW_DURATION_S": "2.5",
         "WOODPECKER_SEGMENT_MAX_INTERVAL_S": "60",
-        "WOODPECKER_STORAGE_TYPE": "staged",
+        "WOODPECKER_STORAGE_TYPE": "object",
         "WOODPECKER_STORAGE_FSYNC": "batch_ms:5",
         "WOODPECKER_META_TYPE": "etcd",
         "WOODPECKER_META_ENDPOINTS": "h1:2379, h2:2379,",
@@ -170,7 +171,7 @@ def test_env_parsing_per_type() -> None:
     assert cfg.append.max_inflight_bytes == 128 * MiB
     assert cfg.idempotency.window_duration_s == 2.5
     assert cfg.segment.max_interval_s == 60 and isinstance(cfg.segment.max_interval_s, int)
-    assert cfg.storage.type == "staged"
+    assert cfg.storage.type == "object"
     assert parse_fsync(cfg.storage.fsync) == FsyncPolicy("batch", 5)
     assert cfg.meta.endpoints == ("h1:2379", "h2:2379")
     assert cfg.objectstore.path is None
@@ -243,8 +244,8 @@ def test_with_overrides() -> None:
         ("idempotency.snapshots_kept", 0, "1..100"),
         ("quorum.es", 2, "1, 3, 5"),
         ("quorum.es", "3", "1, 3, 5"),
-        ("storage.type", "disk", "object, staged"),
-        ("storage.type", None, "object, staged"),
+        ("storage.type", "disk", "one of object"),
+        ("storage.type", None, "one of object"),
         ("storage.fsync", "sometimes", "batch_ms:N"),
         ("storage.fsync", "batch_ms:0", "batch_ms:N"),
         ("storage.fsync", "batch_ms:x", "batch_ms:N"),
@@ -370,6 +371,25 @@ def test_es_default_is_one_with_either_metadata_backend() -> None:
         Config.from_dict({"quorum.es": None})
 
 
+@pytest.mark.parametrize(
+    "load",
+    [
+        lambda: load_config(env={"WOODPECKER_STORAGE_TYPE": "staged"}),
+        lambda: Config().with_overrides({"storage.type": "staged"}),
+        lambda: check_value("storage.type", "staged"),
+    ],
+    ids=["env", "overrides", "check_value"],
+)
+def test_staged_storage_is_refused_by_the_config_naming_service_mode(load) -> None:
+    """Staged storage is a mode of the design that service mode will build: the config refuses
+    it wherever it comes from, saying so and what to use instead (not a connect() much later)."""
+    with pytest.raises(ConfigError) as info:
+        load()
+    text = str(info.value)
+    assert "storage.type = 'staged'" in text
+    assert "service mode" in text and "use 'object'" in text
+
+
 def test_yaml_file(tmp_path: Path) -> None:
     f = tmp_path / "wp.yaml"
     f.write_text(
@@ -381,7 +401,7 @@ append:
   linger_ms: 0
 segment.max_interval_s: 1.5
 storage:
-  type: staged
+  type: object
   fsync: never
 objectstore:
   type: s3
@@ -397,7 +417,7 @@ meta:
     cfg = load_config(f, env={})
     assert cfg.quorum.es == 3 and cfg.append.max_batch_bytes == 4 * MiB
     assert cfg.append.linger_ms == 0 and cfg.segment.max_interval_s == 1.5
-    assert cfg.storage.type == "staged" and cfg.storage.fsync == "never"
+    assert cfg.storage.type == "object" and cfg.storage.fsync == "never"
     assert cfg.objectstore.endpoint_url == "http://localhost:9000"
     assert cfg.meta.endpoints == ("a:2379", "b:2379") and cfg.meta.prefix == "/wp"
     assert cfg.is_set("meta.prefix")

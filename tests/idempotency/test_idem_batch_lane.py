@@ -105,8 +105,7 @@ class Env:
         for w in self.writers:
             try:
                 # an abandoned writer notices the takeover and stops its threads
-                still_owner = getattr(w, "_still_owner", None) or w.still_owner  # idempotent, plain
-                still_owner()
+                w.still_owner()
                 w.close(timeout=2)
             except Exception as exc:  # noqa: BLE001 - every writer is closed, then it fails
                 errors.append(f"closing {w!r}: {type(exc).__name__}: {exc}")
@@ -428,7 +427,7 @@ def test_snapshots_of_a_filling_window_cost_linear_not_quadratic(tmp_path, monke
         writes = w.metrics_snapshot()["snapshot_writes"]
         written = w.metrics_snapshot()["snapshot_bytes"]
         w.close()
-        final = client.objects.get(w._snapshotter.last_key)  # the close's snapshot: every key
+        final = client.objects.get(w.snapshotter.last_key)  # the close's snapshot: every key
         assert len(decode_snapshot(final)) == rows
         assert written <= 4 * len(final), (writes, written, len(final))
     finally:

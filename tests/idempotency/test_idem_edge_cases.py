@@ -90,8 +90,7 @@ class Env:
         for w in self.writers:
             try:
                 # an abandoned writer notices the takeover and stops its threads
-                still_owner = getattr(w, "_still_owner", None) or w.still_owner  # idempotent, plain
-                still_owner()
+                w.still_owner()
                 w.close(timeout=2)
             except Exception as exc:  # noqa: BLE001 - every writer is closed, then it fails
                 errors.append(f"closing {w!r}: {type(exc).__name__}: {exc}")
@@ -151,14 +150,14 @@ def test_case1_crash_between_write_and_snapshot(env_factory):
     w = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
     first = {f"k{i}": env.write(w, b"p%d" % i, f"k{i}") for i in range(50)}
     env.clock.advance(10)
-    assert w._snapshotter.write_now()
-    snap = decode_snapshot(env.client.objects.get(w._snapshotter.last_key))
+    assert w.snapshotter.write_now()
+    snap = decode_snapshot(env.client.objects.get(w.snapshotter.last_key))
     assert len(snap) == 50 and snap.watermarks[0] == 49
     for i in range(50, 70):
         first[f"k{i}"] = env.write(w, b"p%d" % i, f"k{i}")
     # crash: no close, no new snapshot
     w2 = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
-    assert w.fenced or w._still_owner() is False
+    assert w.fenced or w.still_owner() is False
     rep = w2.recovery
     assert rep.snapshot_key_count == 50
     assert rep.entries_replayed == 20
@@ -287,7 +286,7 @@ def test_case4_segment_completed_since_snapshot(env_factory):
     w = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
     acked = {f"k{i}": env.write(w, b"p%d" % i, f"k{i}") for i in range(30)}
     env.clock.advance(5)
-    assert w._snapshotter.write_now()  # watermark 0:29, segment 0 still ACTIVE
+    assert w.snapshotter.write_now()  # watermark 0:29, segment 0 still ACTIVE
     for i in range(30, 45):  # 0:30..0:39, then the roll completes segment 0; 1:0..1:4
         acked[f"k{i}"] = env.write(w, b"p%d" % i, f"k{i}")
     assert acked["k44"].message_id == LogMessageId(1, 4)
@@ -312,7 +311,7 @@ def test_case5_segment_truncated(env_factory):
     w = env.writer(window_duration_s=10, window_max_keys=MAX_KEYS)
     old = {f"old{i}": env.write(w, b"o%d" % i, f"old{i}") for i in range(15)}
     env.clock.advance(5)
-    assert w._snapshotter.write_now()  # knows segment 0 up to 0:14
+    assert w.snapshotter.write_now()  # knows segment 0 up to 0:14
     for i in range(15, 20):
         old[f"old{i}"] = env.write(w, b"o%d" % i, f"old{i}")
     env.clock.advance(20_000)  # everything in segment 0 is now older than the window
@@ -343,8 +342,8 @@ def test_case6_new_segment_rolled_after_snapshot(env_factory):
     w = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
     acked = {f"k{i}": env.write(w, b"p%d" % i, f"k{i}") for i in range(10)}
     env.clock.advance(5)
-    assert w._snapshotter.write_now()
-    snap = decode_snapshot(env.client.objects.get(w._snapshotter.last_key))
+    assert w.snapshotter.write_now()
+    snap = decode_snapshot(env.client.objects.get(w.snapshotter.last_key))
     assert set(snap.watermarks) == {0}
     for i in range(10, 35):  # segments 1, 2 (full) and 3 (5 entries), unknown to the snapshot
         acked[f"k{i}"] = env.write(w, b"p%d" % i, f"k{i}")
@@ -388,14 +387,14 @@ def test_case7_snapshot_write_fails(env_factory):
     )
     w = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
     store = FlakyStore(env.client.objects)
-    w._snapshotter.store = store
+    w.snapshotter.store = store
     acked = {f"k{i}": env.write(w, b"p%d" % i, f"k{i}") for i in range(10)}
     env.clock.advance(5)
-    assert w._snapshotter.write_now()
+    assert w.snapshotter.write_now()
     good = list_snapshots(env.client.objects, env.log.log_id)
     store.broken = True
     env.clock.advance(5)
-    assert w._snapshotter.write_now() is False
+    assert w.snapshotter.write_now() is False
     for i in range(10, 20):  # writes go on while snapshots fail
         acked[f"k{i}"] = env.write(w, b"p%d" % i, f"k{i}")
     wait_for(lambda: store.failed_puts >= 3, what="retried snapshot writes")
@@ -421,15 +420,15 @@ def test_case7_failed_snapshots_crash_recovers_from_older_snapshot(env_factory):
     env = env_factory()
     w = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
     store = FlakyStore(env.client.objects)
-    w._snapshotter.store = store
+    w.snapshotter.store = store
     acked = {f"k{i}": env.write(w, b"p%d" % i, f"k{i}") for i in range(10)}
     env.clock.advance(5)
-    assert w._snapshotter.write_now()
+    assert w.snapshotter.write_now()
     store.broken = True
     for i in range(10, 30):
         acked[f"k{i}"] = env.write(w, b"p%d" % i, f"k{i}")
     env.clock.advance(5)
-    assert not w._snapshotter.write_now()
+    assert not w.snapshotter.write_now()
     w2 = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)  # crash
     assert w2.recovery.snapshot_key_count == 10 and w2.recovery.entries_replayed == 20
     for k, first in acked.items():
@@ -460,7 +459,7 @@ def test_case7_metadata_outage_does_not_stop_snapshots(env_factory):
         acked = {f"k{i}": env.write(w, b"p%d" % i, f"k{i}") for i in range(5)}
         wait_for(lambda: w.metrics_snapshot()["snapshot_failures"] >= 2, what="failed attempts")
         assert list_snapshots(env.client.objects, env.log.log_id) == []
-        assert w._snapshotter.active
+        assert w.snapshotter.active
         outage.clear()
         wait_for(
             lambda: list_snapshots(env.client.objects, env.log.log_id) != [],
@@ -625,11 +624,11 @@ def test_corrupt_newest_snapshot_falls_back(env_factory, damage):
     w = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
     acked = {f"k{i}": env.write(w, b"p%d" % i, f"k{i}") for i in range(10)}
     env.clock.advance(5)
-    assert w._snapshotter.write_now()
+    assert w.snapshotter.write_now()
     for i in range(10, 25):
         acked[f"k{i}"] = env.write(w, b"p%d" % i, f"k{i}")
     env.clock.advance(5)
-    assert w._snapshotter.write_now()
+    assert w.snapshotter.write_now()
     keys = _snapshots(env)
     assert len(keys) == 2
     data = bytearray(env.client.objects.get(keys[-1]))
@@ -659,7 +658,7 @@ def test_both_snapshots_corrupt_derives_from_log(env_factory):
     acked = {f"k{i}": env.write(w, b"p%d" % i, f"k{i}") for i in range(12)}
     for _ in range(2):
         env.clock.advance(5)
-        assert w._snapshotter.write_now()
+        assert w.snapshotter.write_now()
     for key in _snapshots(env):
         env.client.objects.put(key, b"WPDS" + b"\x00" * 40)
     w2 = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
@@ -701,8 +700,8 @@ def test_snapshot_retention_keeps_newest_two(env_factory):
     for i in range(5):
         env.write(w, b"p%d" % i, f"k{i}")
         env.clock.advance(3)
-        assert w._snapshotter.write_now()
-        written.append(w._snapshotter.last_key)
+        assert w.snapshotter.write_now()
+        written.append(w.snapshotter.last_key)
     assert _snapshots(env) == written[-2:]
 
 
@@ -714,20 +713,20 @@ def test_fenced_writer_snapshot_task_deletes_nothing(env_factory):
     for i in range(3):
         env.write(a, b"p%d" % i, f"k{i}")
         env.clock.advance(3)
-        assert a._snapshotter.write_now()
+        assert a.snapshotter.write_now()
     b = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)  # takes over
-    b._snapshotter.stop()  # B writes none either: any change below would be A's
+    b.snapshotter.stop()  # B writes none either: any change below would be A's
     env.clock.advance(3)
-    assert a._snapshotter.write_now() is False  # the owner check fails: nothing written
+    assert a.snapshotter.write_now() is False  # the owner check fails: nothing written
     # A background write of A's that passed its owner check before the takeover may still land
     # (an older epoch, so never newer than B's): wait for it, then nothing may change any more.
-    a._snapshotter.stop()
+    a.snapshotter.stop()
     before_takeover = _snapshots(env)
     assert len(before_takeover) == 2
-    writes_a = a._snapshotter.writes
-    assert a._snapshotter.write_now() is False
+    writes_a = a.snapshotter.writes
+    assert a.snapshotter.write_now() is False
     assert _snapshots(env) == before_takeover
-    assert a._snapshotter.writes == writes_a
+    assert a.snapshotter.writes == writes_a
     assert a.fenced
     with pytest.raises(WriterFencedError):
         a.write(b"late", idempotency_id="late")
@@ -757,7 +756,7 @@ def test_non_idempotent_writer_pays_nothing(env_factory):
     w = env.log.open_writer()
     env.writers.append(w)
     assert not isinstance(w, wp.IdempotentLogWriter)
-    assert not hasattr(w, "window") and not hasattr(w, "_snapshotter")
+    assert not hasattr(w, "window") and not hasattr(w, "snapshotter")
     started = [t.name for t in set(threading.enumerate()) - before]
     assert started and not any(n.startswith("wp-snapshot-") for n in started), started
     futures = [w.write_async(b"same") for _ in range(20)]
@@ -855,7 +854,7 @@ def test_recovery_keeps_newest_entry_of_rewritten_key(env_factory, with_snapshot
     first = env.write(w, b"K", "K")
     if with_snapshot:
         env.clock.advance(1)
-        assert w._snapshotter.write_now()
+        assert w.snapshotter.write_now()
     env.clock.advance(5_000)
     second = env.write(w, b"K", "K")
     assert second.duplicate is False and second.message_id != first.message_id

@@ -82,7 +82,7 @@ def test_one_batch_mixes_ids_and_content_keys_with_repeats(tmp_path: Path):
         (b"b", "b"),
     ]
     futures = [w.write_async(p, idempotency_id=i) for p, i in writes]
-    assert len(w._intake) == len(writes)
+    assert w.queued == len(writes)
     gated.release()
     w.flush()
     results = [f.result(5) for f in futures]
@@ -103,6 +103,35 @@ def test_one_batch_mixes_ids_and_content_keys_with_repeats(tmp_path: Path):
     client.close()
 
 
+def test_a_repeat_inside_one_run_joins_its_entry_and_waits_for_its_commit(tmp_path: Path):
+    """Two writes of one key admitted in the same run: the first makes the entry, the second
+    joins it (one entry in the log) and is answered only when that entry commits, with its id.
+    Guards the run builder's order: a row whose key an earlier row of its run is writing is
+    joined after the run is enqueued, not answered from the pending id before the commit."""
+    client, _, log = _client(tmp_path, **SLOW_LINGER)
+    gated = gate(client)
+    w = log.open_writer(idempotent=True)
+    blocker = _in_flight(w, gated)
+    first = w.write_async(b"a", idempotency_id="A")  # both queued behind the held batch
+    again = w.write_async(b"a-again", idempotency_id="A")
+    with ThreadPoolExecutor(1) as pool:
+        flushing = pool.submit(w.flush)  # admits both in one run, then waits for the gate
+        deadline = time.monotonic() + 30
+        while w.queued and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert w.queued == 0
+        assert w.window.pending_count == 2  # the blocker's entry and A's: the repeat made none
+        assert not again.done(), "a repeat was answered before the entry it joined committed"
+        gated.release()
+        flushing.result(30)
+    r = first.result(5)
+    assert not r.duplicate and again.result(5) == wp.WriteResult(r.message_id, True)
+    assert not blocker.result(5).duplicate
+    w.close()
+    assert [m.payload for m in _entries(log)] == [b"blocker", b"a"]
+    client.close()
+
+
 def test_the_producer_admits_full_batches_itself(tmp_path: Path):
     client, _, log = _client(tmp_path, **SLOW_LINGER, **{"append.max_batch_entries": 100})
     gated = gate(client)
@@ -111,8 +140,8 @@ def test_the_producer_admits_full_batches_itself(tmp_path: Path):
     futures = [w.write_async(b"v%d" % i, idempotency_id=f"id-{i}") for i in range(5000)]
     # no ack comes while the gate holds the first batch: the producer admitted batches itself
     # as soon as their keys were ready (ids are hashed as they are pushed)
-    assert len(w._intake) < 4000
-    admitted = 5000 - len(w._intake)
+    assert w.queued < 4000
+    admitted = 5000 - w.queued
     assert w.window.pending_count + w.window.committed_count == admitted + 1  # + the blocker
     gated.release()
     w.flush()
@@ -147,16 +176,16 @@ def test_a_fenced_writer_fails_its_queued_writes(tmp_path: Path):
     a = log.open_writer(idempotent=True)
     blocker = _in_flight(a, gated)
     queued = a.write_async(b"q", idempotency_id="Q")
-    assert len(a._intake) == 1
+    assert a.queued == 1
     b = log.open_writer(idempotent=True)  # takes the log over (recovery adds nothing)
-    assert a._still_owner() is False
+    assert a.still_owner() is False
     with pytest.raises(WriterFencedError):
         queued.result(5)
     with pytest.raises(WriterFencedError):
         blocker.result(5)
     # The fence emptied the intake, so the next write is checked (a write queued behind others
     # is checked once per intake) and refused at once, not queued where nobody admits it.
-    assert len(a._intake) == 0
+    assert a.queued == 0
     with pytest.raises(WriterFencedError):
         a.write_async(b"late", idempotency_id="late")
     gated.release()  # A's held add reaches a fenced segment: refused
@@ -179,7 +208,7 @@ def test_close_admits_and_commits_queued_writes(tmp_path: Path):
     futures = [w.write_async(b"c%d" % i) for i in range(5)]
     w.close()
     assert [f.result(0).message_id.entry_id for f in futures] == [0, 1, 2, 3, 4]
-    assert len(w._intake) == 0  # so a later write is checked, and refused at once
+    assert w.queued == 0  # so a later write is checked, and refused at once
     with pytest.raises(wp.WriterClosedError):
         w.write_async(b"late")
     assert [m.payload for m in _entries(log)] == [b"c%d" % i for i in range(5)]
@@ -238,12 +267,12 @@ def test_a_duplicate_queued_behind_a_write_is_judged_after_it(tmp_path: Path):
         # the caller's thread, write_async leaves that to the intake while writes are queued)
         k = pool.submit(w.write, b"x", idempotency_id="K", timeout=10)
         deadline = time.monotonic() + 5
-        while len(w._intake) < 3 and not k.done():
+        while w.queued < 3 and not k.done():
             assert time.monotonic() < deadline
             time.sleep(0.001)
         k_async = w.write_async(b"x", idempotency_id="K")
         assert not any(f.done() for f in (first_n, second_n, k, k_async))
-        assert len(w._intake) == 4
+        assert w.queued == 4
         gated.release()
         w.flush()
         n = first_n.result(5)
@@ -294,7 +323,7 @@ def test_ctrl_c_between_two_columns_leaves_the_intake_whole(tmp_path: Path, colu
     w = log.open_writer(idempotent=True, window_duration_s=60, window_max_keys=100)
     blocker = _in_flight(w, gated)  # later writes queue in the intake
     queued = [w.write_async(b"before", idempotency_id="before")]
-    cut = _Interrupted(w._intake, column)
+    cut = _Interrupted(w._acc, column)  # fault injection: a column of the queue itself
     with pytest.raises(KeyboardInterrupt):
         w.write_async(b"cut", idempotency_id="cut")
     cut.restore()
@@ -312,7 +341,8 @@ def test_a_bad_id_after_an_early_admission_still_answers_the_admitted_writes(tmp
     """A write that finds the in-flight limit reached admits the queued writes first; when it
     then fails itself (a bad id here; closed or fenced while waiting for room likewise), the
     outcomes that admission decided (a committed key answered at once) still reach their
-    callers. Before, they were dropped with the exception and those futures never ended."""
+    callers, set by the failing call itself once it released the lock (not by a thread started
+    per error). Before, they were dropped with the exception and those futures never ended."""
     limits = {"append.max_inflight_entries": 3, "append.max_batch_entries": 3}
     client, _, log = _client(tmp_path, **SLOW_LINGER, **limits)
     gated = gate(client)
@@ -323,6 +353,8 @@ def test_a_bad_id_after_an_early_admission_still_answers_the_admitted_writes(tmp
     retry = w.write_async(b"k", idempotency_id="K")  # queued behind A: judged at admission
     with pytest.raises(wp.InvalidArgumentError):
         w.write_async(b"bad", idempotency_id="")  # the limit is reached: A and K admitted first
+    # set by the failing call itself once its lock was released, before it raised (no thread)
+    assert retry.done()
     assert retry.result(5) == wp.WriteResult(first.message_id, True)
     gated.release()
     assert not ahead.result(5).duplicate and not blocker.result(5).duplicate
@@ -342,7 +374,7 @@ def test_writes_queued_during_a_close_end_with_writer_closed(tmp_path: Path):
         closing = pool.submit(w.close, 1.0)  # its flush waits for the held batch, then gives up
         time.sleep(0.2)  # the close is in its flush (1 s) now
         late = [w.write_async(b"late-%d" % i, idempotency_id=f"late-{i}") for i in range(3)]
-        assert len(w._intake) == 3  # the second and third were queued without a check
+        assert w.queued == 3  # the second and third were queued without a check
         closing.result(10)
     for f in [blocker, *late]:
         with pytest.raises(wp.WriterClosedError):

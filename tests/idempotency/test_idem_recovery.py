@@ -74,8 +74,8 @@ def test_reopen_with_larger_window_reads_back_what_the_snapshot_evicted(env_fact
     for i in range(60):  # segments 0, 1 and 10 entries of 2
         acked[f"k{i}"] = env.write(w, b"p%d" % i, f"k{i}")
         env.clock.advance(step)
-    assert w._snapshotter.write_now()
-    snap = decode_snapshot(env.client.objects.get(w._snapshotter.last_key))
+    assert w.snapshotter.write_now()
+    snap = decode_snapshot(env.client.objects.get(w.snapshotter.last_key))
     assert 0 < len(snap) < 50, "the snapshot's own bounds evicted the older keys"
     for i in range(60, 70):  # the gap: after the snapshot
         acked[f"k{i}"] = env.write(w, b"p%d" % i, f"k{i}")
@@ -110,7 +110,7 @@ def test_reopen_with_smaller_window_evicts_to_the_writers_bounds(env_factory, sm
     for i in range(30, 40):
         env.clock.advance(1000)
         acked[f"k{i}"] = env.write(w, b"p%d" % i, f"k{i}")
-    assert w._snapshotter.write_now()
+    assert w.snapshotter.write_now()
     env.clock.advance(500)
     w2 = env.writer(**smaller)
     window = w2.window.committed_entries()
@@ -196,7 +196,7 @@ def test_corrupt_entry_in_recovery_gap(env_factory, snapshot, bad):
     w = env.writer()
     acked = write_keys(env, w, range(5))
     if snapshot:
-        assert w._snapshotter.write_now()  # watermark 0:4: entry 7 is in the gap
+        assert w.snapshotter.write_now()  # watermark 0:4: entry 7 is in the gap
     acked.update(write_keys(env, w, range(5, 30)))
     on_every_node(env, 0, 29)
     if not snapshot:
@@ -276,7 +276,7 @@ def test_recovery_gap_read_from_a_lagging_first_replica(env_factory):
     env.client.transport = faults_a
     a = env.writer()
     acked = write_keys(env, a, range(5))
-    assert a._snapshotter.write_now()  # watermark 0:4
+    assert a.snapshotter.write_now()  # watermark 0:4
     acked.update(write_keys(env, a, range(5, 10)))
     on_every_node(env, 0, 9)
     faults_a.fail_node("node-0")  # the first replica of segment 0 misses 0:10 on
@@ -340,8 +340,8 @@ def test_snapshot_with_pending_entries_then_crash(env_factory):
     faults_a.fail_node("node-0")
     nowhere = send("r")  # 0:20..0:24 reach no node
     wait_for(lambda: a.metrics_snapshot()["pending"] == 15, what="15 pending entries")
-    assert a._snapshotter.write_now()
-    snap = decode_snapshot(env.client.objects.get(a._snapshotter.last_key))
+    assert a.snapshotter.write_now()
+    snap = decode_snapshot(env.client.objects.get(a.snapshotter.last_key))
     assert len(snap) == 10 and snap.watermarks[0] == 9, "pending entries are not in a snapshot"
     assert not any(f.done() for f in quorum + single + nowhere)
     for prefix in "qsr":  # the writer crashes before it learns anything
@@ -381,7 +381,7 @@ def test_truncate_inside_window_keys_stay_duplicates(env_factory, snapshot):
     w = env.writer()
     acked = write_keys(env, w, range(13))  # 0:0..0:9, 1:0..1:2
     if snapshot:
-        assert w._snapshotter.write_now()  # knows segment 1 up to 1:2 only
+        assert w.snapshotter.write_now()  # knows segment 1 up to 1:2 only
     acked.update(write_keys(env, w, range(13, 25)))  # .. 1:9, 2:0..2:4
     log_id = env.log.log_id
     wait_for(

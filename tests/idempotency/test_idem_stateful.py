@@ -245,7 +245,7 @@ class IdempotencyMachine(RuleBasedStateMachine):
     @rule()
     def snapshot(self) -> None:
         self.clock.advance(1)
-        event("snapshot written" if self.writer._snapshotter.write_now() else "snapshot failed")
+        event("snapshot written" if self.writer.snapshotter.write_now() else "snapshot failed")
 
     @precondition(lambda self: len(self.down) <= self.ES - (self.ES // 2 + 1))  # fence quorum
     @rule()
@@ -278,7 +278,7 @@ class IdempotencyMachine(RuleBasedStateMachine):
             self.faults.heal_all()
             self.down.clear()
             for w in self.abandoned:
-                w._still_owner()  # notices the takeover: fails what it had pending, stops
+                w.still_owner()  # notices the takeover: fails what it had pending, stops
                 w.close(timeout=2)
             self.writer.close(timeout=10)
             # every accepted write has ended once its writer is closed (and recorded itself)

@@ -69,7 +69,7 @@ def test_snapshots_taken_while_writing_and_evicting(
 
     writer = threading.Thread(target=write)
     writer.start()
-    snapshotter = w._stage.snapshotter  # noqa: SLF001 - the test drives snapshots itself
+    snapshotter = w.snapshotter  # the test drives snapshots itself
     taken: list[str] = []
     while not done.is_set():
         assert snapshotter.write_now()

@@ -70,5 +70,5 @@ def test_fenced_writer_close_stops_its_snapshot_task(tmp_path: Path):
         with pytest.raises(WriterFencedError):
             a.write(b"late", idempotency_id="late")  # `a` learns it was taken over
         a.close()
-        assert not a._snapshotter.active
+        assert not a.snapshotter.active
         b.close()

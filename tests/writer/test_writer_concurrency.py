@@ -218,7 +218,7 @@ def run_stress(
         t.join()
     assert not errors, errors
     metrics = dict(writer.metrics)
-    snapshots = writer._snapshotter.writes if idempotent else 0
+    snapshots = writer.snapshotter.writes if idempotent else 0
     writer.close()
     # the faults met the writes: producers waited for room, segments rolled under them
     assert metrics["backpressure_waits"] > 0, metrics

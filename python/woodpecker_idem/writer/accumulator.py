@@ -7,11 +7,13 @@ writes: a plain writer keeps no key and asks its stage nothing. Queued writes ar
 ids) in runs of one AddEntries batch each, in queueing order: at once when nothing of the current
 segment is in flight (a lone write waits for no company), else when the batch in flight is
 acknowledged (group commit), when a batch's worth is queued, after `append.linger_ms` (the
-ticker), and on flush and close. A run is judged by the dedup stage in one call
-(`Dedup.reserve_locked`, each row as of its own queueing time), encoded once (`encode_frame`),
+ticker), and on flush and close. A batch call (`write_rows`) has its rows made into runs after
+the writes queued ahead of it, with one completion per call and no object per row. One run
+builder serves both lanes (`_run_locked`; a `Lane` says only how its rows wait and are told): a
+run is judged by the dedup stage in one call (`Dedup.reserve_locked`, each row as of its own
+queueing time, a batch call's rows as of the run's admission), encoded once (`encode_frame`),
 and handed to `InFlight.enqueue_run_locked` with one waiter; duplicates are answered or join the
-entry in flight. A batch call (`write_rows`) goes the same way, its rows straight into runs after
-the writes queued ahead of it, with one completion per call and no object per row.
+entry in flight.
 
 Every entry counts against `append.max_inflight_entries` / `max_inflight_bytes` from its
 enqueue to its commit (`InFlight`), and queued writes count with it. A producer that finds no
@@ -29,7 +31,7 @@ import time
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from .._core import KeyPipe, encode_frame
 from ..errors import WoodpeckerError, WriteTimeoutError
@@ -85,15 +87,125 @@ def _column(raw: bytes) -> array:
     return col
 
 
-class Queued(NamedTuple):
-    """Writes taken off the queue to be admitted, oldest first."""
+class Lane:
+    """Where the rows of a run come from, as the one run builder (`Accumulator._run_locked`)
+    sees them: how the rows wait for their entries and how they are told. Two lanes: the queue's
+    writes (`QueuedLane`, a future each) and a batch call's rows (`CallLane`). Rows are numbered
+    in the lane (the queue's taken writes, the call's rows)."""
 
-    payloads: list[bytes]
-    properties: list[dict | None]
-    futures: list[Future]
-    timestamps: array  # each write's queueing time (ms), the time it is judged at
-    keys: bytes | None  # N*16 bytes, one key per write; None when the stage keys nothing
-    since: float  # time.monotonic() when the oldest was queued
+    __slots__ = ()
+    # each row's queueing time (ms), judged and encoded with it; None: the run's admission time
+    timestamps: array | None = None
+    properties: list[dict | None] | None = None  # each row's properties (None: none)
+    raises = False  # an error before a run is enqueued propagates (else it ends the rows)
+    answers_committed = True  # rows found committed are told their id (else known already)
+    records_ids = False  # the lane keeps every row's ids (`numbered`, `judged`)
+
+    @property
+    def since(self) -> float:
+        """time.monotonic() the run's entries count as queued from (their ack latency)."""
+        return time.monotonic()
+
+    def waiter(self, start: int, end: int, count: int, status: bytes | None) -> Waiter:
+        """The one waiter of the run's `count` new rows: rows `start..end` whose status byte is
+        0, or all of them when `status` is None."""
+        raise NotImplementedError
+
+    def joiner(self, row: int) -> Waiter:
+        """What waits for `row`, whose key is in flight, on the entry it joins."""
+        raise NotImplementedError
+
+    def committed(self, row: int, mid: LogMessageId) -> None:
+        """`row`'s key is committed at `mid`: a duplicate, answered."""
+
+    def numbered(self, start: int, segment_id: int, first: int, count: int) -> None:
+        """Rows `start..start+count` became the entries `segment_id:first..` (no dedup stage)."""
+
+    def judged(self, start: int, end: int, status: bytes, segs: bytes, ents: bytes) -> None:
+        """The stage's answer for rows `start..end`: new, pending or committed, with ids."""
+
+    def fail(self, rows: Sequence[int], exc: BaseException) -> None:
+        """`rows` end with `exc`: refused or failed before they were enqueued."""
+        raise NotImplementedError
+
+
+class QueuedLane(Lane):
+    """Writes taken off the queue to be admitted, oldest first, as the run builder's lane: a
+    future each, whose outcomes the admission returns to be set after the lock (`out`)."""
+
+    __slots__ = ("payloads", "properties", "futures", "timestamps", "keys", "since", "out")
+
+    def __init__(
+        self,
+        payloads: list[bytes],
+        properties: list[dict | None],
+        futures: list[Future],
+        timestamps: array,  # each write's queueing time (ms), the time it is judged at
+        keys: bytes | None,  # N*16 bytes, one key per write; None when the stage keys nothing
+        since: float,  # time.monotonic() when the oldest was queued
+    ):
+        self.payloads = payloads
+        self.properties = properties
+        self.futures = futures
+        self.timestamps = timestamps
+        self.keys = keys
+        self.since = since  # type: ignore[misc]  # a plain value, not the base class property
+        self.out: Outcomes = []
+
+    def waiter(self, start: int, end: int, count: int, status: bytes | None) -> Waiter:
+        futures = self.futures
+        run = futures if start == 0 and end == len(futures) else futures[start:end]
+        if status is not None:  # some rows were duplicates
+            run = [run[i] for i, code in enumerate(status) if not code]
+        return run[0] if count == 1 else FutureRun(run)
+
+    def joiner(self, row: int) -> Waiter:
+        return self.futures[row]
+
+    def committed(self, row: int, mid: LogMessageId) -> None:
+        self.out.append((self.futures[row], WriteResult(mid, True)))
+
+    def fail(self, rows: Sequence[int], exc: BaseException) -> None:
+        futures = self.futures
+        self.out.extend((futures[i], exc) for i in rows)
+
+
+class CallLane(Lane):
+    """A batch call's rows: no object per row; their ids go to the call's columnar `result`
+    as they are given, and the call waits once on `call`."""
+
+    __slots__ = ("call", "result")
+    raises = True  # `write_rows` fails the rows it has not handed over
+    answers_committed = False  # `judged` filled their ids in
+    records_ids = True  # into the call's columnar result
+
+    def __init__(self, call: BatchCompletion, result: WriteManyResult):
+        self.call = call
+        self.result = result
+
+    def waiter(self, start: int, end: int, count: int, status: bytes | None) -> Waiter:
+        waiter = RunRows(self.call, start, count, status)
+        self.call.add(waiter)
+        return waiter
+
+    def joiner(self, row: int) -> Waiter:
+        joiner = RowJoiner(self.call, row)
+        self.call.add(joiner)
+        return joiner
+
+    def numbered(self, start: int, segment_id: int, first: int, count: int) -> None:
+        end = start + count
+        self.result.segment_ids[start:end] = array("q", (segment_id,)) * count
+        self.result.entry_ids[start:end] = array("q", range(first, first + count))
+
+    def judged(self, start: int, end: int, status: bytes, segs: bytes, ents: bytes) -> None:
+        result = self.result
+        result.segment_ids[start:end] = _column(segs)
+        result.entry_ids[start:end] = _column(ents)
+        result.duplicate[start:end] = status.translate(_DUPLICATE)
+
+    def fail(self, rows: Sequence[int], exc: BaseException) -> None:
+        self.call.fail(rows, exc)
 
 
 class Accumulator:
@@ -161,41 +273,39 @@ class Accumulator:
         payload: bytes,
         props: dict | None,
         future: Future,
+        out: Outcomes,
         key: bytes | None = None,
         ident: str | bytes | None = None,
-    ) -> Outcomes:
+    ) -> None:
         """Queue one write; with a keyed stage its key is `key` if given (computed already), else
-        that of the explicit id `ident`, else the payload's. Returns the outcomes to set after
-        the lock (writes admitted now that failed, or were answered)."""
+        that of the explicit id `ident`, else the payload's. Adds to `out` the outcomes the
+        caller sets after releasing the lock (writes admitted now that failed, or were answered),
+        also when this raises: writes admitted before a wait that then failed (closed, fenced,
+        Ctrl-C) are accepted writes whose callers wait on them."""
         if not self.futures:  # queued writes were checked: a close or fence empties the queue
             self._state.check_open_locked()
         size = len(payload) + ROW_OVERHEAD
-        early: Outcomes = []
-        try:
-            if self._inflight.full_locked(size + self.nbytes, len(self.futures) + 1):
-                if self.futures:  # room comes from commits: queued writes must be entries first
-                    early = self._admit_locked()
-                # The lock is released while this waits; this write holds nothing queued yet,
-                # and the queue's lists are read below, after the wait (an admission meanwhile
-                # replaced them).
-                self._wait_for_room_locked(size, 1)  # raises once closed or fenced
-            rows = self._append_locked(payload, props, future, size, key, ident)
-        except BaseException:  # closed or fenced, a bad id, or Ctrl-C
-            if early:  # accepted writes: their callers wait on them; set once the lock is free
-                threading.Thread(target=resolve, args=(early,), daemon=True).start()
-            raise
+        if self._inflight.full_locked(size + self.nbytes, len(self.futures) + 1):
+            if self.futures:  # room comes from commits: queued writes must be entries first
+                out += self._admit_locked()
+            # The lock is released while this waits; this write holds nothing queued yet, and
+            # the queue's lists are read below, after the wait (an admission meanwhile replaced
+            # them).
+            self._wait_for_room_locked(size, 1)  # raises once closed or fenced
+        rows = self._append_locked(payload, props, future, size, key, ident)
         if rows == 1:
             if self._segments.idle_locked():  # nothing in flight: no company worth waiting for
-                return early + self._admit_locked()
+                out += self._admit_locked()
+                return
             self._wake()  # the ticker admits it after linger_ms unless an ack comes first
         elif rows >= self._admit_rows or self.nbytes >= self._batch_bytes:  # a batch's worth
             pipe = self.pipe
             if pipe is None:
-                return early + self._admit_locked()
+                out += self._admit_locked()
+                return
             ready = pipe.ready_count()  # keys still being hashed stay queued a little longer
             if ready >= ADMIT_MIN or ready == rows:
-                return early + self._admit_locked(ready)
-        return early
+                out += self._admit_locked(ready)
 
     def _append_locked(
         self,
@@ -282,17 +392,17 @@ class Accumulator:
                 return [(f, exc) for f in batch.futures]
             return self._runs_locked(batch)
 
-    def _take_locked(self, n: int) -> Queued:
+    def _take_locked(self, n: int) -> QueuedLane:
         keys = self.pipe.take(n) if self.pipe is not None else None
         if n == len(self.futures):
-            batch = Queued(
+            batch = QueuedLane(
                 self.payloads, self.properties, self.futures, self.timestamps, keys, self.since
             )
             self.payloads, self.properties, self.futures = [], [], []
             self.timestamps = array(TIMESTAMP_TYPECODE)
             self.nbytes = 0
             return batch
-        batch = Queued(
+        batch = QueuedLane(
             self.payloads[:n],
             self.properties[:n],
             self.futures[:n],
@@ -305,87 +415,110 @@ class Accumulator:
         self.since = time.monotonic()
         return batch
 
-    def _runs_locked(self, batch: Queued) -> Outcomes:
-        """Queued writes into runs of one AddEntries batch each, within the current segment's
-        roll limits: each run judged by the stage in one call, encoded once, enqueued with one
-        waiter; duplicates answered or joined. An error before a run is enqueued (a roll refused:
-        fenced, metadata unreachable) ends the writes not enqueued yet, with that error."""
-        resolved: Outcomes = []
-        payloads, stamps, keys, futures = (
-            batch.payloads,
-            batch.timestamps,
-            batch.keys,
-            batch.futures,
-        )
-        n = len(futures)
+    def _runs_locked(self, batch: QueuedLane) -> Outcomes:
+        """Queued writes into runs (`_run_locked`), oldest first; returns the outcomes to set
+        after the lock."""
+        payloads, keys = batch.payloads, batch.keys
+        n = len(batch.futures)
         start = 0
         while start < n:
-            try:
-                seg = self._segments.writable_locked()
-                if seg is None:  # a repair replaces the segment: new writes are refused
-                    self._unavailable_locked(futures[start:], keys, start, resolved)
-                    return resolved
-                end = self._segments.run_end_locked(seg, payloads, start, n)
-                first = seg.next_entry_id
-                status = segs = ents = None
-                if keys is not None:  # reserves the new keys' ids: the run must be enqueued
-                    status, segs, ents = self._dedup.reserve_locked(
-                        keys[16 * start : 16 * end], stamps[start:end], seg.segment_id, first
-                    )
+            start = self._run_locked(batch, payloads, keys, start, n)
+        return batch.out
+
+    def _run_locked(
+        self, lane: Lane, payloads: list[bytes], keys: bytes | None, start: int, limit: int
+    ) -> int:
+        """The one run builder of both lanes: rows `start..limit` of `lane`, or the first of
+        them (what fits one AddEntries batch within the current segment's roll limits), as one
+        run. Judged by the stage in one call (each row as of its queueing time, or the run's
+        admission time: `lane.timestamps`), encoded once, enqueued with one waiter for its new
+        rows; duplicates answered, and rows whose key is in flight joined to its entry *after*
+        the run is enqueued (a row may repeat a key an earlier row of the run is writing).
+        Returns where the lane's next run starts. While a segment is repaired (no writable
+        segment) rows found in the log are answered or joined and the others refused, up to
+        `limit`. An error before the run is enqueued (a roll refused: fenced, metadata
+        unreachable) ends the rows `start..limit` with that error, or propagates to the batch
+        call (`lane.raises`), which fails what it had not handed over. Runs with interrupts held
+        (`HOLD_INTERRUPTS`: ids reserved are enqueued and answered, or the rows end failed): the
+        queue's admission holds them across its runs, a batch call around each run."""
+        try:
+            seg = self._segments.writable_locked()
+            if seg is None:  # a repair replaces the segment: new writes are refused
+                self._unavailable_locked(lane, keys, start, limit)
+                return limit
+            end = self._segments.run_end_locked(seg, payloads, start, limit)
+            segment_id = seg.segment_id
+            first = seg.next_entry_id
+            rows = end - start
+            stamps = lane.timestamps
+            now = self._clock.now_ms() if stamps is None else 0  # a batch call's rows
+            times: int | array = now if stamps is None else stamps
+            status: bytes | None = None
+            segs = ents = b""
+            if keys is None:
                 frame, count = encode_frame(
-                    seg.segment_id,
-                    first,
-                    stamps,
-                    payloads,
-                    start,
-                    end,
-                    keys,
-                    status,
-                    batch.properties,
+                    segment_id, first, times, payloads, start, end, None, None, lane.properties
                 )
-            except Exception as exc:  # noqa: BLE001 - set on their futures
-                resolved.extend((f, exc) for f in futures[start:])
-                return resolved
-            run = futures if start == 0 and end == n else futures[start:end]
-            if count == end - start:
-                new = run
-            else:  # some rows were duplicates (status is set)
-                new = [run[i] for i, code in enumerate(status or b"") if not code]
-            if count:
-                waiter: Waiter = new[0] if count == 1 else FutureRun(new)
-                self._inflight.enqueue_run_locked(seg, frame, count, waiter, batch.since)
-            if count != end - start and status is not None and segs is not None:
-                # after the run: a row may join an entry made by an earlier row of it
-                self._answer_locked(run, status, segs, ents or b"", resolved)
-            start = end
-        return resolved
+            else:  # reserves the new keys' ids: the run must be enqueued
+                status, segs, ents = self._dedup.reserve_locked(
+                    keys[16 * start : 16 * end],
+                    array("q", (now,)) * rows if stamps is None else stamps[start:end],
+                    segment_id,
+                    first,
+                )
+                mixed = status if status.count(0) != rows else None
+                frame, count = encode_frame(
+                    segment_id, first, times, payloads, start, end, keys, mixed, lane.properties
+                )
+        except Exception as exc:  # noqa: BLE001 - the lane's rows end with it
+            if lane.raises:
+                raise
+            lane.fail(range(start, limit), exc)
+            return limit
+        if status is not None:
+            self.duplicates += rows - count
+            if lane.records_ids:
+                lane.judged(start, end, status, segs, ents)
+        elif lane.records_ids:
+            lane.numbered(start, segment_id, first, count)
+        if count:
+            waiter = lane.waiter(start, end, count, status if count != rows else None)
+            self._inflight.enqueue_run_locked(seg, frame, count, waiter, lane.since)
+        if status is not None and count != rows and (lane.answers_committed or 1 in status):
+            # after the run: a row may join an entry made by an earlier row of it
+            self._answer_locked(lane, start, status, segs, ents)
+        return end
 
     def _answer_locked(
-        self, waiters: Sequence[Waiter], status: bytes, segs: bytes, ents: bytes, out: Outcomes
+        self, lane: Lane, start: int, status: bytes, segs: bytes, ents: bytes
     ) -> None:
-        """Rows the stage found in the log: committed ones answered with the original id, ones
-        in flight joined to their entry."""
+        """Rows from `start` on that the stage found in the log: ones in flight joined to their
+        entry, committed ones answered with the original id (a lane that has their ids already,
+        a batch call's result, needs nothing more). Counted by the caller."""
+        answers = lane.answers_committed
         for i, code in enumerate(status):
             if code == 1:
-                self._segments.join_locked(i64_at(segs, i), i64_at(ents, i), waiters[i])
-                self.duplicates += 1
-            elif code == 2:
-                self.duplicates += 1
-                mid = LogMessageId(i64_at(segs, i), i64_at(ents, i))
-                out.append((waiters[i], WriteResult(mid, True)))
+                self._segments.join_locked(i64_at(segs, i), i64_at(ents, i), lane.joiner(start + i))
+            elif code == 2 and answers:
+                lane.committed(start + i, LogMessageId(i64_at(segs, i), i64_at(ents, i)))
 
-    def _unavailable_locked(
-        self, waiters: Sequence[Waiter], keys: bytes | None, start: int, out: Outcomes
-    ) -> None:
-        """A segment lost its ack quorum and is being completed: keys found in the log are
-        answered or joined, new writes refused (`QuorumUnavailableError`), nothing enqueued."""
+    def _unavailable_locked(self, lane: Lane, keys: bytes | None, start: int, end: int) -> None:
+        """A segment lost its ack quorum and is being completed: of rows `start..end`, keys found
+        in the log are answered or joined, new writes refused (`QuorumUnavailableError`),
+        nothing enqueued."""
         exc = self._unavailable()
         if keys is None:
-            out.extend((w, exc) for w in waiters)
+            lane.fail(range(start, end), exc)
             return
-        status, segs, ents = self._dedup.answer_locked(keys[16 * start :], self._clock.now_ms())
-        out.extend((waiters[i], exc) for i, code in enumerate(status) if not code)
-        self._answer_locked(waiters, status, segs, ents, out)
+        status, segs, ents = self._dedup.answer_locked(
+            keys[16 * start : 16 * end], self._clock.now_ms()
+        )
+        lane.judged(start, end, status, segs, ents)
+        refused = [start + i for i, code in enumerate(status) if not code]
+        if refused:
+            lane.fail(refused, exc)
+        self.duplicates += end - start - len(refused)
+        self._answer_locked(lane, start, status, segs, ents)
 
     # --- the batch lane ------------------------------------------------------------------------
 
@@ -417,6 +550,7 @@ class Accumulator:
                     self.duplicates += n
                 return result
         call = BatchCompletion()
+        lane = CallLane(call, result)
         outcomes: Outcomes = []
         start = 0
         try:
@@ -430,7 +564,8 @@ class Accumulator:
                 nbytes, end = chunk_end(payloads, start, end, self._batch_bytes)
                 with self._lock:
                     self._make_room_locked(nbytes, end - start, deadline, outcomes)
-                    start = self._chunk_locked(call, payloads, keys, start, end, result)
+                    with HOLD_INTERRUPTS:  # not across the wait for room: Ctrl-C ends that
+                        start = self._run_locked(lane, payloads, keys, start, end)
         except WoodpeckerError as refused:  # fenced, closed, or no room in time: nothing queued
             rest = (
                 range(start, n)
@@ -479,85 +614,6 @@ class Accumulator:
             if not self._inflight.full_locked(nbytes, rows) or not self._inflight.entries:
                 return  # room, or nothing in flight (a chunk larger than the limits goes alone)
             self._wait_for_room_locked(nbytes, rows, deadline)
-
-    def _chunk_locked(
-        self,
-        call: BatchCompletion,
-        payloads: list[bytes],
-        keys: bytes | None,
-        start: int,
-        end: int,
-        result: WriteManyResult,
-    ) -> int:
-        """Rows `start..end` (or fewer: the segment's room) as one run of the current segment;
-        returns where the next chunk starts."""
-        seg = self._segments.writable_locked()
-        if seg is None:  # repairing: rows found in the log are answered, new ones refused
-            self._rows_unavailable_locked(call, keys, start, end, result)
-            return end
-        end = self._segments.run_end_locked(seg, payloads, start, end)
-        first = seg.next_entry_id
-        now = self._clock.now_ms()
-        rows = end - start
-        status: bytes | None = None
-        if keys is None:
-            frame, count = encode_frame(seg.segment_id, first, now, payloads, start, end)
-            result.segment_ids[start:end] = array("q", (seg.segment_id,)) * count
-            result.entry_ids[start:end] = array("q", range(first, first + count))
-        else:
-            status, segs, ents = self._dedup.reserve_locked(
-                keys[16 * start : 16 * end], array("q", (now,)) * rows, seg.segment_id, first
-            )
-            count = status.count(0)
-            mixed = status if count != rows else None
-            frame, count = encode_frame(
-                seg.segment_id, first, now, payloads, start, end, keys, mixed
-            )
-            result.segment_ids[start:end] = _column(segs)
-            result.entry_ids[start:end] = _column(ents)
-            result.duplicate[start:end] = status.translate(_DUPLICATE)
-            self.duplicates += rows - count
-        if count:
-            waiter = RunRows(call, start, count, status if count != rows else None)
-            call.add(waiter)
-            self._inflight.enqueue_run_locked(seg, frame, count, waiter, time.monotonic())
-        if status is not None and rows - count - status.count(2):  # after the run: joins
-            self._join_rows_locked(call, start, status, segs, ents)
-        return end
-
-    def _join_rows_locked(
-        self, call: BatchCompletion, start: int, status: bytes, segs: bytes, ents: bytes
-    ) -> None:
-        """Rows whose key is in flight (status 1) join its entry."""
-        for i, code in enumerate(status):
-            if code == 1:
-                joiner = RowJoiner(call, start + i)
-                call.add(joiner)
-                self._segments.join_locked(i64_at(segs, i), i64_at(ents, i), joiner)
-
-    def _rows_unavailable_locked(
-        self,
-        call: BatchCompletion,
-        keys: bytes | None,
-        start: int,
-        end: int,
-        result: WriteManyResult,
-    ) -> None:
-        exc = self._unavailable()
-        if keys is None:
-            call.fail(range(start, end), exc)
-            return
-        status, segs, ents = self._dedup.answer_locked(
-            keys[16 * start : 16 * end], self._clock.now_ms()
-        )
-        result.segment_ids[start:end] = _column(segs)
-        result.entry_ids[start:end] = _column(ents)
-        result.duplicate[start:end] = status.translate(_DUPLICATE)
-        refused = [start + i for i, code in enumerate(status) if code == 0]
-        if refused:
-            call.fail(refused, exc)
-        self.duplicates += end - start - len(refused)
-        self._join_rows_locked(call, start, status, segs, ents)
 
 
 # --- entries in flight ---------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from .accumulator import ACK_LATENCY_BOUNDS
 from .dedup import NO_DEDUP, Dedup
 from .lifecycle import FORKS
 from .pipeline import Pipeline, open_pipeline
-from .results import WriteFuture, resolve
+from .results import Outcomes, WriteFuture, resolve
 
 if TYPE_CHECKING:
     from ..ensemble import LogContext
@@ -118,8 +118,18 @@ class _Writer:
         with self._lock:
             return self._pipeline.segments.lacs_locked()
 
-    def _still_owner(self) -> bool:
-        """Ask the metadata store whether this writer still owns the log (fences it if not)."""
+    @property
+    def queued(self) -> int:
+        """Writes accepted and not given ids yet: queued for their run (admitted on an ack, a
+        batch's worth, after `append.linger_ms`, or on flush). An inspection point for operations
+        and tests; `metrics_snapshot()["pending"]` counts them too on an idempotent writer."""
+        with self._lock:
+            return len(self._acc)
+
+    def still_owner(self) -> bool:
+        """Ask the metadata store now whether this writer still owns the log; if another writer
+        took it over, this one is fenced at once (what it had pending fails with
+        `WriterFencedError`) instead of at its next metadata call or lease renewal."""
         return self._pipeline.still_owner()
 
 
@@ -166,10 +176,13 @@ class LogWriter(_Writer):
             )
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
         future: Future[WriteResult] = WriteFuture()
-        with self._lock:
-            outcomes = self._acc.queue_locked(payload, props, future)
-        if outcomes:
-            resolve(outcomes)
+        outcomes: Outcomes = []
+        try:
+            with self._lock:
+                self._acc.queue_locked(payload, props, future, outcomes)
+        finally:  # after the lock, also when the write was refused (see `queue_locked`)
+            if outcomes:
+                resolve(outcomes)
         return future
 
     def write_many(
@@ -219,14 +232,17 @@ class IdempotentLogWriter(_Writer):
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
         key = content_key(payload) if idempotency_id is None else explicit_key(idempotency_id)
         acc = self._acc
-        with self._lock:
-            hit = acc.lookup_locked(key)
-            if hit is not None:
-                return hit
-            future: Future[WriteResult] = WriteFuture()
-            outcomes = acc.queue_locked(payload, props, future, key)
-        if outcomes:
-            resolve(outcomes)
+        outcomes: Outcomes = []
+        try:
+            with self._lock:
+                hit = acc.lookup_locked(key)
+                if hit is not None:
+                    return hit
+                future: Future[WriteResult] = WriteFuture()
+                acc.queue_locked(payload, props, future, outcomes, key)
+        finally:  # after the lock, also when the write was refused (see `queue_locked`)
+            if outcomes:
+                resolve(outcomes)
         return wait_for(future, wait, self._still_pending_text)
 
     def write_async(
@@ -243,19 +259,24 @@ class IdempotentLogWriter(_Writer):
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
         future: Future[WriteResult] = WriteFuture()
         acc = self._acc
-        if acc.futures:  # writes queued ahead: judged after them (keys hashed with their chunk)
-            with self._lock:
-                outcomes = acc.queue_locked(payload, props, future, None, idempotency_id)
-        else:  # a hint, re-checked under the lock (lookup_locked)
-            key = content_key(payload) if idempotency_id is None else explicit_key(idempotency_id)
-            with self._lock:
-                hit = acc.lookup_locked(key)
-                if hit is None:
-                    outcomes = acc.queue_locked(payload, props, future, key)
-                else:
-                    outcomes = [(future, hit)]
-        if outcomes:
-            resolve(outcomes)
+        outcomes: Outcomes = []
+        try:
+            if acc.futures:  # writes queued ahead: judged after them (keys hashed with their chunk)
+                with self._lock:
+                    acc.queue_locked(payload, props, future, outcomes, None, idempotency_id)
+            else:  # a hint, re-checked under the lock (lookup_locked)
+                key = (
+                    content_key(payload) if idempotency_id is None else explicit_key(idempotency_id)
+                )
+                with self._lock:
+                    hit = acc.lookup_locked(key)
+                    if hit is None:
+                        acc.queue_locked(payload, props, future, outcomes, key)
+                    else:
+                        outcomes.append((future, hit))
+        finally:  # after the lock, also when the write was refused (see `queue_locked`)
+            if outcomes:
+                resolve(outcomes)
         return future
 
     def _still_pending_text(self) -> str:
@@ -309,14 +330,20 @@ class IdempotentLogWriter(_Writer):
         payloads, keys = arrow_rows(
             data, key=key_column, payload=payload_column, exclude=list(exclude_columns)
         )
-        return self.write_keyed(payloads, keys, wait)
+        return self._write_keyed(payloads, keys, wait)
 
     def write_keyed(
         self, payloads: list[bytes], keys: bytes, timeout: float | None = None
     ) -> WriteManyResult:
         """Write payloads whose 16-byte keys were computed already (N*16 bytes, by the `_core`
         key functions, e.g. `arrow_rows`); checked whole before anything is queued."""
-        wait = timeout_arg(timeout, allow_zero=False)
+        return self._write_keyed(payloads, keys, timeout_arg(timeout, allow_zero=False))
+
+    def _write_keyed(
+        self, payloads: list[bytes], keys: bytes, wait: float | None
+    ) -> WriteManyResult:
+        """`write_keyed` with its timeout checked already (`write_arrow` checks it before it
+        reads the Arrow data)."""
         self._pipeline.check_process()
         rows = keyed_rows(payloads, keys, self._max_entry_bytes)
         return self._acc.write_rows(rows, keys, wait, self._still_pending_text)
@@ -334,13 +361,12 @@ class IdempotentLogWriter(_Writer):
         return self._stage.report
 
     @property
-    def _snapshotter(self) -> Any:
+    def snapshotter(self) -> Any:
+        """The window's snapshot writer (`idempotency.snapshot.Snapshotter`): `write_now()`
+        writes a snapshot at once (True when written, False when this writer no longer owns the
+        log or the put failed), `last_key` is the object key of the newest, `writes` how many
+        it wrote. An inspection point for operations and tests; it runs on its own otherwise."""
         return self._stage.snapshotter
-
-    @property
-    def _intake(self) -> Any:
-        """The pipeline's queue of writes not given ids yet (tests count it)."""
-        return self._acc
 
     def metrics_snapshot(self) -> dict[str, float | int | None]:
         """Duplicates suppressed, window size/memory, evictions, snapshots, last recovery."""
