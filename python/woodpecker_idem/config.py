@@ -170,7 +170,7 @@ _SSE_NAMES = {"sse-s3": "AES256", "sse-kms": "aws:kms"}
 
 
 def _check_storage_type(value: object) -> None:
-    if value == "staged":  # a mode of the design, refused by name until service mode builds it
+    if value == "staged":  # a mode of the design, refused by name until it is built
         raise _Invalid(
             "'object': staged storage (active segments on a node's disk, uploaded when sealed) "
             "is still to come with service mode; use 'object' (the default: the nodes, in "
@@ -275,7 +275,7 @@ KEYS: tuple[Key, ...] = (
         "storage.type",
         "choice",
         "object",
-        "LogStore mode (staged storage comes with service mode)",
+        "LogStore mode (staged storage, a part of service mode, is not built yet)",
         choices=("object",),
         check=_check_storage_type,
     ),

@@ -429,7 +429,7 @@ def test_keys_of_segments_completed_in_the_older_half_of_the_window_stay_duplica
     w = env.writer(**window)
     acked = write_keys(env, w, range(2))  # 0:0, 0:1 (segment 0 full, still open)
     if snapshot:
-        assert w._snapshotter.write_now()  # knows segment 0 only
+        assert w.snapshotter.write_now()  # knows segment 0 only
     acked.update(write_keys(env, w, range(2, 5)))  # 1:0, 1:1, then 2:0: segments 0, 1 complete
     log_id = env.log.log_id
     wait_for(
