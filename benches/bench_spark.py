@@ -34,7 +34,7 @@ P = 4
 
 @pytest.fixture(scope="module")
 def spark():
-    from woodpecker_idem.spark.pipeline import local_spark
+    from woodpecker_idem.spark.orders_job import local_spark
 
     # Spark's default stream buffer (the pipeline shrinks it so injected failures leave prefixes)
     session = local_spark(2, 10_000, {"spark.buffer.size": "65536"})

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_spark  # noqa: E402
 
 from woodpecker_idem.spark import prepare  # noqa: E402
-from woodpecker_idem.spark.pipeline import local_spark  # noqa: E402
+from woodpecker_idem.spark.orders_job import local_spark  # noqa: E402
 
 SIDES = ("idempotent", "plain", "null", "parquet", "count")
 TICK = os.sysconf("SC_CLK_TCK")

@@ -16,7 +16,7 @@ from sparkenv import (
 
 from woodpecker_idem import connect
 from woodpecker_idem.spark import batch_records, prepare
-from woodpecker_idem.spark.pipeline import inject_failures
+from woodpecker_idem.spark.orders_job import inject_failures
 
 P = 4
 

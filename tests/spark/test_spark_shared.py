@@ -34,7 +34,7 @@ from woodpecker_idem.errors import ConfigError, InvalidArgumentError, WriterFenc
 from woodpecker_idem.retry import Backoff
 from woodpecker_idem.spark import ROUTE_COLUMN, prepare
 from woodpecker_idem.spark.options import SinkOptions, ensure_log_group
-from woodpecker_idem.spark.pipeline import inject_failures
+from woodpecker_idem.spark.orders_job import inject_failures
 from woodpecker_idem.spark.sink import (
     WoodpeckerCommitMessage,
     write_batches,

@@ -22,7 +22,7 @@ from sparkenv import (
 from woodpecker_idem import connect, explicit_key
 from woodpecker_idem._core import arrow_explicit_keys, route_keys
 from woodpecker_idem.spark import ROUTE_COLUMN, prepare
-from woodpecker_idem.spark.pipeline import inject_failures
+from woodpecker_idem.spark.orders_job import inject_failures
 from woodpecker_idem.spark.routing import partition_slots, spark_int_hash
 
 P = 4

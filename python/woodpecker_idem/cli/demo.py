@@ -1,5 +1,5 @@
 """`woodpecker-idem pipeline` runs the main job (a Spark job writing an order stream exactly once,
-`woodpecker_idem.spark.pipeline`); `woodpecker-idem demo` the idempotent producer.
+`woodpecker_idem.spark.orders_job`); `woodpecker-idem demo` the idempotent producer.
 
 The demo is a producer that retries like real ones do: acks lost on the node, resends by the
 application, and a producer process SIGKILLed mid-stream whose restart replays everything since
@@ -349,7 +349,7 @@ def _with_data_dir(data_dir: Path | None, job: Callable[[Path], int]) -> int:
 def _pipeline(data_dir: Path, args: argparse.Namespace) -> int:
     """The Spark pipeline; a missing pyspark or Java, or a failed job, is one line on stderr."""
     try:
-        from ..spark.pipeline import PipelineSpec, run_pipeline, summary_lines
+        from ..spark.orders_job import PipelineSpec, run_pipeline, summary_lines
     except ImportError as exc:
         print(
             f"woodpecker-idem pipeline: needs the spark extra ({exc}): pip install "

@@ -2,7 +2,7 @@
 of its host run for that log: it writes their rows through the writer it keeps, so the log is not
 taken over (and no new segment opened) each time Spark runs a route's task in another worker.
 
-A served route is written by the same code as a task's own (route.py): the batch identity's
+A served route is written by the same code as a task's own (route_write.py): the batch identity's
 decision (`begin`, with the task's Spark partition as writer), the rows it lets through, the
 window's eviction check and the report the task hands to the driver. The writer is taken out of
 the kept ones for the whole session, so nothing else writes through it meanwhile; when the task
@@ -27,7 +27,7 @@ from ..errors import InvalidArgumentError, WriterFencedError
 from . import handoff
 from . import kept as kept_writers
 from .batches import BatchId
-from .route import RouteWrite
+from .route_write import RouteWrite
 
 log = logging.getLogger(__name__)
 

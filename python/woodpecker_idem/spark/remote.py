@@ -20,7 +20,7 @@ from ..errors import HandoffError
 from ..meta.base import TxnMeta
 from ..types import LogMessageId
 from . import handoff
-from .route import RouteReport
+from .route_write import RouteReport
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -61,7 +61,7 @@ from .options import (
     log_name,
 )
 from .remote import RemoteRoute
-from .route import RouteWrite
+from .route_write import RouteWrite
 from .routing import ROUTE_COLUMN
 from .source import (
     group_size,

@@ -37,7 +37,7 @@ from .adopted import check_adopted
 from .dedup import Dedup
 from .lifecycle import Maintenance, deleted
 from .results import Outcomes, resolve
-from .segments import RETRY_INITIAL_S, RETRY_MAX_S, Batch, OpenSegment, SegmentStatus, span
+from .segments import RETRY_INITIAL_S, RETRY_MAX_S, OpenSegment, SegmentStatus, SentBatch, span
 
 if TYPE_CHECKING:
     from ..clock import Clock
@@ -147,7 +147,7 @@ class SegmentCompletion:
 
     # --- a segment that lost its ack quorum ------------------------------------------------------
 
-    def node_failed(self, node: str, seg: OpenSegment, batch: Batch, exc: Exception) -> None:
+    def node_failed(self, node: str, seg: OpenSegment, batch: SentBatch, exc: Exception) -> None:
         """`node` gave up on `batch` of `seg` (after its retries): drop the node from the segment;
         if fewer than aq nodes remain, the segment is repaired in the background."""
         pipeline = self._pipeline

@@ -49,7 +49,7 @@ from .lifecycle import (
     untrack,
 )
 from .results import Outcomes, resolve
-from .segments import Batch, OpenSegment, OpenSegments, SegmentStatus
+from .segments import OpenSegment, OpenSegments, SegmentStatus, SentBatch
 from .sender import Dispatch
 
 if TYPE_CHECKING:
@@ -223,7 +223,7 @@ class Pipeline:
 
     # --- acks and node failures (node sender threads) ----------------------------------------
 
-    def on_ack(self, node: str, seg: OpenSegment, batch: Batch) -> None:
+    def on_ack(self, node: str, seg: OpenSegment, batch: SentBatch) -> None:
         """`node` stored `batch`: commit what reached aq, in order, and send what was held."""
         with self.lock:
             if seg.status in (SegmentStatus.FAILED, SegmentStatus.DONE):
@@ -238,7 +238,7 @@ class Pipeline:
                 self.complete_if_drained_locked(seg)
         resolve(resolved)
 
-    def on_node_failed(self, node: str, seg: OpenSegment, batch: Batch, exc: Exception) -> None:
+    def on_node_failed(self, node: str, seg: OpenSegment, batch: SentBatch, exc: Exception) -> None:
         """`node` gave up on `batch`: segment completion drops it, and repairs `seg` if it lost
         its ack quorum."""
         self._completion.node_failed(node, seg, batch, exc)

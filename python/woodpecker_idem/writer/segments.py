@@ -127,7 +127,10 @@ class PendingEntry:
 
 
 @dataclass(eq=False)
-class Batch:
+class SentBatch:
+    """Entries of a segment cut into one AddEntries call (its frame, encoded once): sent to
+    every node of the segment, committed once aq nodes acked it."""
+
     first_entry_id: int
     entries: list[PendingEntry]
     frame: bytes
@@ -178,7 +181,7 @@ class OpenSegment:
         self.unsent_bytes = 0
         self.unsent_entries = 0  # runs counted in full
         self.unsent_since = 0.0  # time.monotonic() when the oldest unsent entry was queued
-        self.batches: deque[Batch] = deque()  # sent, not committed, in order
+        self.batches: deque[SentBatch] = deque()  # sent, not committed, in order
         self.failed_nodes: dict[str, str] = {}  # node -> why
         self.lac = -1
         self.lac_sent = -1  # highest LAC piggybacked to the nodes
@@ -194,7 +197,7 @@ class OpenSegment:
     def live_nodes(self) -> list[str]:
         return [n for n in self.meta.nodes if n not in self.failed_nodes]
 
-    def take_batch(self, max_entries: int, max_bytes: int) -> Batch:
+    def take_batch(self, max_entries: int, max_bytes: int) -> SentBatch:
         """Cut the next batch from the unsent entries (at least one entry, even if oversized);
         called only while there are unsent entries."""
         count = 0
@@ -209,7 +212,7 @@ class OpenSegment:
             size += len(entry.record)
             items += 1
         entries = self.unsent[:items]
-        batch = Batch(entries[0].entry_id, entries, concat([e.record for e in entries]))
+        batch = SentBatch(entries[0].entry_id, entries, concat([e.record for e in entries]))
         # Only now change state, with no Python call between the steps: a KeyboardInterrupt
         # (raised after a call returns) cannot leave entries out of both `unsent` and `batches`,
         # which would never be sent while later batches commit past them.
@@ -219,7 +222,7 @@ class OpenSegment:
         self.batches.append(batch)
         return batch
 
-    def ack(self, node: str, batch: Batch) -> list[PendingEntry]:
+    def ack(self, node: str, batch: SentBatch) -> list[PendingEntry]:
         """Record an ack; returns the entries that became committed, in order."""
         batch.acks.add(node)
         committed: list[PendingEntry] = []

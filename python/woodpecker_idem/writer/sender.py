@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..ensemble.senders import Job
 from ..errors import EntryConflictError, SegmentFencedError, WoodpeckerError
 from ..retry import Backoff
-from .segments import Batch, OpenSegment, SegmentStatus
+from .segments import OpenSegment, SegmentStatus, SentBatch
 
 if TYPE_CHECKING:
     from ..ensemble import Ensemble
@@ -45,9 +45,9 @@ class SenderView(Protocol):
     @property
     def fenced(self) -> bool: ...
 
-    def on_ack(self, node: str, seg: OpenSegment, batch: Batch) -> None: ...
+    def on_ack(self, node: str, seg: OpenSegment, batch: SentBatch) -> None: ...
 
-    def on_node_failed(self, node: str, seg: OpenSegment, batch: Batch, exc: Exception) -> None:
+    def on_node_failed(self, node: str, seg: OpenSegment, batch: SentBatch, exc: Exception) -> None:
         """`node` gave up on `batch` (after its retries, or at once for a final error)."""
 
 
@@ -58,7 +58,7 @@ class BatchSend:
 
     __slots__ = ("_dispatch", "node", "seg", "batch", "_backoff")
 
-    def __init__(self, dispatch: Dispatch, node: str, seg: OpenSegment, batch: Batch | None):
+    def __init__(self, dispatch: Dispatch, node: str, seg: OpenSegment, batch: SentBatch | None):
         self._dispatch = dispatch
         self.node = node
         self.seg = seg
@@ -149,7 +149,7 @@ class Dispatch:
         self._sends = 0  # BatchSends submitted and not over
         self._quiet = threading.Condition(threading.Lock())  # notified when _sends reaches 0
 
-    def _submit(self, node: str, seg: OpenSegment, batch: Batch | None) -> None:
+    def _submit(self, node: str, seg: OpenSegment, batch: SentBatch | None) -> None:
         """Hand a send to the node's sender, in `seg`'s lane (its batches in entry order)."""
         send = BatchSend(self, node, seg, batch)
         with self._quiet:
