@@ -232,7 +232,7 @@ def test_the_layer_rule_sees_imports() -> None:
     assert "connect" in _room_imports(PACKAGE / "cli" / "common.py")
     assert "meta" in _room_imports(PACKAGE / "testing" / "history" / "store.py")
     assert "logstore" in _room_imports(PACKAGE / "testing" / "faults.py")
-    assert "testing" in _room_imports(PACKAGE / "spark" / "pipeline.py")
+    assert "testing" in _room_imports(PACKAGE / "spark" / "orders_job.py")
 
 
 def test_the_checkers_read_needs_no_engine() -> None:
