@@ -21,20 +21,13 @@ import urllib.request
 
 from serverproc import HOST, ServerProcess, free_port
 
+from woodpecker_idem.cli.cluster import MOTO_BOOTSTRAP
+
 logger = logging.getLogger(__name__)
 
-_BOOTSTRAP = """
-import sys, threading
-import moto.server
-from moto.s3.responses import S3Response
-_lock = threading.Lock()
-_orig_put = S3Response.put_object
-def _put_object(self, *args, **kwargs):
-    with _lock:
-        return _orig_put(self, *args, **kwargs)
-S3Response.put_object = _put_object
-moto.server.main(sys.argv[1:])
-"""
+# moto's conditional PUTs made atomic, as on S3 (the module doc): the same bootstrap as the
+# package's own `woodpecker-idem cluster up` runs
+_BOOTSTRAP = MOTO_BOOTSTRAP
 
 
 class MotoS3Server(ServerProcess):

@@ -63,6 +63,10 @@ def _segment_req(log_id: int, segment_id: int, last_entry_id: int = -1) -> Any:
     return pb.SegmentRequest(log_id=log_id, segment_id=segment_id, last_entry_id=last_entry_id)
 
 
+def _read_req(log_id: int, segment_id: int, first: int, n: int) -> Any:
+    return pb.ReadRequest(log_id=log_id, segment_id=segment_id, from_entry_id=first, max_entries=n)
+
+
 def _empty(call: Callable[..., None], *args: Any) -> Any:
     call(*args)
     return pb.Empty()
@@ -120,9 +124,7 @@ RPCS: dict[str, Rpc] = {
         "Read",
         pb.ReadRequest,
         pb.ReadResponse,
-        lambda log_id, segment_id, first, n: pb.ReadRequest(
-            log_id=log_id, segment_id=segment_id, from_entry_id=first, max_entries=n
-        ),
+        _read_req,
         lambda r: list(r.entries),
         lambda e, q: pb.ReadResponse(
             entries=e.read(q.log_id, q.segment_id, q.from_entry_id, q.max_entries)
@@ -156,9 +158,7 @@ RPCS: dict[str, Rpc] = {
         "RawRead",
         pb.ReadRequest,
         pb.ReadResponse,
-        lambda log_id, segment_id, first, n: pb.ReadRequest(
-            log_id=log_id, segment_id=segment_id, from_entry_id=first, max_entries=n
-        ),
+        _read_req,
         lambda r: list(r.entries),
         # a fresh engine over the node's storage: nothing the serving engine holds is trusted
         lambda e, q: pb.ReadResponse(
