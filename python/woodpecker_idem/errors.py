@@ -260,6 +260,14 @@ class EarlyEvictionError(WoodpeckerError):
     code = "EARLY_EVICTION"
 
 
+class EarlyEvictionWarning(UserWarning):
+    """An idempotent writer's window evicted keys by capacity (`window_max_keys`) before
+    `window_duration_s`: a retry of one of them would be written again. Issued once per writer,
+    the first time (Python shows it by default); every early eviction is counted in
+    `metrics_snapshot()["early_evictions"]`. Size the window for the key rate:
+    window_max_keys >= keys per second x window_duration_s."""
+
+
 class HandoffError(WoodpeckerError):
     """A streaming task handed its rows to the Python worker on its host that holds the log's
     writer, and that worker went away or stopped answering mid-batch: the task cannot tell which

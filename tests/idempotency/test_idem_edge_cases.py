@@ -883,3 +883,24 @@ def test_early_evictions_are_logged_once_a_minute_and_all_counted(tmp_path, capl
     assert len(warnings) == 1 and "1 keys evicted" in warnings[0].getMessage()
     w.close()
     client.close()
+
+
+def test_early_evictions_are_shown_once_per_writer_without_logging(tmp_path):
+    """Without logging configured, a user still learns that the window is too small: one
+    `EarlyEvictionWarning` per writer (Python shows warnings by default), naming the cure."""
+    import warnings
+
+    client = wp.connect(tmp_path, {"quorum.es": 1})
+    log = client.open_log("e", create=True)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        for round_ in range(2):  # a second writer warns again, once
+            w = log.open_writer(idempotent=True, window_duration_s=3600, window_max_keys=10)
+            for i in range(40):
+                w.write(b"e%d" % i, idempotency_id=f"e{round_}-{i}")
+            w.close()
+    early = [s for s in shown if issubclass(s.category, wp.EarlyEvictionWarning)]
+    assert len(early) == 2, [str(s.message) for s in shown]
+    assert "window_max_keys=10" in str(early[0].message)
+    assert "keys per second x window_duration_s" in str(early[0].message)
+    client.close()

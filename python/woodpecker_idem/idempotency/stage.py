@@ -16,11 +16,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import warnings
 from array import array
 from typing import TYPE_CHECKING
 
 from .._core import SnapshotStream
-from ..errors import WriterFencedError
+from ..errors import EarlyEvictionWarning, WriterFencedError
 from ..writer.dedup import Answer
 from .rebuild import RecoveryReport, open_window, rebuild_window
 from .snapshot import SnapshotSource, Snapshotter
@@ -58,6 +59,7 @@ class WindowStage:
         self._new_keys = 0  # keys committed since the last snapshot
         self._early_unreported = 0  # early evictions not logged yet (see _warn_early)
         self._early_warned_at = -EARLY_WARNING_EVERY_S
+        self._early_shown = False  # the EarlyEvictionWarning was issued
         self._next_evict_ms = 0
         self._evict_every_ms = max(1, min(1000, self.window.window_ms // 100))
         self._stopped = False  # fenced or closing: no background snapshot any more
@@ -207,6 +209,17 @@ class WindowStage:
         """Log early evictions at most once per EARLY_WARNING_EVERY_S: a window too small for
         its rate evicts early at every commit, and one line per commit would flood the log."""
         self._early_unreported += early
+        if not self._early_shown:  # once per writer, where a user sees it without logging set up
+            self._early_shown = True
+            warnings.warn(
+                f"log {self.log_id}: keys were evicted from the idempotency window by capacity "
+                f"before window_duration_s (window_max_keys={self.window.max_keys} is too small "
+                "for this rate: size it at least keys per second x window_duration_s); a retry "
+                "of such a key is written again. Counted in "
+                "metrics_snapshot()['early_evictions']",
+                EarlyEvictionWarning,
+                stacklevel=2,
+            )
         now = time.monotonic()
         if now - self._early_warned_at < EARLY_WARNING_EVERY_S:
             return
