@@ -379,15 +379,23 @@ def test_drop_group_deletes_its_logs_and_record(
     write_orders(store, 3)
     with store.connect() as client:
         ensure_log_group(client, "clicks", 2)
+        ensure_log_group(client, "views", 1)
         writer = client.open_log("clicks-1").open_writer()
         writer.write(b"x")
-        writer.close()
-    code, _, err = run(capsys, "drop-group", "clikcs", *store.args)
-    assert code == 2 and "did you mean 'clicks'?" in err
-    code, _, err = run(capsys, "drop-group", "clicks", *store.args)
-    assert code == 2 and "has a writer" in err and "--force" in err  # its lease is still live
-    code, out, _ = run(capsys, "drop-group", "clicks", *store.args, "--force")
-    assert code == 0 and "2 logs deleted" in out
+        live = client.open_log("views-0").open_writer()
+        live.write(b"y")
+        code, _, err = run(capsys, "drop-group", "clikcs", *store.args)
+        assert code == 2 and "did you mean 'clicks'?" in err
+        code, _, err = run(capsys, "drop-group", "clicks", *store.args)
+        assert code == 2 and "has a writer" in err and "--force" in err  # its lease is live
+        writer.close()  # a clean close releases the lease: no 30 s wait for it to expire
+        code, out, _ = run(capsys, "drop-group", "clicks", *store.args)
+        assert code == 0 and "2 logs deleted" in out
+        code, out, _ = run(capsys, "drop-group", "views", *store.args, "--force")
+        assert code == 0 and "1 logs deleted" in out
+        with pytest.raises(wp.WriterFencedError):  # the live writer was fenced by the delete
+            live.write(b"z")
+        live.close()
     with store.connect() as client:
         assert client.list_logs() == ["orders"]
         assert client.meta.list_log_groups() == []

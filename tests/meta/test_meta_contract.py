@@ -229,6 +229,21 @@ def test_take_over_bumps_epoch_and_records_lease(meta_store: MetadataStore) -> N
     meta_store.check_epoch(m.log_id, e2)
 
 
+def test_a_released_lease_ends_now_and_only_its_epoch_releases_it(
+    meta_store: MetadataStore,
+) -> None:
+    m = meta_store.create_log("a", NOW)
+    ea = meta_store.take_over(m.log_id, "A", NOW, 30_000)
+    eb = meta_store.take_over(m.log_id, "B", NOW, 30_000)
+    with pytest.raises(WriterFencedError):
+        meta_store.release_lease(m.log_id, ea, "A", NOW + 5)  # a taken-over writer's is not its
+    assert meta_store.get_log("a").lease_expires_ms == NOW + 30_000
+    meta_store.release_lease(m.log_id, eb, "B", NOW + 5)
+    cur = meta_store.get_log("a")
+    assert cur.lease_expires_ms <= NOW + 5 and cur.writer_epoch == eb  # ended, not taken over
+    meta_store.check_epoch(m.log_id, eb)
+
+
 def test_take_over_fences_the_old_writer(meta_store: MetadataStore) -> None:
     m = meta_store.create_log("a", NOW)
     ea = meta_store.take_over(m.log_id, "A", NOW, 5000)

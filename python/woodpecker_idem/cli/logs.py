@@ -427,8 +427,9 @@ def _drop_group(client: WoodpeckerClient, name: str, force: bool) -> int:
         m = held[0]
         raise InvalidArgumentError(
             f"log {m.name!r} of group {name!r} has a writer ({m.lease_owner}) whose lease runs "
-            f"until {fmt_time(m.lease_expires_ms)}; stop it (or wait for the lease to expire, "
-            "30 s after it stopped), or pass --force"
+            f"until {fmt_time(m.lease_expires_ms)}; close it (a clean close releases the lease; "
+            "a writer that died holds it until it expires, 30 s after it stopped), or pass "
+            "--force (which fences the writer)"
         )
     for m in members:
         client.delete_log(m.name)

@@ -144,6 +144,11 @@ class MetadataStore(ABC):
     def renew_lease(self, log_id: int, epoch: int, owner: str, now_ms: int, lease_ms: int) -> None:
         """Extend the lease; `WriterFencedError` if `epoch` is no longer current."""
 
+    def release_lease(self, log_id: int, epoch: int, owner: str, now_ms: int) -> None:
+        """A writer closed cleanly: its lease ends now, not a TTL later (so `drop-group` right
+        after a job is not refused); `WriterFencedError` if `epoch` is no longer current."""
+        self.renew_lease(log_id, epoch, owner, now_ms, 0)
+
     @abstractmethod
     def check_epoch(self, log_id: int, epoch: int) -> None:
         """`WriterFencedError` if `epoch` is no longer the log's current writer epoch."""

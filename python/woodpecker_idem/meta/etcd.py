@@ -334,6 +334,10 @@ class EtcdMetadataStore(MetadataStore):
         log.info("log id %d: writer %r took over at epoch %d (etcd)", log_id, owner, epoch)
         return epoch
 
+    def release_lease(self, log_id: int, epoch: int, owner: str, now_ms: int) -> None:
+        super().release_lease(log_id, epoch, owner, now_ms)
+        self._leases.release(log_id, epoch)  # revoked: the writers key goes with it
+
     def renew_lease(self, log_id: int, epoch: int, owner: str, now_ms: int, lease_ms: int) -> None:
         def attempt() -> None:
             meta, rev = self._log_kv("renew_lease", log_id)

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import (
     ClientClosedError,
     LogNotFoundError,
+    WoodpeckerError,
     WriterClosedError,
     WriterFencedError,
     WriterForkedError,
@@ -125,6 +126,15 @@ class Lease:
             )
         except WriterFencedError as exc:
             self._fence(exc)
+
+    def release(self) -> None:
+        """The writer closed cleanly: its lease ends now (a fenced writer's is not its own)."""
+        try:
+            self._meta.release_lease(self._log_id, self.epoch, self.owner, self._clock.now_ms())
+        except WriterFencedError:
+            pass  # taken over meanwhile: the lease is the new writer's
+        except WoodpeckerError as exc:  # the metadata store is down: it expires by itself
+            log.warning("log %s: lease not released at close: %s", self._log_id, exc)
 
     def held(self) -> bool:
         """Ask the metadata store whether the log is still this writer's; fences it if not."""

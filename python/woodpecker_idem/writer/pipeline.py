@@ -332,6 +332,14 @@ class Pipeline:
         # the stage's last step (a final snapshot) only for an owner, in the time left
         owner = self.state.fenced is None and (deadline is None or left(0) > 0)
         self.dedup.close(owner, None if deadline is None else left(0))
+        if self.state.fenced is None and self._lease is not None and owner:
+            # after the snapshot, which asks whether the log is still ours
+            run_bounded(
+                self._lease.release,
+                None if deadline is None else left(0),
+                "releasing the lease",
+                self.log_id,
+            )
 
     def _owner_at_close(self) -> bool:
         """Whether the log is still this writer's (a takeover it has not noticed fences it
