@@ -35,8 +35,9 @@ from woodpecker_idem.types import LogMessageId, SegmentState
 S = 1000
 T0 = 1_700_000_000_000
 CONSUMER = Path(__file__).resolve().parent.parent / "support" / "consumerproc.py"
+# the package the tests run (the installed wheel, not python/ of the checkout: it has no _core)
 PYTHONPATH = os.pathsep.join(
-    [str(Path(__file__).resolve().parents[2] / "python"), os.environ.get("PYTHONPATH", "")]
+    [str(Path(wp.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
 )
 BOTH = pytest.mark.parametrize("meta_config", ["sqlite", "etcd"], indirect=True)
 
