@@ -208,6 +208,17 @@ def _opt(name: str, meaning: str, check: Callable[[Any], None] = _nonempty_optio
 # The single source of truth. Sections are the part before the dot.
 KEYS: tuple[Key, ...] = (
     Key("quorum.es", "int", 1, "ensemble size; wq = es, aq = es // 2 + 1", choices=(1, 3, 5)),
+    _opt(
+        "quorum.tls_ca_cert",
+        "service mode: PEM file of the CA that signed the LogStore nodes' certificates; set, "
+        "nodes are reached over TLS",
+    ),
+    _opt(
+        "quorum.tls_client_cert",
+        "service mode: PEM client certificate for nodes that ask "
+        "for one (with quorum.tls_client_key)",
+    ),  # fmt: skip
+    _opt("quorum.tls_client_key", "service mode: PEM private key of quorum.tls_client_cert"),
     Key(
         "quorum.nodes",
         "choice",
@@ -732,7 +743,11 @@ def _check_together(v: Mapping[str, Any]) -> None:
             "invalid config: objectstore.access_key_id and objectstore.secret_access_key go "
             "together (set both, or neither to use objectstore.profile or the AWS chain)"
         )
-    for a, b in (("meta.client_cert", "meta.client_key"), ("meta.user", "meta.password")):
+    for a, b in (
+        ("meta.client_cert", "meta.client_key"),
+        ("meta.user", "meta.password"),
+        ("quorum.tls_client_cert", "quorum.tls_client_key"),
+    ):
         if (v[a] is None) != (v[b] is None):
             raise ConfigError(f"invalid config: {a} and {b} go together (set both, or neither)")
     if v["objectstore.sse"] is not None and v["objectstore.type"] != "s3":
@@ -778,6 +793,9 @@ _BACKEND_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
             "objectstore.read_timeout_s",
             "objectstore.retry_budget_s",
         ),
+    },
+    "quorum.nodes": {
+        "registry": ("quorum.tls_ca_cert", "quorum.tls_client_cert", "quorum.tls_client_key"),
     },
     "meta.type": {
         "sqlite": ("meta.path",),

@@ -170,9 +170,13 @@ def connect(
         ) from exc
     deadline_s = cfg.quorum.call_timeout_ms / 1000
     if transport is None and cfg.quorum.nodes == "registry":  # service mode
-        from .logstore.remote import GrpcTransport  # the `service` extra (grpcio)
+        from .logstore.remote import GrpcTransport, Tls  # the `service` extra (grpcio)
 
-        remote = GrpcTransport({}, timeout_s=deadline_s)
+        q = cfg.quorum
+        tls = None
+        if q.tls_ca_cert is not None or q.tls_client_cert is not None:
+            tls = Tls(q.tls_ca_cert, q.tls_client_cert, q.tls_client_key)
+        remote = GrpcTransport({}, timeout_s=deadline_s, tls=tls)
         ensemble = Ensemble(remote, deadline_s=deadline_s, registry=meta, on_nodes=remote.set_nodes)
         ensemble.directory.live()  # the nodes known before the first call (then watched)
         return WoodpeckerClient(

@@ -28,6 +28,9 @@ def test_defaults_match_the_design_table() -> None:
     assert cfg == Config()
     expected = {
         "quorum.es": 1,
+        "quorum.tls_ca_cert": None,
+        "quorum.tls_client_cert": None,
+        "quorum.tls_client_key": None,
         "quorum.nodes": "embedded",
         "quorum.call_timeout_ms": 30_000,
         "append.max_batch_entries": 1000,

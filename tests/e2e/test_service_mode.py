@@ -134,3 +134,43 @@ def test_a_frozen_node_is_passed_at_the_call_deadline_and_a_restart_keeps_its_fe
             assert msgs[int(key[1:])].message_id == result.message_id
     finally:
         client.close()
+
+
+def test_a_client_reaches_tls_nodes_with_the_quorum_tls_keys(tmp_path):
+    """`logstore serve --tls-cert/--tls-key/--tls-client-ca` and the client's
+    `quorum.tls_ca_cert` / `tls_client_cert` / `tls_client_key`: writes and reads over TLS with
+    client certificates; a client without them cannot place a segment there."""
+    from etcdtls import make_pki
+
+    pki = make_pki(tmp_path)
+    tls_args = (
+        "--tls-cert", pki.server_cert, "--tls-key", pki.server_key, "--tls-client-ca", pki.ca,
+    )  # fmt: skip
+    node = LogStoreNode("secure", tmp_path / "data", args=tls_args).start()
+    try:
+        tls = {
+            "quorum.nodes": "registry",
+            "quorum.tls_ca_cert": pki.ca,
+            "quorum.tls_client_cert": pki.client_cert,
+            "quorum.tls_client_key": pki.client_key,
+            "quorum.call_timeout_ms": 2_000,
+        }
+        with wp.connect(tmp_path / "data", tls) as client:
+            log = client.open_log("secret", create=True)
+            with log.open_writer(idempotent=True) as w:
+                first = w.write(b"s", idempotency_id="s")
+                assert w.write(b"s", idempotency_id="s") == wp.WriteResult(first.message_id, True)
+            assert [m.payload for m in log.open_reader("earliest")] == [b"s"]
+        plain = {k: v for k, v in tls.items() if not k.startswith("quorum.tls")}
+        plain |= {"append.timeout_ms": 2_000, "append.max_retries": 1}
+        with wp.connect(tmp_path / "data", plain) as client:
+            w = client.open_log("secret").open_writer()  # metadata only: no node call yet
+            with pytest.raises(wp.WoodpeckerError) as refused:
+                w.write(b"plain", timeout=WAIT_S)  # the node refuses the handshake
+            assert refused.value.retriable
+            w.close(timeout=5)
+        with wp.connect(tmp_path / "data", tls) as client:
+            payloads = [m.payload for m in client.open_log("secret").open_reader("earliest")]
+            assert payloads == [b"s"]  # nothing of the plain client's landed
+    finally:
+        node.stop()

@@ -209,3 +209,44 @@ def test_a_node_process_serves_drains_on_sigterm_and_is_unavailable_after(tmp_pa
         if proc.poll() is None:
             proc.kill()
             proc.communicate(timeout=WAIT_S)
+
+
+# --- TLS -----------------------------------------------------------------------------------------
+
+
+def test_a_tls_node_serves_only_clients_that_trust_it_and_show_a_certificate(tmp_path: Path):
+    """`Tls` on both sides (certificates the test makes, for 127.0.0.1): a client that trusts the
+    node's CA and shows a client certificate its CA signed is served; one over plain gRPC, one
+    trusting another CA, and one without a client certificate get a retriable
+    NodeUnavailableError (a node they cannot reach), never an answer."""
+    from etcdtls import make_pki
+
+    from woodpecker_idem.logstore.remote import Tls
+
+    pki = make_pki(tmp_path)
+    engine = _engine(tmp_path, "files")
+    server = LogStoreServer(
+        engine, tls=Tls(ca=pki.ca, cert=pki.server_cert, key=pki.server_key)
+    ).start()
+    address = {NODE: server.address}
+    clients = {
+        "trusted": GrpcTransport(
+            address, 10, Tls(ca=pki.ca, cert=pki.client_cert, key=pki.client_key)
+        ),
+        "plain": GrpcTransport(address, 10),
+        "other CA": GrpcTransport(
+            address, 10, Tls(ca=pki.other_ca, cert=pki.client_cert, key=pki.client_key)
+        ),
+        "no client certificate": GrpcTransport(address, 10, Tls(ca=pki.ca)),
+    }
+    try:
+        assert clients["trusted"].add_entries(NODE, LOG, SEG, 0, frame(0, 2)) == 2
+        for name in ("plain", "other CA", "no client certificate"):
+            with pytest.raises(NodeUnavailableError) as refused:
+                clients[name].read(NODE, LOG, SEG, 0, 10)
+            assert refused.value.retriable, name
+        assert len(clients["trusted"].read(NODE, LOG, SEG, 0, 10)) == 3
+    finally:
+        for client in clients.values():
+            client.close()
+        server.stop(0)

@@ -19,11 +19,18 @@ class LogStoreNode(ServerProcess):
     """Node `node_id` of the deployment `config` names (a dict of config keys), with `data_dir`
     (its metadata store and objects, as a client of the same deployment has them)."""
 
-    def __init__(self, node_id: str, data_dir: Path, config: dict[str, object] | None = None):
+    def __init__(
+        self,
+        node_id: str,
+        data_dir: Path,
+        config: dict[str, object] | None = None,
+        args: tuple[str, ...] = (),
+    ):
         super().__init__(start_timeout_s=60.0)
         self.node_id = node_id
         self.data_dir = Path(data_dir)
         self.config = dict(config or {})
+        self.args = args  # more `logstore serve` arguments (e.g. --tls-cert)
         self.port = 0
         self._dir = Path(tempfile.mkdtemp(prefix=f"wp-node-{node_id}-"))
         self._outputs: list[str] = []
@@ -46,7 +53,7 @@ class LogStoreNode(ServerProcess):
                 sys.executable, "-m", "woodpecker_idem.cli", "logstore", "serve",
                 "--node-id", self.node_id, "--listen", f"{HOST}:{self.port}",
                 "--port-file", str(port_file), "--config", str(config),
-                "--data-dir", str(self.data_dir),
+                "--data-dir", str(self.data_dir), *self.args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..connect import open_node
-from ..logstore.remote import LogStoreServer
+from ..errors import InvalidArgumentError
+from ..logstore.remote import LogStoreServer, Tls
 from ..meta import NodeInfo
 from .common import add_store_args
 
@@ -49,30 +50,45 @@ def add_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
         metavar="SECONDS",
         help="on SIGTERM, how long calls under way may take to finish (default 5)",
     )
+    tls = serve.add_argument_group("TLS (all PEM files; without them the node serves plain gRPC)")
+    tls.add_argument("--tls-cert", metavar="FILE", help="the node's certificate")
+    tls.add_argument("--tls-key", metavar="FILE", help="its private key")
+    tls.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        help="require client certificates signed by this CA (clients: quorum.tls_client_cert)",
+    )
     add_store_args(serve, json_output=False)
 
 
 def run(args: argparse.Namespace) -> int:
+    tls = None
+    if args.tls_cert or args.tls_key or args.tls_client_ca:
+        if not (args.tls_cert and args.tls_key):
+            raise InvalidArgumentError("--tls-cert and --tls-key go together (set both)")
+        tls = Tls(args.tls_client_ca, args.tls_cert, args.tls_key)
     engine, meta, objects = open_node(args.config, args.data_dir, args.node_id)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    server = LogStoreServer(engine, args.listen)
     try:
-        server.start()
-        meta.register_node(NodeInfo(args.node_id, server.address))
-        if args.port_file is not None:
-            tmp = args.port_file.with_suffix(".tmp")
-            tmp.write_text(str(server.port))
-            tmp.replace(args.port_file)  # whole, or not there: a reader never sees half
-        sys.stderr.write(f"LogStore node {args.node_id} serving on {server.address}\n")
-        sys.stderr.flush()
-        stop.wait()
-        server.stop(args.grace)  # drains: calls under way finish, new ones are refused
-        meta.unregister_node(args.node_id)
-        sys.stderr.write(f"LogStore node {args.node_id} stopped\n")
+        server = LogStoreServer(engine, args.listen, tls=tls)
+        try:
+            server.start()
+            meta.register_node(NodeInfo(args.node_id, server.address))
+            if args.port_file is not None:
+                tmp = args.port_file.with_suffix(".tmp")
+                tmp.write_text(str(server.port))
+                tmp.replace(args.port_file)  # whole, or not there: a reader never sees half
+            sys.stderr.write(f"LogStore node {args.node_id} serving on {server.address}\n")
+            sys.stderr.flush()
+            stop.wait()
+            server.stop(args.grace)  # drains: calls under way finish, new ones are refused
+            meta.unregister_node(args.node_id)
+            sys.stderr.write(f"LogStore node {args.node_id} stopped\n")
+        finally:
+            server.stop(0)
     finally:
-        server.stop(0)
         engine.close()
         meta.close()
         objects.close()

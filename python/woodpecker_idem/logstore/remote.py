@@ -21,10 +21,17 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent import futures
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .._proto import logstore_pb2 as pb
-from ..errors import CorruptEntryError, NodeUnavailableError, WoodpeckerError, by_code
+from ..errors import (
+    CorruptEntryError,
+    InvalidArgumentError,
+    NodeUnavailableError,
+    WoodpeckerError,
+    by_code,
+)
 from .engine import LogStoreEngine
 from .transport import LogStoreTransport
 
@@ -170,15 +177,39 @@ RPCS: dict[str, Rpc] = {
 }
 
 
-class GrpcTransport(LogStoreTransport):
-    """Calls to LogStore node processes: `nodes` maps node id -> "host:port"."""
+@dataclass(frozen=True)
+class Tls:
+    """PEM files. A client: `ca` verifies the nodes' certificates, `cert`/`key` is its own
+    certificate for nodes that ask for one. A node: `cert`/`key` is its certificate, `ca` (if
+    set) the CA whose client certificates it requires."""
 
-    def __init__(self, nodes: Mapping[str, str], timeout_s: float):
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    def read(self) -> tuple[bytes | None, bytes | None, bytes | None]:
+        def pem(path: str | None) -> bytes | None:
+            return None if path is None else Path(path).read_bytes()
+
+        return pem(self.ca), pem(self.cert), pem(self.key)
+
+
+class GrpcTransport(LogStoreTransport):
+    """Calls to LogStore node processes: `nodes` maps node id -> "host:port"; with `tls`, over
+    TLS (see `Tls`)."""
+
+    def __init__(self, nodes: Mapping[str, str], timeout_s: float, tls: Tls | None = None):
         import grpc  # the `service` extra: embedded clients never import it
 
         self._grpc = grpc
         self._nodes = dict(nodes)
         self.timeout_s = timeout_s
+        self._credentials = None
+        if tls is not None:
+            ca, cert, key = tls.read()
+            self._credentials = grpc.ssl_channel_credentials(
+                root_certificates=ca, private_key=key, certificate_chain=cert
+            )
         self._lock = threading.Lock()
         self._channels: dict[str, Any] = {}
         self._calls: dict[tuple[str, str], Callable[..., Any]] = {}
@@ -208,7 +239,12 @@ class GrpcTransport(LogStoreTransport):
                 raise NodeUnavailableError(f"unknown LogStore node {node_id!r}")
             channel = self._channels.get(node_id)
             if channel is None:
-                channel = self._grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                if self._credentials is None:
+                    channel = self._grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                else:
+                    channel = self._grpc.secure_channel(
+                        address, self._credentials, options=CHANNEL_OPTIONS
+                    )
                 self._channels[node_id] = channel
             rpc = RPCS[method]
             call = channel.unary_unary(
@@ -280,9 +316,16 @@ class GrpcTransport(LogStoreTransport):
 
 class LogStoreServer:
     """One node's service: `engine` behind a gRPC server on `address` ("127.0.0.1:0" picks a
-    free port: `port` tells which)."""
+    free port: `port` tells which); with `tls`, TLS only (`Tls.ca` set: client certificates
+    signed by it are required)."""
 
-    def __init__(self, engine: LogStoreEngine, address: str = "127.0.0.1:0", workers: int = 8):
+    def __init__(
+        self,
+        engine: LogStoreEngine,
+        address: str = "127.0.0.1:0",
+        workers: int = 8,
+        tls: Tls | None = None,
+    ):
         import grpc
 
         self._grpc = grpc
@@ -302,7 +345,16 @@ class LogStoreServer:
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE, handlers),)
         )
-        self.port = self._server.add_insecure_port(address)
+        if tls is None:
+            self.port = self._server.add_insecure_port(address)
+        else:
+            ca, cert, key = tls.read()
+            if cert is None or key is None:
+                raise InvalidArgumentError("a TLS node needs its certificate and its key")
+            credentials = grpc.ssl_server_credentials(
+                [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+            )
+            self.port = self._server.add_secure_port(address, credentials)
         if self.port == 0:
             raise OSError(f"LogStore node: cannot listen on {address}")
         host = address.rsplit(":", 1)[0]
