@@ -103,7 +103,7 @@ def test_a_frozen_node_is_passed_at_the_call_deadline_and_a_restart_keeps_its_fe
     (retriable), writes go on at aq=2 without waiting for it, and it is dropped from the segment.
     Then a takeover fences the segments on the nodes; a node restarted after that still refuses
     the old writer's adds (the fence is on its disk, not in its memory)."""
-    client = wp.connect(tmp_path / "data", {**SERVICE, "quorum.call_timeout_ms": 500})
+    client = wp.connect(tmp_path / "data", {**SERVICE, "quorum.call_timeout_ms": 2_000})
     try:
         log = client.open_log("frozen", create=True)
         old = log.open_writer(idempotent=True)

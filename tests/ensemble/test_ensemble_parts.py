@@ -80,10 +80,13 @@ def test_tasks_of_one_key_run_in_order_one_at_a_time_and_keys_take_turns(schedul
             order.append((key, i))
             running[key] -= 1
 
+    gate = threading.Event()
+    scheduler.submit("a", gate.wait, WAIT_S)  # holds key a until every task is submitted
     for i in range(20):
         scheduler.submit("a", task, "a", i)
     for i in range(20):
         scheduler.submit("b", task, "b", i)
+    gate.set()
     assert scheduler.drain("a", WAIT_S) and scheduler.drain("b", WAIT_S)
     assert [i for k, i in order if k == "a"] == list(range(20))
     assert [i for k, i in order if k == "b"] == list(range(20))
@@ -105,14 +108,13 @@ def test_close_cancels_timers_drops_queued_tasks_and_joins_every_thread():
 
     s.submit("k", first)
     s.submit("k", ran.append, "queued")  # not started before close: dropped
-    s.timer(lambda: timer_runs.append(1), "late").at(time.monotonic() + 0.2)
+    s.timer(lambda: timer_runs.append(1), "late").at(time.monotonic() + 3600)  # pending
     assert started.wait(WAIT_S)
     threads = s.threads
-    assert threads
-    threading.Timer(0.05, gate.set).start()
+    assert len(threads) == 2  # the timer thread (a timer is pending) and the worker
+    threading.Timer(0.05, gate.set).start()  # the running task ends a little after close begins
     s.close(WAIT_S)
-    assert not any(t.is_alive() for t in threads)
-    time.sleep(0.3)
+    assert not any(t.is_alive() for t in threads)  # the timer thread too: its timer cancelled
     assert ran == [] and timer_runs == []
     assert s.submit("k", ran.append, "after") is False
     assert ran == []
@@ -206,12 +208,14 @@ def test_a_busy_lane_does_not_starve_another(scheduler):
 def test_a_call_past_its_deadline_fails_retriably_and_the_node_goes_on(scheduler):
     """A node call that never returns: its caller gets a retriable NodeUnavailableError after
     the deadline, a fresh worker takes the stuck one's place, and other lanes are served."""
-    sender = NodeSender("n0", scheduler, deadline_s=0.2)
+    sender = NodeSender("n0", scheduler, deadline_s=WAIT_S)  # the live calls: never reached
     hang = threading.Event()
     rec = Recorder()
     rec.expect = 1 + CALLS_PER_NODE + 5
     for i in range(1 + CALLS_PER_NODE):  # more hung calls than the node has workers
-        sender.submit(f"hung{i}", rec.job(f"hung{i}", 0, lambda: hang.wait(WAIT_S) and 1))
+        job = rec.job(f"hung{i}", 0, lambda: hang.wait(WAIT_S) and 1)
+        job.deadline_s = 0.2
+        sender.submit(f"hung{i}", job)
     for i in range(5):
         sender.submit("live", rec.job("live", i, lambda: "ok"))
     try:

@@ -138,7 +138,7 @@ def test_a_node_that_never_answers_fails_at_the_deadline_and_the_next_segment_av
         tmp_path / "data",
         {
             "quorum.es": 3,
-            "quorum.call_timeout_ms": 300,
+            "quorum.call_timeout_ms": 2_000,  # the live nodes answer within it, however loaded
             "append.max_retries": 1,
             "segment.max_entries": 30,
         },

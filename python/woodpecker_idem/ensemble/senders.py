@@ -162,6 +162,9 @@ class NodeSender:
                 job.started = time.monotonic()
                 job.answered = False
                 self._running[me] = (lane, job)
+                own = job.deadline_s
+            if own is not None and own < self.deadline_s:  # sooner than the watchdog looks
+                self._watchdog.at(job.started + own)
             try:
                 result, error = job.call(), None
             except BaseException as exc:  # noqa: BLE001 - handed to the job, which decides
@@ -219,13 +222,22 @@ class NodeSender:
                 while self._ready:
                     lane = self._ready.popleft()
                     overdue.append((lane, self._lanes[lane][0]))
-            busy = bool(self._running) or bool(self._stuck)
+            due = min(
+                (
+                    job.started + (job.deadline_s or self.deadline_s)
+                    for _, job in self._running.values()
+                ),
+                default=None,
+            )
+            busy = due is not None or bool(self._stuck)
         for lane, job in overdue:
             error = NodeUnavailableError(
                 f"LogStore node {self.node} did not answer within "
                 f"{job.deadline_s or self.deadline_s:g} s"
             )
             self._finish(lane, job, None, error)
+        if due is not None:  # the next running call's deadline, checked at most every 10 ms
+            return max(0.01, min(due - now, self.deadline_s / 4))
         return self.deadline_s / 4 if busy or overdue else self.deadline_s
 
     # --- closing ------------------------------------------------------------------------------
