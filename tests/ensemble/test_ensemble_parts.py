@@ -163,27 +163,31 @@ def test_a_lane_sends_in_submit_order_and_a_retry_holds_back_only_its_own_lane(s
     sender = NodeSender("n0", scheduler, deadline_s=WAIT_S)
     rec = Recorder()
     rec.expect = 30 + 30
-    failures = {"a": 3}
+    b_done = threading.Event()
+    retries = []
 
-    def flaky() -> None:
-        if failures["a"]:
-            failures["a"] -= 1
+    def flaky() -> None:  # fails, and is retried, until every call of lane b has been made
+        if not b_done.is_set():
+            retries.append(1)
             raise NodeUnavailableError("transient (test)")
 
     def retry(error):
-        return 0.05 if error is not None else None  # a retry waits on the timer
+        return 0.01 if error is not None else None  # a retry waits on the timer
+
+    def last_b() -> None:
+        b_done.set()
 
     sender.submit("a", rec.job("a", 0, flaky, retry))
     for i in range(1, 30):
         sender.submit("a", rec.job("a", i))
     for i in range(30):
-        sender.submit("b", rec.job("b", i))
+        sender.submit("b", rec.job("b", i, last_b if i == 29 else lambda: None))
+    # lane b's calls go on while lane a waits out its retries: were b held behind a, a would
+    # retry forever and this wait would fail
     assert rec.all_done.wait(WAIT_S)
+    assert retries  # a did wait on retries
     assert [i for lane, i, _ in rec.done if lane == "a"] == list(range(30))
     assert [i for lane, i, _ in rec.done if lane == "b"] == list(range(30))
-    # lane b went on while lane a waited out its retries (~0.15 s): b finished first
-    first_a = [x[:2] for x in rec.done].index(("a", 0))
-    assert [lane for lane, _, _ in rec.done[:first_a]] == ["b"] * 30
     sender.close(WAIT_S)
 
 
@@ -195,10 +199,13 @@ def test_a_busy_lane_does_not_starve_another(scheduler):
     rec = Recorder()
     busy = [f"big{k}" for k in range(CALLS_PER_NODE)]
     rec.expect = 100 * len(busy) + 1
+    gate = threading.Event()  # the busy lanes' first calls hold every worker until all is queued
     for i in range(100):
         for lane in busy:
-            sender.submit(lane, rec.job(lane, i, lambda: time.sleep(0.002)))
+            call = (lambda: gate.wait(WAIT_S)) if i == 0 else (lambda: time.sleep(0.002))
+            sender.submit(lane, rec.job(lane, i, call))
     sender.submit("small", rec.job("small", 0))
+    gate.set()
     assert rec.all_done.wait(WAIT_S)
     position = [x[:2] for x in rec.done].index(("small", 0))
     assert position <= 2 * CALLS_PER_NODE + 1, position
