@@ -32,7 +32,7 @@ from ..errors import (
 )
 from ..meta.base import SegmentMeta
 from ..retry import Backoff, retry_call
-from ..types import SegmentState
+from ..types import LogMessageId, SegmentState
 from .adopted import check_adopted
 from .dedup import Dedup
 from .lifecycle import Maintenance, deleted
@@ -67,6 +67,17 @@ class CompletionView(Protocol):
     def fenced(self) -> bool: ...
 
     def fence(self, exc: WriterFencedError) -> None: ...
+
+
+def log_end(segments: list[SegmentMeta]) -> LogMessageId | None:
+    """The last entry of completed `segments` (oldest first); None if they hold none, or only
+    truncated ones (a reader of the log sees none either)."""
+    for seg in reversed(segments):
+        if seg.state is SegmentState.TRUNCATED:
+            return None
+        if seg.last_entry_id >= 0:
+            return LogMessageId(seg.segment_id, seg.last_entry_id)
+    return None
 
 
 def _transient(exc: BaseException) -> bool:
@@ -109,10 +120,13 @@ class SegmentCompletion:
 
     def take_over(self) -> None:
         """Complete every ACTIVE segment a previous writer left (docs/architecture.md)."""
-        for seg in self._meta.list_segments(self._log_id):
+        segments = self._meta.list_segments(self._log_id)
+        for i, seg in enumerate(segments):
             if seg.state in (SegmentState.ACTIVE, SegmentState.COMPLETED):
-                done = self._recover_with_retries(seg)
+                segments[i] = done = self._recover_with_retries(seg)
                 self._completed(done.segment_id, done.last_entry_id)
+        with self._pipeline.lock:
+            self._pipeline.segments.last_completed = log_end(segments)
 
     def _recover_with_retries(self, seg: SegmentMeta) -> SegmentMeta:
         """Recovery meets the same transient faults as writes (nodes, metadata store, a race with
@@ -205,7 +219,7 @@ class SegmentCompletion:
                     done = end
                     with pipeline.lock:
                         resolved = self._resolve_segment_locked(seg, done.last_entry_id)
-                        pipeline.segments.forget_locked(seg)
+                        pipeline.segments.forget_locked(seg, done.last_entry_id)
                         pipeline.metrics["segments_repaired"] += 1
                     resolve(resolved)
                     self._completed(done.segment_id, done.last_entry_id)
@@ -310,7 +324,7 @@ class SegmentCompletion:
         )
         with pipeline.lock:
             seg.status = SegmentStatus.DONE
-            pipeline.segments.forget_locked(seg)
+            pipeline.segments.forget_locked(seg, last)
         self._completed(seg.segment_id, last)
 
     # --- closing ---------------------------------------------------------------------------------
