@@ -646,7 +646,7 @@ def test_verify_and_a_delete_under_way_or_interrupted(
 ) -> None:
     """A delete removes the files before the records, under a lease of its own: files missing
     under that lease, live, are a delete under way; once it expired, a delete that died midway
-    left a log without its entries, which verify reports."""
+    left a log without its entries, which verify reports once per segment, saying so."""
     store = Store("embedded", tmp_path / "data", {}, ["--data-dir", str(tmp_path / "data")])
     write_orders(store)
 
@@ -663,7 +663,11 @@ def test_verify_and_a_delete_under_way_or_interrupted(
     if lease_live:
         assert code == 0 and missing == [] and "(4 segments dropped during the scan)" in out, out
     else:
-        assert code == 1 and len(missing) == 4 and all(m.startswith("CORRUPT") for m in missing)
+        assert code == 1 and [m.split(":")[0] for m in missing] == [
+            f"CORRUPT log 'orders' (id 1) segment {i}" for i in range(4)
+        ], out
+        assert all("a delete of the log (delete_log:test) removed them" in m for m in missing)
+        assert all("delete the log again" in m for m in missing)
 
 
 def test_verify_reports_a_segment_file_removed_behind_the_metadata(

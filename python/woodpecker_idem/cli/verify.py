@@ -187,13 +187,15 @@ def _log(client: WoodpeckerClient, meta: LogMeta, report: Report) -> None:
             _replica(client, seg, node, f"{name} segment {seg.segment_id} on {node}", report)
         if len(report.problems) > found:
             gone = _dropped_meanwhile(client, seg)
-            if gone is not None:
+            if isinstance(gone, str):
                 # files a truncation (retention, `truncate`) or a delete removed after the
                 # listing: not damage. Only what the metadata still holds is reported.
                 log.info("verify: %s segment %s %s", name, seg.segment_id, gone)
                 del report.problems[found:]
                 report.dropped += 1
                 continue
+            if gone is not None:  # why its entries are gone: one line, not one per replica
+                report.problems[found:] = [Problem(f"{name} segment {seg.segment_id}", gone.what)]
         report.segments += 1
     for key in list_snapshots(client.objects, meta.log_id):
         report.snapshots += 1
@@ -221,11 +223,18 @@ def _log(client: WoodpeckerClient, meta: LogMeta, report: Report) -> None:
             report.problems.append(Problem(f"{name} key archive {key}", str(exc)))
 
 
-def _dropped_meanwhile(client: WoodpeckerClient, seg: SegmentMeta) -> str | None:
+@dataclass
+class _Unfinished:
+    what: str  # a delete that removed the segment's files but not the log
+
+
+def _dropped_meanwhile(client: WoodpeckerClient, seg: SegmentMeta) -> str | _Unfinished | None:
     """Why `seg` is no longer the metadata's to check (read now, after its replicas showed a
     problem), or None if it still is. A truncation records the new start and marks segments
     TRUNCATED before it deletes their files; a delete fences the log (a lease owned by
-    `delete_log:`) before it deletes files and records."""
+    `delete_log:`) before it deletes files and records: under that lease, live, the delete is
+    under way; once it expired, the delete stopped midway and left a log without its entries
+    (`_Unfinished`: reported, with what to do)."""
     try:
         log_meta = client.meta.get_log_by_id(seg.log_id)
     except LogNotFoundError:
@@ -238,9 +247,13 @@ def _dropped_meanwhile(client: WoodpeckerClient, seg: SegmentMeta) -> str | None
     floor = log_meta.truncated_to
     if floor is not None and seg.segment_id < floor.segment_id:
         return f"is before the log's truncation point {floor} (set during the scan)"
-    deleting = log_meta.lease_owner.startswith(DELETE_OWNER_PREFIX)
-    if deleting and log_meta.lease_expires_ms > client.clock.now_ms():
-        return f"is being deleted with its log ({log_meta.lease_owner})"
+    if log_meta.lease_owner.startswith(DELETE_OWNER_PREFIX):
+        if log_meta.lease_expires_ms > client.clock.now_ms():
+            return f"is being deleted with its log ({log_meta.lease_owner})"
+        return _Unfinished(
+            f"entries missing: a delete of the log ({log_meta.lease_owner}) removed them and "
+            "did not finish; delete the log again (drop-group --force, or client.delete_log)"
+        )
     return None
 
 
