@@ -305,6 +305,14 @@ def test_sigkilled_writer_process_new_writer_completes_segment(tmp_path, wp_conn
     assert msgs[-1].message_id == new and msgs[-1].payload == b"after-kill"
     ids = [m.message_id for m in msgs]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    # the segments the dead writer left were completed by the takeover's recovery, which
+    # records their size as a clean close would: each stored record with its 8-byte header
+    # (issue 29: it recorded 0)
+    node = handle.segments()[0].nodes[0]
+    for seg in handle.segments():
+        stored = client.transport.read(node, handle.log_id, seg.segment_id, 0, 10**9)
+        assert len(stored) == seg.last_entry_id + 1
+        assert seg.size_bytes == sum(8 + len(data) for data in stored), seg
 
 
 # --- the fencing race, at the engine level -----------------------------------------

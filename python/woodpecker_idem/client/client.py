@@ -35,6 +35,7 @@ W = TypeVar("W", bound=ClosableWriter)
 
 MAX_GROUP_PARTITIONS = 4096  # as a Spark sink's
 DELETE_LEASE_MS = 2_000  # the lease the delete takes with the log's last epoch (gone with it)
+DELETE_OWNER_PREFIX = "delete_log:"  # that lease's owner: `verify` tells a delete under way by it
 
 
 class WoodpeckerClient:
@@ -266,7 +267,7 @@ class WoodpeckerClient:
         # A new epoch refuses the live writer's metadata writes (a roll, a repair's seal); then
         # each unfinished segment is fenced on its nodes, which refuses its adds. Its acks end
         # here, before the records go (the last step commits the delete).
-        owner = f"delete_log:{socket.gethostname()}:{os.getpid()}"
+        owner = f"{DELETE_OWNER_PREFIX}{socket.gethostname()}:{os.getpid()}"
         self.meta.take_over(meta.log_id, owner, self.clock.now_ms(), DELETE_LEASE_MS)
         segments = self.meta.list_segments(meta.log_id)
         self.ensemble.fence_segments(segments)
