@@ -161,9 +161,14 @@ def test_a_segment_completed_by_a_takeover_records_its_bytes(tmp_path: Path) -> 
             abandoned.write(p)
         successor = crashed.open_writer()  # takes the log over, completing segment 0
         abandoned.close()  # fenced: it leaves the log as it is
+        (expected,) = clean.segments()
+        # counted after the takeover, in the background: the takeover waits for none of it
+        deadline = time.monotonic() + 60
+        while crashed.segments()[0].size_bytes != expected.size_bytes:
+            assert time.monotonic() < deadline, crashed.segments()[0]
+            time.sleep(0.01)
         recorded = crashed.segments()[0]
         assert recorded.state is SegmentState.SEALED and recorded.last_entry_id == 29
-        (expected,) = clean.segments()
         assert expected.size_bytes > sum(map(len, payloads))
         assert recorded.size_bytes == expected.size_bytes
         successor.write(b"after")

@@ -199,6 +199,12 @@ def test_a_write_still_queued_at_a_quorum_loss_ends_with_quorum_unavailable(tmp_
         except SegmentClosedError:
             pass
         if was_queued:
+            # the held write's outcome comes before the repair opens the next segment: new
+            # writes are refused (retriable) until then
+            deadline = time.monotonic() + 30
+            while writer.repairing:
+                assert time.monotonic() < deadline, "the repair never ended"
+                time.sleep(0.01)
             expected.append((b"queued", writer.write(b"queued", timeout=30).message_id))
             writer.close()
             assert [(m.payload, m.message_id) for m in read_all(handle)] == expected
@@ -398,7 +404,10 @@ def test_lac_rule_through_a_new_writer(tmp_path, wp_connect):
     assert [m.payload for m in read_all(handle)] == [b"r%d" % i * (i + 1) for i in range(10)] + [
         b"next"
     ]
-    assert handle.segments()[0].size_bytes == sum(len(r) for r in _records())
+    deadline = time.monotonic() + 60  # the takeover counts the bytes in the background
+    while handle.segments()[0].size_bytes != sum(len(r) for r in _records()):
+        assert time.monotonic() < deadline, handle.segments()[0]
+        time.sleep(0.01)
     assert all(n >= 2 for n in _copies(client.transport.engines, handle.log_id, 9).values())
 
 

@@ -13,10 +13,12 @@ from .._core import concat
 from ..errors import (
     CorruptEntryError,
     EntryConflictError,
+    MetadataConflictError,
     NodeUnavailableError,
     QuorumUnavailableError,
     SegmentDamagedError,
     SegmentFencedError,
+    WoodpeckerError,
 )
 from ..logstore.blocks import RECORD_HEADER
 from ..logstore.transport import LogStoreTransport
@@ -34,8 +36,14 @@ def recover_segment(
     epoch: int,
     seg: SegmentMeta,
     now_ms: int,
+    count_bytes: bool = True,
 ) -> SegmentMeta:
     """Fence `seg`, copy every entry some responding node holds up to aq copies, and complete it.
+
+    With `count_bytes`, the size it records is the segment's bytes as a clean close counts them,
+    which reads the entries it need not copy once more; without, it records the writer's count
+    (0 for a segment its writer left) and the caller counts them later (`record_size`), off the
+    wait of a takeover.
 
     Returns the segment's record, SEALED with its lastEntryId. Raises `QuorumUnavailableError`
     when fewer than es - aq + 1 nodes answer the fence (try again later), `WriterFencedError` when
@@ -80,15 +88,19 @@ def recover_segment(
             ends,
             last,
         )
-        size = _size_of(transport, seg, list(ends) + [n for n in replies if n not in ends], last)
+        nodes = list(ends) + [n for n in replies if n not in ends]
+        size = _size_of(transport, seg, nodes, last) if count_bytes else None
     else:
         held = min(replies.values())  # entries up to it are not read forward: counted apart
         holders = sorted(replies, key=replies.__getitem__, reverse=True)
         last, tail = _read_forward(transport, seg, replies, errors, needed)
         if last < 0:
             check_log_present(transport, meta, seg)
-        prefix = _size_of(transport, seg, holders, held) if held >= 0 else 0
-        size = None if prefix is None else prefix + tail
+        if not count_bytes:
+            size = None
+        else:
+            prefix = _size_of(transport, seg, holders, held) if held >= 0 else 0
+            size = None if prefix is None else prefix + tail
     for node in replies:
         if node in ends:
             continue  # a footer is never rewritten; the metadata decides which end readers use
@@ -99,6 +111,29 @@ def recover_segment(
                 "segment %s/%s: complete on %s failed: %s", seg.log_id, seg.segment_id, node, exc
             )
     return seal(meta, epoch, seg, last, now_ms, size)
+
+
+def record_size(transport: LogStoreTransport, meta: MetadataStore, seg: SegmentMeta) -> None:
+    """Count a completed segment's bytes on one of its nodes and record them (a recovery that
+    left it to its caller: `count_bytes=False`). Nothing changes if no node serves them, or the
+    segment was dropped meanwhile; a concurrent update of the record is retried."""
+    if seg.last_entry_id < 0:
+        return
+    try:
+        size = _size_of(transport, seg, list(seg.nodes), seg.last_entry_id)
+        for _ in range(5):
+            current = meta.get_segment(seg.log_id, seg.segment_id)
+            if size is None or current is None or current.state is SegmentState.TRUNCATED:
+                return
+            if current.size_bytes == size:
+                return
+            try:
+                meta.update_segment(None, dataclasses.replace(current, size_bytes=size))
+                return
+            except MetadataConflictError:
+                continue  # changed meanwhile (sealed, truncated): look again
+    except WoodpeckerError as exc:  # the store is down: the size stays the writer's count
+        log.warning("segment %s/%s: size not recorded: %s", seg.log_id, seg.segment_id, exc)
 
 
 def _size_of(

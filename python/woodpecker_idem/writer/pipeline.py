@@ -125,6 +125,11 @@ class Pipeline:
             maint=self._maint,
             stopping=self._stopping,
             timeout_s=self.timeout_s,
+            # counting a recovered segment's bytes: a queue of its own, so a long count holds
+            # back none of the writer's maintenance (a repair)
+            background=lambda fn, *args: self._scheduler.submit(
+                ("record-size", self.log_id), fn, *args
+            ),
         )
         self.accumulator = Accumulator(
             lock=self.lock,
