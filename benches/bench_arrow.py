@@ -3,7 +3,7 @@ before the ack, local segment files: the embedded default), keys computed in Rus
 Arrow key column (`arrow_rows`, outside the timing), next to the plain writer on the same rows:
 `LogWriter.write_many` (the same batch lane without the window) and `write_async` per row.
 
-    PYTHONPATH=python .venv/bin/python -m pytest benches/bench_arrow.py -p no:cacheprovider -s \
+    .venv/bin/python -m pytest benches/bench_arrow.py -p no:cacheprovider -s \
         --benchmark-json=bench-results/arrow.json
 
 Each round writes 1,000,000 new rows in calls of 65,536 to a fresh log (idempotent, then plain

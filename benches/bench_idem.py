@@ -1,6 +1,6 @@
 """Benchmarks of idempotent writes against plain writes (embedded mode: es=1, local directory).
 
-    PYTHONPATH=python .venv/bin/python -m pytest benches/bench_idem.py \
+    .venv/bin/python -m pytest benches/bench_idem.py \
         --benchmark-json=bench-results/idem.json -p no:cacheprovider
 
 Comparisons run interleaved (plain, explicit id, content key, then reversed), ROUNDS rounds. The

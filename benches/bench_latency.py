@@ -1,6 +1,6 @@
 """Single-write latency (issue 12, item 2): what one caller waiting on each write sees.
 
-    PYTHONPATH=python .venv/bin/python -m pytest benches/bench_latency.py -p no:cacheprovider -s \\
+    .venv/bin/python -m pytest benches/bench_latency.py -p no:cacheprovider -s \\
         --benchmark-json=latency.json
 
 Interleaved rounds on the embedded default (local directory, es=1, durable acks), 1 KiB payloads;

@@ -1,6 +1,6 @@
 """Log write throughput and latency: es=1 on the local directory and es=3/aq=2 in-process.
 
-Run: `PYTHONPATH=python .venv/bin/python -m pytest benches/bench_log.py
+Run: `.venv/bin/python -m pytest benches/bench_log.py
 --benchmark-json=bench-results/log.json -p no:cacheprovider` (add `-s` to see the figures).
 
 Every entry goes through `LogWriter.write_async`; acks are durable (the local object store fsyncs

@@ -1,6 +1,6 @@
 """Idempotent write throughput on S3: a moto S3 server (a local process), 1 KiB payloads.
 
-Run: `PYTHONPATH=python .venv/bin/python -m pytest benches/bench_s3.py
+Run: `.venv/bin/python -m pytest benches/bench_s3.py
 --benchmark-json=bench-results/s3.json -p no:cacheprovider -s`.
 
 The writer is `open_writer(idempotent=True)` with an explicit id per entry, es=1 (the shared

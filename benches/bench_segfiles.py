@@ -1,7 +1,7 @@
 """Local segment files: files and bytes left by sync writes, read-back speed, and the cost of one
 durable add next to the append+fdatasync floor and a durable object put.
 
-Run: `PYTHONPATH=python .venv/bin/python -m pytest benches/bench_segfiles.py -s
+Run: `.venv/bin/python -m pytest benches/bench_segfiles.py -s
 --benchmark-json=bench-results/segfiles.json -p no:cacheprovider`.
 
 - `test_sync_writes_files_and_read_back`: N (default 100,000; `WP_BENCH_SEGFILES_N`) sync

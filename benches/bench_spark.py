@@ -2,7 +2,7 @@
 parquet writer on the same prepared DataFrame, and Arrow key hashing (`idempotency_key`, Rust)
 vs Spark's built-in `md5` column function.
 
-    PYTHONPATH=python .venv/bin/python -m pytest benches/bench_spark.py -p no:cacheprovider -s \
+    .venv/bin/python -m pytest benches/bench_spark.py -p no:cacheprovider -s \
         --benchmark-json=bench-results/spark.json
 
 Rows of ~100 B (`order_id` bigint key, a 100 B binary `body` written as is with `payloadColumn`),

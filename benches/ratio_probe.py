@@ -3,7 +3,7 @@ business id and content key interleaved for SECONDS, then the median per-round r
 whole run and per block of 61 rounds (one `bench_idem.py` run's worth). The blocks show how far
 one bench run can land from the long-run figure on this shared machine.
 
-    PYTHONPATH=python .venv/bin/python benches/ratio_probe.py 240
+    .venv/bin/python benches/ratio_probe.py 240
 """
 
 from __future__ import annotations

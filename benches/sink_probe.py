@@ -4,7 +4,7 @@ Arrow batches of 10,000 (what `bench_spark.py`'s tasks get), written idempotentl
 (`write_many`), interleaved, each run on a fresh log and closed. It splits the idempotent sink's
 cost over the plain one into its snapshots and the rest (keys, window, bigger entries).
 
-    PYTHONPATH=python .venv/bin/python benches/sink_probe.py 7    # rounds
+    .venv/bin/python benches/sink_probe.py 7    # rounds
 """
 
 from __future__ import annotations

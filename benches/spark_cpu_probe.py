@@ -5,7 +5,7 @@ prepared DataFrame (source, routes, shuffle: no write), interleaved. Each round 
 of the JVM's threads (executor task threads, JIT compilers, GC, the rest) and of the Python
 workers (`/proc/<pid>/stat`: a process's time includes its threads'), and prints medians.
 
-    PYTHONPATH=python .venv/bin/python benches/spark_cpu_probe.py 5            # rounds
+    .venv/bin/python benches/spark_cpu_probe.py 5            # rounds
     WOODPECKER_BENCH_SPARK_ROWS=1000 ... benches/spark_cpu_probe.py 7          # per-job costs
 
 Needs what `bench_spark.py` needs (Java 17, PYSPARK_PYTHON, SPARK_LOCAL_IP=127.0.0.1).

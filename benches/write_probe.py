@@ -2,7 +2,7 @@
 close. Run it under callgrind with N and with 0, and divide the difference by N: instructions per
 write, the same on a busy or an idle machine (callgrind counts, it does not time).
 
-    PYTHONPATH=python valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
         .venv/bin/python benches/write_probe.py explicit 10000    # plain | explicit | content
 """
 

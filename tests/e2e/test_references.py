@@ -68,3 +68,11 @@ def test_the_scan_sees_names(tmp_path: Path) -> None:
     doc = tmp_path / "x.md"
     doc.write_text("see PLAN.md section 3, client/writer.py and docs/semantics.md\n")
     assert missing(doc) == ["PLAN.md", "client/writer.py"]
+
+
+def test_no_command_in_the_docs_puts_the_source_tree_first() -> None:
+    """The README's set-up installs the wheel into .venv; `PYTHONPATH=python` in front of a
+    command would import the source tree instead, which has no compiled core in a clone."""
+    docs = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "benches").glob("*")]
+    found = [str(p.relative_to(ROOT)) for p in docs if "PYTHONPATH=python " in p.read_text()]
+    assert not found, found

@@ -152,3 +152,26 @@ def test_null_keys_are_refused_before_any_task_writes(spark, tmp_path, column): 
     finally:
         client.close()
     assert written == 0
+
+
+@pytest.mark.parametrize("key", ["order_id", None], ids=["key-column", "row-json"])
+def test_a_sink_partitions_other_than_prepares_fails_at_planning(spark, tmp_path, key):  # noqa: F811
+    """prepare(df, key, 4) then a sink with partitions 2: refused when the write is planned,
+    before any task writes a row (the rows' routes would not be the sink's)."""
+    writer = (
+        prepare(orders(spark, 100), key, 4)
+        .write.format("woodpecker")
+        .option("log", "p")
+        .option("partitions", 2)
+        .option("dataDir", str(tmp_path))
+        .mode("append")
+    )
+    if key is not None:
+        writer = writer.option("idempotencyKey", key)
+    with pytest.raises(Exception, match=r"routed among 4 logs .* the sink writes 2"):
+        writer.save()
+    client = connect(tmp_path)
+    try:
+        assert client.meta.get_log_group("p") is None  # planning failed: no group, no row
+    finally:
+        client.close()

@@ -178,3 +178,64 @@ def test_a_stream_from_latest_reads_only_what_comes_after_its_start(spark, tmp_p
         judge_group(client, "b", order_keys(300, 200), P)
     finally:
         client.close()
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("maxEntriesPerTrigger", "0", "maxEntriesPerTrigger"),
+        ("maxEntriesPerTrigr", "10", 'did you mean "maxEntriesPerTrigger"'),
+    ],
+)
+def test_a_stream_source_with_bad_options_fails_at_load_with_its_message(
+    spark,  # noqa: F811
+    tmp_path,
+    option,
+    value,
+    message,
+):
+    """Refused by `load()` itself, naming the option, before any query starts (not behind
+    pyspark's wrapping of an error raised when the query plans its reader)."""
+    reader = (
+        spark.readStream.format("woodpecker")
+        .option("log", "s")
+        .option("dataDir", str(tmp_path))
+        .option(option, value)
+    )
+    with pytest.raises(Exception, match=message) as err:
+        reader.load()
+    assert "UnboundLocalError" not in str(err.value)
+
+
+def test_a_batch_read_option_on_a_stream_fails_the_query_with_its_message(spark, tmp_path):  # noqa: F811
+    """`endingOffsets` is a batch read's option; a stream cannot know it is one before its query
+    plans the reader, and then fails with our message (not pyspark's wrapping of it)."""
+    connect(tmp_path).close()
+    df = (
+        spark.readStream.format("woodpecker")
+        .option("log", "s")
+        .option("dataDir", str(tmp_path))
+        .option("endingOffsets", "latest")
+        .load()
+    )
+    with pytest.raises(Exception, match='option "endingOffsets" does not apply here') as err:
+        query = (
+            df.writeStream.format("memory")
+            .queryName("ending")
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .start()
+        )
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+    assert "UnboundLocalError" not in str(err.value)
+
+
+def test_create_table_using_woodpecker_is_refused_with_what_to_do(spark, tmp_path):  # noqa: F811
+    """Spark hands a catalog table's options to a Python data source's schema only, not to its
+    reader or writer: such a table could never be read. CREATE is refused, saying what works."""
+    connect(tmp_path).close()
+    with pytest.raises(Exception, match="CREATE TABLE ... USING woodpecker is not supported"):
+        spark.sql(f"CREATE TABLE t USING woodpecker OPTIONS (log 'x', dataDir '{tmp_path}')")
+    assert not spark.catalog.tableExists("t")

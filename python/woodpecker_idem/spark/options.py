@@ -36,8 +36,9 @@ WRITE_OPTIONS = (
     "txnAppId",
     "txnVersion",
 )
+# Spark's own: a stream's checkpoint
 SPARK_OPTIONS = ("checkpointLocation",)
-ALL_OPTIONS = (*WRITE_OPTIONS, *BATCH_READ_OPTIONS, *STREAM_READ_OPTIONS)
+ALL_OPTIONS = tuple(dict.fromkeys((*WRITE_OPTIONS, *BATCH_READ_OPTIONS, *STREAM_READ_OPTIONS)))
 
 # The sink's window capacity per log unless windowMaxKeys (or the config key) says otherwise: a
 # Spark task writes a whole route at once (10M rows in 4 routes: 2.5M keys each), where the

@@ -24,6 +24,9 @@ EXPLICIT_DOMAIN = b"woodpecker-idem/explicit-id/v1\x00"
 
 # The column prepare() adds; the sink reads it, checks it and leaves it out of the payload.
 ROUTE_COLUMN = "_woodpecker_route"
+# The column's metadata key holding the P prepare() routed the rows among: the sink compares it
+# with its own `partitions` when the write is planned, before any task writes a row.
+PARTITIONS_METADATA = "woodpecker.partitions"
 
 MAX_PARTITIONS = 4096
 
@@ -156,10 +159,12 @@ def prepare(
     if ROUTE_COLUMN in df.columns:
         df = df.drop(ROUTE_COLUMN)
     expr = route_column(df, key, partitions, payload_column)
+    tagged = {PARTITIONS_METADATA: partitions}
     if expr is not None:
-        routed = df.withColumn(ROUTE_COLUMN, expr)
+        routed = df.withColumn(ROUTE_COLUMN, expr.alias(ROUTE_COLUMN, metadata=tagged))
     else:
-        schema = T.StructType([*df.schema.fields, T.StructField(ROUTE_COLUMN, T.IntegerType())])
+        route_field = T.StructField(ROUTE_COLUMN, T.IntegerType(), metadata=tagged)
+        schema = T.StructType([*df.schema.fields, route_field])
         routed = df.mapInArrow(_json_routes(partitions, [ROUTE_COLUMN]), schema)
     slots = F.array(*[F.lit(v) for v in partition_slots(partitions)])
     return routed.repartition(partitions, F.element_at(slots, F.col(ROUTE_COLUMN) + 1))

@@ -37,9 +37,11 @@ from pyspark.sql.datasource import (
 from .._core import arrow_first_misrouted, arrow_rows, route_keys
 from ..errors import (
     InvalidArgumentError,
+    LogGroupSizeMismatchError,
     LogNotFoundError,
     MetadataConflictError,
     RowsNotPreparedError,
+    WoodpeckerError,
     WriterFencedError,
 )
 from ..meta.base import TxnMeta
@@ -53,17 +55,20 @@ from .batches import (
     task_batch_id,
 )
 from .options import (
+    ALL_OPTIONS,
     BATCH_READ_OPTIONS,
     STREAM_READ_OPTIONS,
     SinkOptions,
+    check_names,
     ensure_log_group,
     int_option,
     log_name,
 )
 from .remote import RemoteRoute
 from .route_write import RouteWrite
-from .routing import ROUTE_COLUMN
+from .routing import PARTITIONS_METADATA, ROUTE_COLUMN
 from .source import (
+    failing_stream_reader,
     group_size,
     parse_positions,
     plan_ranges,
@@ -570,6 +575,23 @@ class WoodpeckerDataSource(DataSource):
         return "woodpecker"
 
     def schema(self) -> str:
+        # Spark asks for it when `load()` builds the DataFrame: the one point where a bad read
+        # option fails with our message before a query starts (a stream reader's own error
+        # reaches the user wrapped, when the query plans it). Which read it is, batch or
+        # stream, is not known yet: names any read takes, values that are wrong for every read.
+        if any(str(k).lower() == "provider" for k in self.options):
+            # a catalog table's definition (CREATE TABLE t USING woodpecker OPTIONS (...)):
+            # Spark 4 gives a Python data source's reader and writer none of a table's options,
+            # so the table could never be read or written
+            raise InvalidArgumentError(
+                "CREATE TABLE ... USING woodpecker is not supported: Spark gives a Python data "
+                "source's reader and writer none of a table's options, so the table could not be "
+                'read or written. Read with spark.read.format("woodpecker").option("log", '
+                '...) (a temporary view of it: .load().createOrReplaceTempView("t") serves '
+                'SELECT), write with df.write.format("woodpecker")'
+            )
+        check_names(self.options, ALL_OPTIONS)
+        int_option("maxEntriesPerTrigger", _option(self.options, "maxEntriesPerTrigger"), 1)
         return READ_SCHEMA
 
     def _write_options(self, schema: StructType, overwrite: bool) -> SinkOptions:
@@ -585,6 +607,13 @@ class WoodpeckerDataSource(DataSource):
             raise RowsNotPreparedError(
                 f"the DataFrame has no {ROUTE_COLUMN} column: call woodpecker_idem.spark.prepare("
                 f"df, key, {opts.partitions}) before writing"
+            )
+        routed_among = (schema[ROUTE_COLUMN].metadata or {}).get(PARTITIONS_METADATA)
+        if routed_among is not None and routed_among != opts.partitions:
+            raise LogGroupSizeMismatchError(
+                f"the rows were routed among {routed_among} logs (prepare(df, key, "
+                f'{routed_among})) but the sink writes {opts.partitions} (option "partitions", '
+                f"{opts.partitions}): give both the same P. Nothing was written"
             )
         client = opts.connect()
         try:
@@ -619,8 +648,12 @@ class WoodpeckerDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> Any:  # noqa: N802
         check_read_schema(schema)
-        opts = SinkOptions.parse(self.options, False, STREAM_READ_OPTIONS)
-        max_entries = int_option(
-            "maxEntriesPerTrigger", _option(self.options, "maxEntriesPerTrigger"), 1
-        )
-        return stream_reader_class()(opts, _option(self.options, "startingOffsets"), max_entries)
+        try:
+            opts = SinkOptions.parse(self.options, False, STREAM_READ_OPTIONS)
+            max_entries = int_option(
+                "maxEntriesPerTrigger", _option(self.options, "maxEntriesPerTrigger"), 1
+            )
+            starting = _option(self.options, "startingOffsets")
+            return stream_reader_class()(opts, starting, max_entries)
+        except WoodpeckerError as exc:  # see failing_stream_reader
+            return failing_stream_reader(exc)

@@ -267,6 +267,29 @@ def read_range(opts: SinkOptions, r: LogRange | None) -> Iterator[pa.RecordBatch
 # --- the streaming source -----------------------------------------------------------------------
 
 
+def failing_stream_reader(exc: Exception) -> Any:
+    """A stream reader that raises `exc` at its first call: what `streamReader` returns for
+    options it refuses. pyspark's stream runner reports an error raised by `streamReader` itself
+    under an UnboundLocalError of its own; one raised by the reader's first call reaches the
+    user as it is."""
+    from pyspark.sql.datasource import DataSourceStreamReader
+
+    class RefusedStreamReader(DataSourceStreamReader):
+        def initialOffset(self) -> dict:  # noqa: N802
+            raise exc
+
+        def latestOffset(self, *args: Any) -> dict:  # noqa: N802
+            raise exc
+
+        def partitions(self, start: dict, end: dict) -> Any:
+            raise exc
+
+        def read(self, partition: Any) -> Any:
+            raise exc
+
+    return RefusedStreamReader()
+
+
 def stream_reader_class() -> type:
     """The class is built on first use: its bases come from pyspark."""
     from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
