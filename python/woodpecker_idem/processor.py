@@ -56,6 +56,9 @@ HIGH_PROPERTY = "wp.high"  # the highest source position submitted when it was w
 Result = bytes | bytearray | memoryview | WriteMessage
 Output = Result | Iterable[Result] | None
 
+# How long `run`, ending with an error, waits for the results in flight to be acknowledged
+# before it commits: what lands after is read again by the next run (and found in the target).
+EXIT_WAIT_S = 10.0
 POLL_S = 0.05  # how long one wait (for an ack, for new entries) lasts before `stop` is looked at
 
 
@@ -360,7 +363,7 @@ class Processor:
                     self._commit(block=False)
         except BaseException:
             try:  # what was acknowledged before the error is done: commit it
-                self._advance(block=False, retry=False)
+                self._settle_for(EXIT_WAIT_S)
                 self._commit(block=True)
             except Exception as exc:  # noqa: BLE001 - the first error is the one raised
                 log.warning("processor %r: no commit after the error: %s", self.name, exc)
@@ -452,6 +455,20 @@ class Processor:
                 wait(waiting, timeout=POLL_S, return_when=FIRST_COMPLETED)
             else:  # failed, waiting for its retry's turn
                 self._stop.wait(POLL_S / 5)
+
+    def _settle_for(self, seconds: float) -> None:
+        """On the way out after an error: settle what lands within `seconds` (no retries: a
+        failed result stops it), so a restart reads again as little as it can."""
+        deadline = time.monotonic() + seconds
+        while len(self._in_flight) and time.monotonic() < deadline:
+            self._advance(block=False, retry=False)
+            head = self._in_flight.head()
+            if head is None:
+                return
+            waiting = [w.future for w in head.results if not w.future.done()]
+            if not waiting:
+                return  # a failed result: nothing after it can be committed
+            wait(waiting, timeout=POLL_S, return_when=FIRST_COMPLETED)
 
     def _drain(self) -> None:
         """Wait until everything in flight is settled (or `stop`)."""
