@@ -331,9 +331,10 @@ def test_beyond_the_window_the_target_check_keeps_it_exactly_once(
 
 def test_the_target_check_finds_holes_and_late_retries(tmp_path: Path, wp_connect) -> None:
     """The target as a killed processor can leave it: results written after the last commit
-    with a hole (a write that failed while later ones landed) and a retry landed after later
-    results. Beyond the window the check writes exactly the hole, and it reads back past the
-    late retry to the results before the commit."""
+    with a hole (a write that failed while later ones landed), and retries landed after later
+    results (one of them of an entry before the commit). Beyond the window the check writes
+    exactly the hole: it reads back past the late retries, by their high marks, to the results
+    written before anything after the commit was."""
     clock = ManualClock(T0)
     client = wp_connect(
         tmp_path,
@@ -353,11 +354,13 @@ def test_the_target_check_finds_holes_and_late_retries(tmp_path: Path, wp_connec
         writer.write(b"m%d.%d" % (i, index), properties=props, idempotency_id=key)
 
     writer.write(b"someone else's", idempotency_id="other")  # not the processor's: ignored
-    for i in range(6):  # committed: 0..5
+    for i in range(5):
         put(i, 0), put(i, 1)
+    # committed: 0..5, 5's second result retried and landed after 6's first
+    put(5, 0), put(6, 0), put(5, 1)
     # after the commit: 6..9 in flight, 7's second result failed and was never retried,
     # 6's second result was retried and landed after 8's
-    put(6, 0), put(7, 0), put(8, 0), put(8, 1), put(6, 1), put(9, 0), put(9, 1)
+    put(7, 0), put(8, 0), put(8, 1), put(6, 1), put(9, 0), put(9, 1)
     writer.close()
     before = Counter(payloads(target))
     _rewind(source, "p", ids[6])
@@ -431,6 +434,7 @@ class Child:
         max_in_flight: int,
         config: dict[str, Any],
         window_s: float | None,
+        add_delay_ms: int,
     ):
         self.out = out
         self.proc = subprocess.Popen(
@@ -447,6 +451,7 @@ class Child:
                 "--config",
                 json.dumps(config),
                 *(["--window-s", str(window_s)] if window_s is not None else []),
+                *(["--add-delay-ms", str(add_delay_ms)] if add_delay_ms else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -501,6 +506,7 @@ def _kill_rounds(
                 rng.choice([1, 16, 10_000]),
                 config,
                 window_s,
+                rng.choice([0, 0, 5, 20]),
             )
             children.append(child)
             killed = child.run_until(rng.randrange(0, 120) if r < rounds else 10**9)

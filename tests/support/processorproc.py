@@ -2,12 +2,13 @@
 (client/test_processor.py).
 
     python support/processorproc.py DATA_DIR SOURCE TARGET NAME OUT_FILE COMMIT_EVERY
-        MAX_IN_FLIGHT [--config JSON] [--window-s SECONDS]
+        MAX_IN_FLIGHT [--config JSON] [--window-s SECONDS] [--add-delay-ms MS]
 
 Runs processor NAME from log SOURCE to log TARGET until it has caught up, with `results` below
 as its fn, appending `P <segment>:<entry>` to OUT_FILE each time fn is called, then `DONE`
 (exit 0). Each line is one `os.write` on an O_APPEND file, so a SIGKILL never leaves half a
-line.
+line. `--add-delay-ms` delays every add on the nodes (results stay in flight that long, so a
+kill often finds results submitted and not acknowledged while commits land).
 """
 
 from __future__ import annotations
@@ -39,13 +40,20 @@ def main() -> int:
     parser.add_argument("max_in_flight", type=int)
     parser.add_argument("--config", default="{}")
     parser.add_argument("--window-s", type=float, default=None)
+    parser.add_argument("--add-delay-ms", type=float, default=0.0)
     args = parser.parse_args()
 
     from woodpecker_idem import Processor
     from woodpecker_idem.connect import connect
+    from woodpecker_idem.testing import FaultInjectingTransport
 
     fd = os.open(args.out_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     client = connect(args.data_dir, json.loads(args.config))
+    if args.add_delay_ms:
+        faults = FaultInjectingTransport(client.transport)
+        for node in faults.node_ids:
+            faults.delay(node, args.add_delay_ms)
+        client.transport = faults  # before any writer opens (as tests/support/gate.py)
 
     def fn(msg):  # type: ignore[no-untyped-def]
         os.write(fd, f"P {msg.message_id}\n".encode())
