@@ -59,7 +59,11 @@ Output = Result | Iterable[Result] | None
 # How long `run`, ending with an error, waits for the results in flight to be acknowledged
 # before it commits: what lands after is read again by the next run (and found in the target).
 EXIT_WAIT_S = 10.0
-POLL_S = 0.05  # how long one wait (for an ack, for new entries) lasts before `stop` is looked at
+# How long one wait (for an ack, for new entries) lasts before `stop` is looked at.
+POLL_S = 0.05
+# Entries processed between two looks at the acks (and the commit cadence), at most: each look
+# asks every result of the oldest entry in flight whether it is done.
+ADVANCE_EVERY = 32
 
 
 def source_id(name: str, source_log_id: int, message_id: LogMessageId, index: int = 0) -> str:
@@ -92,7 +96,7 @@ def _number(text: str) -> bool:
     return text.isascii() and text.isdigit() and text == str(int(text))
 
 
-@dataclass
+@dataclass(slots=True)
 class Written:
     """One result in flight: what to write again if its write fails."""
 
@@ -106,7 +110,7 @@ class Written:
     next_try: float = 0.0
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     """A source entry whose results are not all acknowledged yet."""
 
@@ -115,7 +119,19 @@ class Pending:
 
 
 def _acknowledged(fut: Future[WriteResult]) -> bool:
-    return fut.done() and fut.exception() is None
+    # result(), not exception(): on a settled write's future it reads the outcome directly,
+    # where exception() first builds the future's condition (one per result)
+    if not fut.done():
+        return False
+    try:
+        fut.result()
+    except BaseException:  # noqa: BLE001 - a failed write is not acknowledged
+        return False
+    return True
+
+
+def _failed(fut: Future[WriteResult]) -> bool:
+    return fut.done() and not _acknowledged(fut)
 
 
 class InFlight:
@@ -139,8 +155,12 @@ class InFlight:
     def settled(self, stats: ProcessorStats | None = None) -> LogMessageId | None:
         last = None
         queue = self._queue
-        while queue and all(_acknowledged(w.future) for w in queue[0].results):
-            head = queue.popleft()
+        while queue:
+            head = queue[0]
+            for w in head.results:
+                if not _acknowledged(w.future):
+                    return last
+            queue.popleft()
             self.results -= len(head.results)
             last = head.position
             if stats is not None:
@@ -154,14 +174,16 @@ class InFlight:
     def head(self) -> Pending | None:
         return self._queue[0] if self._queue else None
 
+    def head_failed(self) -> bool:
+        """Whether a result of the oldest entry failed (what holds the commit back)."""
+        head = self._queue[0] if self._queue else None
+        return head is not None and any(_failed(w.future) for w in head.results)
+
     def failed(self) -> list[Written]:
-        """Results whose write failed, of every entry in flight (oldest first)."""
-        return [
-            w
-            for p in self._queue
-            for w in p.results
-            if w.future.done() and w.future.exception() is not None
-        ]
+        """Results whose write failed, of every entry in flight (oldest first): a pass over
+        everything in flight, made when the oldest entry has a failed result (a failure
+        rarely comes alone: a segment closed fails the rest of its writes too)."""
+        return [w for p in self._queue for w in p.results if _failed(w.future)]
 
 
 @dataclass
@@ -252,6 +274,7 @@ class Processor:
         self._skip: set[tuple[LogMessageId, int]] = set()
         self._skip_until: LogMessageId | None = None  # the highest position in _skip
         self._high: LogMessageId | None = None
+        self._prefix = source_id(name, source.log_id, LogMessageId(0, 0))[: -len("0:0")]
         self._settled: LogMessageId | None = None  # the last source entry settled
         self._since_commit = 0
         self._last_commit = time.monotonic()
@@ -344,23 +367,27 @@ class Processor:
         `retry_budget_s`)."""
         self._stop.clear()
         reader = self._reader
+        stop = self._stop
+        every = min(ADVANCE_EVERY, self.commit_every)
         try:
-            while not self._stop.is_set():
-                msg = reader.read_next(0)
-                if msg is None:
-                    self._drain()  # caught up: commit everything written so far
-                    self._commit(block=False)
-                    if until_idle:
+            while not stop.is_set():
+                for n, msg in enumerate(reader, 1):  # what the source holds now
+                    self._process(msg)
+                    full = len(self._in_flight) >= self.max_in_flight
+                    if n % every == 0 or full:
+                        self._advance(block=full)
+                        self._commit_if_due()
+                    if stop.is_set():
                         break
-                    msg = reader.read_next(POLL_S)
-                    if msg is None:
-                        continue
-                self._process(msg)
-                self._advance(block=len(self._in_flight) >= self.max_in_flight)
-                if self._since_commit >= self.commit_every or (
-                    time.monotonic() - self._last_commit >= self.commit_interval_s
-                ):
-                    self._commit(block=False)
+                if stop.is_set():
+                    break
+                self._drain()  # caught up: commit everything written so far
+                self._commit(block=False)
+                if until_idle:
+                    break
+                more = reader.read_next(POLL_S)  # wait for more
+                if more is not None:
+                    self._process(more)
         except BaseException:
             try:  # what was acknowledged before the error is done: commit it
                 self._settle_for(EXIT_WAIT_S)
@@ -372,34 +399,58 @@ class Processor:
         self._commit(block=True)
         return self.stats
 
+    def _commit_if_due(self) -> None:
+        if self._since_commit >= self.commit_every or (
+            time.monotonic() - self._last_commit >= self.commit_interval_s
+        ):
+            self._commit(block=False)
+
     def stop(self) -> None:
         """Make `run` return (from another thread or a signal handler): it commits what is
         settled; results still in flight stay in flight (a later run settles them)."""
         self._stop.set()
 
     def _process(self, msg: LogMessage) -> None:
-        self.stats.read += 1
+        stats = self.stats
+        stats.read += 1
         self._since_commit += 1
         pos = msg.message_id
-        results = self._results(msg)
-        self.stats.results += len(results)
-        self._high = pos if self._high is None or pos > self._high else self._high
+        out = self.fn(msg)
+        results: list[Result] = [out] if type(out) is bytes else self._results(msg, out)
+        stats.results += len(results)
+        at = f"{pos.segment_id}:{pos.entry_id}"
+        high = self._high
+        if high is None or pos >= high:  # the usual case: this entry is the highest yet
+            self._high, high_text = pos, at
+        else:  # still below what the target check found
+            high_text = str(high)
         skip = self._skip_until is not None and pos <= self._skip_until
         written = []
+        write = self._writer.write_async
         for index, result in enumerate(results):
             if skip and (pos, index) in self._skip:
-                self.stats.skipped += 1
+                stats.skipped += 1
                 continue
-            payload, props = self._unpack(result, index)
-            key = source_id(self.name, self.source.log_id, pos, index)
-            written.append(Written(index, key, payload, props, self._write(key, payload, props)))
+            key = f"{self._prefix}{at}" if index == 0 else f"{self._prefix}{at}#{index}"
+            # only a run that read the target knows every earlier position: without the
+            # check, no high mark (a later check then reads on past these results)
+            if self.check_target:
+                tags = {SOURCE_PROPERTY: key, HIGH_PROPERTY: high_text}
+            else:
+                tags = {SOURCE_PROPERTY: key}
+            if type(result) is bytes:
+                payload = result
+            else:
+                payload, props = self._unpack(result, index)
+                tags = {**props, **tags}
+            fut = write(payload, properties=tags, idempotency_id=key)
+            written.append(Written(index, key, payload, tags, fut))
         if self._skip_until is not None and pos >= self._skip_until:
             self._skip.clear()  # past everything found: nothing more to look up
             self._skip_until = None
         self._in_flight.add(pos, written)
 
-    def _results(self, msg: LogMessage) -> list[Result]:
-        out = self.fn(msg)
+    def _results(self, msg: LogMessage, out: Output) -> list[Result]:
         if out is None:
             return []
         if isinstance(out, (bytes, bytearray, memoryview, WriteMessage)):
@@ -429,14 +480,6 @@ class Processor:
             )
         return payload, props
 
-    def _write(self, key: str, payload: bytes, props: dict[str, str]) -> Future[WriteResult]:
-        tagged = {**props, SOURCE_PROPERTY: key}
-        if self.check_target and self._high is not None:
-            # only a run that read the target knows every earlier position: without the
-            # check, no high mark (a later check then reads on past these results)
-            tagged[HIGH_PROPERTY] = str(self._high)
-        return self._writer.write_async(payload, properties=tagged, idempotency_id=key)
-
     def _advance(self, block: bool, retry: bool = True) -> None:
         """Settle what is acknowledged and write failed results again; with `block`, wait until
         at least the oldest entry in flight settles (or `stop`)."""
@@ -445,7 +488,7 @@ class Processor:
             if done is not None:
                 self._settled = done
                 block = False
-            if retry:
+            if retry and self._in_flight.head_failed():
                 self._retry_failed()
             head = self._in_flight.head()
             if not block or head is None or self._stop.is_set():
@@ -494,7 +537,11 @@ class Processor:
             self.stats.retries += 1
             w.next_try = now + min(1.0, 0.05 * 2 ** min(w.attempts, 5))
             w.attempts += 1
-            w.future = self._write(w.key, w.payload, w.properties)
+            # written again as first tagged: its high mark (the highest position submitted
+            # then) still covers every result before it in the log
+            w.future = self._writer.write_async(
+                w.payload, properties=w.properties, idempotency_id=w.key
+            )
 
     def _commit(self, block: bool) -> None:
         done = self._settled
