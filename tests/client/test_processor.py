@@ -233,25 +233,29 @@ def test_none_one_or_several_results_and_fn_errors(tmp_path: Path, wp_connect) -
     def bad(msg: LogMessage) -> Any:
         return "text" if msg.message_id == more[2] else msg.payload
 
-    with Processor(source, target, "p", bad) as p:
-        with pytest.raises(InvalidTypeError, match=f"fn returned str for entry {more[2]}"):
-            p.run(until_idle=True)
+    message = f"fn returned str for entry {more[2]}"
+    with Processor(source, target, "p", bad) as p, pytest.raises(InvalidTypeError, match=message):
+        p.run(until_idle=True)
     assert source.readers()[0].position == more[2]
     assert payloads(target)[-2:] == [b"m12", b"m13"]
 
     def reserved(msg: LogMessage) -> Any:
         return WriteMessage(msg.payload, {SOURCE_PROPERTY: "mine"})
 
-    with Processor(source, target, "p", reserved) as p:
-        with pytest.raises(InvalidArgumentError, match="'wp.source'"):
-            p.run(until_idle=True)
+    with (
+        Processor(source, target, "p", reserved) as p,
+        pytest.raises(InvalidArgumentError, match="'wp.source'"),
+    ):
+        p.run(until_idle=True)
 
     def boom(msg: LogMessage) -> Any:
         raise RuntimeError(f"cannot process {msg.message_id}")
 
-    with Processor(source, target, "p", boom) as p:
-        with pytest.raises(RuntimeError, match=f"cannot process {more[2]}"):
-            p.run(until_idle=True)
+    with (
+        Processor(source, target, "p", boom) as p,
+        pytest.raises(RuntimeError, match=f"cannot process {more[2]}"),
+    ):
+        p.run(until_idle=True)
     assert source.readers()[0].position == more[2]  # nothing skipped
 
     for kwargs, match in (
@@ -525,9 +529,7 @@ def _kill_rounds(
     assert stored.problems == []
     assert [m.payload for m in stored.messages] == payloads(target)
     got = Counter(m.payload for m in stored.messages)
-    assert got == want, (
-        f"lost: {sorted(want - got)[:10]}, written twice: {sorted(got - want)[:10]}"
-    )
+    assert got == want, f"lost: {sorted(want - got)[:10]}, written twice: {sorted(got - want)[:10]}"
     for m in stored.messages:  # each result carries the id of its source entry and index
         i, k = (int(x) for x in m.payload[1:].split(b"."))
         want_id = source_id("billing", source.log_id, ids[i], k)
@@ -542,9 +544,7 @@ def test_processor_sigkilled_at_random_points_writes_each_result_once(
     _kill_rounds(tmp_path, wp_connect, meta_config, rounds=10, seed=4, window_s=None)
 
 
-def test_processor_sigkilled_with_a_window_too_short_to_help(
-    tmp_path: Path, wp_connect
-) -> None:
+def test_processor_sigkilled_with_a_window_too_short_to_help(tmp_path: Path, wp_connect) -> None:
     """The window forgets every id at once: only the target check keeps the restarts from
     writing results again."""
     _kill_rounds(tmp_path, wp_connect, {}, rounds=10, seed=44, window_s=0.001)
@@ -552,7 +552,5 @@ def test_processor_sigkilled_with_a_window_too_short_to_help(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("window_s", [None, 0.001])
-def test_processor_sigkilled_50_rounds(
-    tmp_path: Path, wp_connect, window_s: float | None
-) -> None:
+def test_processor_sigkilled_50_rounds(tmp_path: Path, wp_connect, window_s: float | None) -> None:
     _kill_rounds(tmp_path, wp_connect, {}, rounds=50, seed=2929, window_s=window_s)
