@@ -31,7 +31,7 @@ from woodpecker_idem.connect import connect
 
 N = int(os.environ.get("WP_BENCH_PROCESSOR_N", "100000"))
 ROUNDS = 7
-TARGET_RATIO = 0.35
+TARGET_RATIO = 0.3
 
 
 def test_processor_vs_plain_read_write_loop(benchmark: Any) -> None:
