@@ -169,7 +169,7 @@ def test_nothing_is_committed_past_a_result_the_target_has_not_acknowledged(
     runner.start()
     try:
         assert all_read.wait(60), "the processor never read the source"
-        gated.waiting.acquire(timeout=60)  # a held add is at the gate
+        assert gated.waiting.acquire(timeout=60), "no add reached the gate"
         processor.stop()
         runner.join(60)
         assert not runner.is_alive() and errors == []
