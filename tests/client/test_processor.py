@@ -271,6 +271,45 @@ def test_none_one_or_several_results_and_fn_errors(tmp_path: Path, wp_connect) -
         Processor(source, target, "", two)
 
 
+def test_a_running_processor_follows_the_source_and_commits_when_caught_up(
+    tmp_path: Path, wp_connect
+) -> None:
+    """`run()` without `until_idle` tails the source: entries written while it runs (from a
+    producer thread) are processed, and each time it catches up it commits, before any
+    `commit_every`; `stop()` ends it."""
+    client = wp_connect(tmp_path, {"segment.max_entries": 8})
+    source, target = client.create_log("orders"), client.create_log("invoices")
+    processor = Processor(source, target, "p", two, commit_every=10**6)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            processor.run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    try:
+        writer = source.open_writer()
+        for burst in range(3):
+            ids = [writer.write(b"m%d" % (burst * 5 + i)).message_id for i in range(5)]
+            after = LogMessageId(ids[-1].segment_id, ids[-1].entry_id + 1)
+            deadline = time.monotonic() + 60  # a guard against a hang, not a timing claim
+            while source.readers()[0].position < after:  # committed on catching up
+                assert time.monotonic() < deadline and not errors, errors
+                time.sleep(0.005)
+        writer.close()
+    finally:
+        processor.stop()
+        runner.join(60)
+    assert not runner.is_alive() and errors == []
+    processor.close()
+    assert Counter(payloads(target)) == Counter(
+        b"m%d.%d" % (i, k) for i in range(15) for k in range(2)
+    )
+
+
 # --- restarts: within the window and beyond it ---------------------------------------------------
 
 
