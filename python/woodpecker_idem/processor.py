@@ -281,7 +281,9 @@ class Processor:
         # The target's writer first: from its takeover on, nothing else appends to the target,
         # so the check below reads everything an earlier processor wrote. Then the name, whose
         # take-over fences the earlier holder's commits, so the committed position is final.
-        self._writer: IdempotentLogWriter = target.open_writer(
+        # public for its metrics (`writer.metrics_snapshot()`); writing through it yourself
+        # breaks the target check's order
+        self.writer: IdempotentLogWriter = target.open_writer(
             idempotent=True, window_duration_s=window_duration_s, window_max_keys=window_max_keys
         )
         try:
@@ -290,7 +292,7 @@ class Processor:
             if self.check_target:
                 self._check_target(self.committed)
         except BaseException:
-            self._writer.close()
+            self.writer.close()
             raise
 
     # --- the target check ------------------------------------------------------------------------
@@ -426,7 +428,7 @@ class Processor:
             high_text = str(high)
         skip = self._skip_until is not None and pos <= self._skip_until
         written = []
-        write = self._writer.write_async
+        write = self.writer.write_async
         for index, result in enumerate(results):
             if skip and (pos, index) in self._skip:
                 stats.skipped += 1
@@ -537,9 +539,11 @@ class Processor:
             self.stats.retries += 1
             w.next_try = now + min(1.0, 0.05 * 2 ** min(w.attempts, 5))
             w.attempts += 1
-            # written again as first tagged: its high mark (the highest position submitted
-            # then) still covers every result before it in the log
-            w.future = self._writer.write_async(
+            if self.check_target and self._high is not None:
+                # the mark of now: results submitted since its first write may land before
+                # this one, and the mark must cover every result before it in the target
+                w.properties = {**w.properties, HIGH_PROPERTY: str(self._high)}
+            w.future = self.writer.write_async(
                 w.payload, properties=w.properties, idempotency_id=w.key
             )
 
@@ -568,7 +572,7 @@ class Processor:
         try:
             self._reader.close()
         finally:
-            self._writer.close(timeout)
+            self.writer.close(timeout)
 
     def __enter__(self) -> Processor:
         return self

@@ -31,6 +31,7 @@ from woodpecker_idem.errors import (
     InvalidArgumentError,
     InvalidTypeError,
     ReaderFencedError,
+    SegmentClosedError,
     WriterFencedError,
 )
 from woodpecker_idem.processor import (
@@ -419,6 +420,57 @@ def test_the_target_check_finds_holes_and_late_retries(tmp_path: Path, wp_connec
     assert all(n == 1 for p_, n in after.items() if p_.startswith(b"m"))
 
 
+def _marks_cover_what_precedes(target: wp.LogHandle, name: str, source_log_id: int) -> list[str]:
+    """The target check's invariant: every result's high mark is at or above the source
+    position of every result before it in the target (so the check may stop at a mark below
+    the commit). The violations, as text."""
+    problems: list[str] = []
+    highest: LogMessageId | None = None
+    for m in target.open_reader():
+        parsed = parse_source_id(m.properties.get(SOURCE_PROPERTY, ""), name, source_log_id)
+        if parsed is None:
+            continue
+        mark = LogMessageId.parse(m.properties[HIGH_PROPERTY])
+        if highest is not None and mark < highest:
+            problems.append(f"{m.message_id}: mark {mark} below {highest} written before it")
+        highest = parsed[0] if highest is None else max(highest, parsed[0])
+    return problems
+
+
+def test_results_written_again_after_a_failure_carry_the_current_high_mark(
+    tmp_path: Path, wp_connect
+) -> None:
+    """Writes of entries 50..120 fail once (as a segment completed without them fails them,
+    retriable): later results land first, the failed ones are written again after them. Each
+    retry must carry the highest position submitted when it is sent, not its first one: a retry
+    of entry 60 landing after entry 130's result with a mark of 60 would stop a later check too
+    early (and entry 130's result, if after the commit, would be written twice)."""
+    client = wp_connect(tmp_path, {"segment.max_entries": 16})
+    source, target = client.create_log("orders"), client.create_log("invoices")
+    ids = fill(source, 200)
+    failing = {source_id("p", source.log_id, ids[i], k) for i in range(50, 121) for k in (0, 1)}
+    with Processor(source, target, "p", two) as p:
+        real_write = p.writer.write_async
+
+        def write_async(payload, *, properties, idempotency_id):  # type: ignore[no-untyped-def]
+            if idempotency_id in failing:
+                failing.discard(idempotency_id)
+                failed: Future[WriteResult] = Future()
+                failed.set_exception(SegmentClosedError("completed without it (injected)"))
+                return failed
+            return real_write(payload, properties=properties, idempotency_id=idempotency_id)
+
+        p.writer.write_async = write_async  # type: ignore[method-assign]
+        stats = p.run(until_idle=True)
+    assert stats.retries == 2 * 71 and not failing
+    assert Counter(payloads(target)) == Counter(
+        b"m%d.%d" % (i, k) for i in range(200) for k in range(2)
+    )
+    order = [m.payload for m in target.open_reader()]
+    assert order.index(b"m50.0") > order.index(b"m121.0")  # the retries landed later
+    assert _marks_cover_what_precedes(target, "p", source.log_id) == []
+
+
 # --- two processors of one name ------------------------------------------------------------------
 
 
@@ -573,6 +625,7 @@ def _kill_rounds(
         i, k = (int(x) for x in m.payload[1:].split(b"."))
         want_id = source_id("billing", source.log_id, ids[i], k)
         assert m.properties[SOURCE_PROPERTY] == want_id
+    assert _marks_cover_what_precedes(target, "billing", source.log_id) == []
     assert source.readers()[0].lag == 0
 
 
