@@ -56,6 +56,7 @@ from .errors import (
     WriterForkedError,
     WriteTimeoutError,
 )
+from .processor import Processor, ProcessorStats
 from .types import (
     LogMessage,
     LogMessageId,
@@ -101,6 +102,8 @@ __all__ = [
     "NodeUnavailableError",
     "ObjectStoreOwnedError",
     "PayloadTooLargeError",
+    "Processor",
+    "ProcessorStats",
     "QuorumUnavailableError",
     "ReaderInfo",
     "ReaderFencedError",

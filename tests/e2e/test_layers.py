@@ -82,7 +82,10 @@ LAYERS: list[set[str]] = [
     # (logstore/, meta/) and take a client or a log as a plain object, so the composition root
     # and everything above it (the Spark demo pipeline, the CLI demo) may use them
     {"testing"},
-    {"connect"},  # the composition root: config -> stores -> transport -> client
+    # the composition root (config -> stores -> transport -> client), and the processor (a named
+    # reader of one log feeding an idempotent writer of another): each composes the layers
+    # below, neither imports the other
+    {"connect", "processor"},
     {"spark"},
     {"cli"},
 ]
