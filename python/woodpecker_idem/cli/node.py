@@ -6,6 +6,9 @@ that metadata store under its address with a TTL (`--registry-ttl`: renewed whil
 node killed without deregistering drops out of the registry, and out of new segments, when the
 TTL runs out; a node restarted with the same id registers again), and on SIGTERM (or SIGINT)
 stops taking calls, lets the calls under way finish (`--grace`), deregisters and exits 0.
+
+`--fault drop-replies:RATE` is a hidden, testing-only option (the fault tests' node that applies
+a write and drops its reply: `logstore/remote.py` `DropReplies`); no deployment sets it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 
 from ..connect import open_node
 from ..errors import InvalidArgumentError
-from ..logstore.remote import LogStoreServer, Tls
+from ..logstore.remote import DropReplies, LogStoreServer, Tls
 from ..meta import NodeInfo
 from ..meta.base import MIN_NODE_TTL_MS
 from .common import add_store_args
@@ -70,6 +73,9 @@ def add_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
         f"off): clients stop placing segments on it then (default {DEFAULT_TTL_S:g}, at least "
         f"{MIN_NODE_TTL_MS / 1000:g})",
     )
+    serve.add_argument(  # testing only: logstore/remote.py DropReplies
+        "--fault", default=None, help=argparse.SUPPRESS
+    )
     tls = serve.add_argument_group("TLS (all PEM files; without them the node serves plain gRPC)")
     tls.add_argument("--tls-cert", metavar="FILE", help="the node's certificate")
     tls.add_argument("--tls-key", metavar="FILE", help="its private key")
@@ -93,12 +99,13 @@ def run(args: argparse.Namespace) -> int:
             f"--registry-ttl must be at least {MIN_NODE_TTL_MS / 1000:g} seconds, "
             f"got {args.registry_ttl:g}"
         )
+    fault = None if args.fault is None else DropReplies.parse(args.fault, seed=args.node_id)
     engine, meta, objects = open_node(args.config, args.data_dir, args.node_id)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        server = LogStoreServer(engine, args.listen, tls=tls)
+        server = LogStoreServer(engine, args.listen, tls=tls, fault=fault)
         try:
             server.start()
             meta.register_node(NodeInfo(args.node_id, server.address, _now_ms()), ttl_ms)
@@ -111,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
             stop.wait()
             server.stop(args.grace)  # drains: calls under way finish, new ones are refused
             meta.unregister_node(args.node_id)
+            if fault is not None:
+                sys.stderr.write(f"fault drop-replies: {fault.dropped} replies dropped\n")
             sys.stderr.write(f"LogStore node {args.node_id} stopped\n")
         finally:
             server.stop(0)
