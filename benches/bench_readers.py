@@ -16,6 +16,9 @@ Run: `.venv/bin/python -m pytest benches/bench_readers.py -p no:cacheprovider -s
   synchronous `commit()` every 1,000 entries costs 3-6 ms each on this machine's disk (fsync),
   about as long as reading the 1,000 entries. Both readers iterate (`for msg in reader`); a
   `read_next(0)` loop reads about half as fast as iteration, named or not.
+- `test_ack_to_read_latency`: seconds from a write's ack to a tailing reader holding the entry,
+  for a reader of the writer's own client (woken by the commit, `ensemble/tails.py`) and one of
+  another client (polling the nodes), interleaved; target: own client p50 <= 1 ms.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import gc
 import os
 import statistics
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -90,3 +94,65 @@ def test_named_reader_committing_every_1000_vs_unnamed(benchmark: Any) -> None:
     benchmark.extra_info.update(figures)
     print(f"\n[{benchmark.name}] " + ", ".join(f"{k}={v}" for k, v in figures.items()))
     assert ratio >= TARGET_RATIO, figures
+
+
+ACK_TO_READ_N = int(os.environ.get("WP_BENCH_ACK_TO_READ_N", "500"))
+ACK_TO_READ_P50_S = 0.001  # a reader of the writer's client (issue 29)
+
+
+def _ack_to_read(client_w: Any, client_r: Any, name: str) -> list[float]:
+    """Seconds from each write's ack (its `write()` returning) to a tailing reader holding the
+    entry (0 when the reader had it first), one entry at a time with a pause between (the reader
+    is waiting when each lands)."""
+    writer = client_w.create_log(name).open_writer()
+    reader = client_r.open_log(name).open_reader("earliest")
+    seen: list[float] = []
+
+    def tail() -> None:
+        for _ in range(ACK_TO_READ_N):
+            reader.read_next(timeout=None)
+            seen.append(time.perf_counter())
+
+    thread = threading.Thread(target=tail)
+    thread.start()
+    acked: list[float] = []
+    for _ in range(ACK_TO_READ_N):
+        writer.write(b"x" * 100)
+        acked.append(time.perf_counter())
+        time.sleep(0.002)
+    thread.join(120)
+    writer.close()
+    return [max(0.0, r - a) for r, a in zip(seen, acked, strict=True)]
+
+
+def test_ack_to_read_latency(benchmark: Any) -> None:
+    """Ack-to-read latency of a tailing reader: one of the writer's own client (woken by the
+    writer's commit, `ensemble/tails.py`) against one of another client in the same process
+    (it polls the nodes, backing off from 5 to 200 ms), interleaved rounds; p50 and p99 of
+    each. Target: the writer's client p50 <= 1 ms."""
+    with tempfile.TemporaryDirectory(dir=os.environ.get("WP_BENCH_DIR")) as tmp:
+        own = connect(tmp, {"append.linger_ms": 1})
+        other = connect(tmp, {"append.linger_ms": 1})
+        try:
+            same: list[float] = []
+            polled: list[float] = []
+            for r in range(3):
+                same += _ack_to_read(own, own, f"same-{r}")
+                polled += _ack_to_read(own, other, f"polled-{r}")
+        finally:
+            own.close()
+            other.close()
+
+    def quantile(xs: list[float], q: float) -> float:
+        return statistics.quantiles(xs, n=100)[int(q * 100) - 1]
+
+    info = {
+        "own_client_p50_ms": statistics.median(same) * 1e3,
+        "own_client_p99_ms": quantile(same, 0.99) * 1e3,
+        "other_client_p50_ms": statistics.median(polled) * 1e3,
+        "other_client_p99_ms": quantile(polled, 0.99) * 1e3,
+    }
+    benchmark.extra_info.update(info)
+    benchmark.pedantic(lambda: None, rounds=1)
+    print({k: round(v, 3) for k, v in info.items()})
+    assert info["own_client_p50_ms"] <= ACK_TO_READ_P50_S * 1e3, info

@@ -59,7 +59,7 @@ class CrashedLog:
         self.log = self.client.open_log("rec", create=True)
         self.writer = self._open()
         self._fill(0, keys)
-        assert self.writer._snapshotter.write_now()
+        assert self.writer.snapshotter.write_now()
         self._fill(keys, gap)
 
     def _open(self) -> Any:

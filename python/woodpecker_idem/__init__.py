@@ -21,6 +21,7 @@ from .config import Config, load_config
 from .connect import connect  # the composition root (module of the same name)
 from .errors import (
     ClientClosedError,
+    ConditionFailedError,
     ConfigError,
     CorruptEntryError,
     EarlyEvictionError,
@@ -40,6 +41,7 @@ from .errors import (
     PayloadTooLargeError,
     QuorumUnavailableError,
     ReaderFencedError,
+    RouteNotOwnedError,
     RowsNotPreparedError,
     SegmentClosedError,
     SegmentDamagedError,
@@ -78,6 +80,7 @@ __all__ = [
     "CorruptEntryError",
     "EarlyEvictionError",
     "EntryConflictError",
+    "ConditionFailedError",
     "EntryTruncatedError",
     "EarlyEvictionWarning",
     "HandoffError",
@@ -101,6 +104,7 @@ __all__ = [
     "QuorumUnavailableError",
     "ReaderInfo",
     "ReaderFencedError",
+    "RouteNotOwnedError",
     "RowsNotPreparedError",
     "SegmentClosedError",
     "SegmentDamagedError",

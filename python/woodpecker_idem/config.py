@@ -236,6 +236,15 @@ KEYS: tuple[Key, ...] = (
         "unavailable for it (the batch is resent, then the node is dropped from the segment); "
         "calls that may scan a segment (fence, read, complete) get 10 times as long",
     ),
+    _int(
+        "writer.lease_ms",
+        30_000,
+        1_000,
+        3_600_000,
+        "a writer's lease on its log in the metadata store, renewed every third of it while the "
+        "writer lives: drop-group refuses a log whose writer's lease is live, and a group "
+        "writer's routes move to the other members once its lease (and membership) runs out",
+    ),
     _int("append.max_batch_entries", 1000, 1, 100_000, "most entries in one AddEntries batch"),
     _size("append.max_batch_bytes", 2 * MiB, KiB, 64 * MiB, "most bytes in one AddEntries batch"),
     _int("append.linger_ms", 2, 0, 1000, "most wait behind a batch a node is retrying"),

@@ -126,6 +126,36 @@ class WriteTimeoutError(WoodpeckerError, TimeoutError):
     retriable = True
 
 
+class ConditionFailedError(WoodpeckerError):
+    """A conditional append (`expected_last=`) found the log ending elsewhere: nothing of the
+    write (or of a batch's rows from the one refused on) was written. `expected_last` is what
+    the call expected, `actual_last` the log's last entry when the write's turn came (None:
+    the log holds none). Not retriable as it is: read the log from `expected_last` on, then
+    decide (KIP-27's conditional publish)."""
+
+    code = "CONDITION_FAILED"
+
+    def __init__(self, message: str = "", expected_last: object = None, actual_last: object = None):
+        super().__init__(message)
+        self.expected_last = expected_last  # LogMessageId | None (object: types imports errors)
+        self.actual_last = actual_last
+
+
+class RouteNotOwnedError(WoodpeckerError):
+    """A group writer was given a key whose route another member of the group owns (or that is
+    being handed over). `route` is the key's route, `owner` the route's writer when known.
+    Retriable: ownership moves with the group's membership; send the key to the owner, or retry
+    once the group has rebalanced."""
+
+    code = "ROUTE_NOT_OWNED"
+    retriable = True
+
+    def __init__(self, message: str = "", route: int = -1, owner: str | None = None):
+        super().__init__(message)
+        self.route = route
+        self.owner = owner
+
+
 class SegmentClosedError(WoodpeckerError):
     """The entry's segment was completed without it: it was not written, a retry writes it anew."""
 

@@ -38,6 +38,41 @@ class LogMessageId(NamedTuple):
         return cls(int(seg), int(entry))
 
 
+class Unconditional(enum.Enum):
+    """The default of `expected_last`: append wherever the log ends (no condition)."""
+
+    UNCONDITIONAL = "UNCONDITIONAL"
+
+
+UNCONDITIONAL = Unconditional.UNCONDITIONAL
+# What a conditional append expects the log's last entry to be (None: the log holds none)
+ExpectedLast = LogMessageId | None | Unconditional
+
+
+def expected_last_arg(value: object) -> ExpectedLast:
+    """`expected_last` of a write: a `LogMessageId`, its text ("3:120"), None (the log must hold
+    no entry) or `UNCONDITIONAL`; anything else is refused naming what it got."""
+    if value is None or value is UNCONDITIONAL:
+        return value
+    if isinstance(value, str):
+        return LogMessageId.parse(value)
+    if isinstance(value, tuple) and len(value) == 2:
+        seg, entry = value
+        if (
+            isinstance(seg, int)
+            and isinstance(entry, int)
+            and not isinstance(seg, bool)
+            and not isinstance(entry, bool)
+            and seg >= 0
+            and entry >= 0
+        ):
+            return LogMessageId(seg, entry)
+    raise InvalidArgumentError(
+        f"expected_last must be a LogMessageId (or its text, e.g. '3:120'), or None for a log "
+        f"that holds no entry; got {value!r}"
+    )
+
+
 class ReaderInfo(NamedTuple):
     """A named reader of a log (`LogHandle.readers()`): where its name resumes (`position`, the
     next entry it returns), how many entries it is behind the end of the log (`lag`), its epoch

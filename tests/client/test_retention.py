@@ -142,6 +142,45 @@ def test_apply_by_bytes_on_a_store(tmp_path: Path) -> None:
         assert next(iter(log.open_reader())).message_id == LogMessageId(2, 0)
 
 
+def test_a_segment_completed_by_a_takeover_records_its_bytes(tmp_path: Path) -> None:
+    """Issue 29: a segment its writer left ACTIVE (abandoned, as a killed writer or a streaming
+    query's task leaves it) and a takeover completed recorded 0 bytes, so `max_bytes` never
+    counted it. It records what a cleanly closed writer records for the same entries."""
+    clock = ManualClock(T0)
+    config = {"idempotency.window_duration_s": 1}
+    payloads = [b"p%d" % i * (i % 7 + 1) for i in range(30)]
+    with wp.connect(tmp_path, config, clock=clock) as client:
+        clean = client.open_log("clean", create=True)
+        writer = clean.open_writer()
+        for p in payloads:
+            writer.write(p)
+        writer.close()
+        crashed = client.open_log("crashed", create=True)
+        abandoned = crashed.open_writer()
+        for p in payloads:
+            abandoned.write(p)
+        successor = crashed.open_writer()  # takes the log over, completing segment 0
+        abandoned.close()  # fenced: it leaves the log as it is
+        (expected,) = clean.segments()
+        # counted after the takeover, in the background: the takeover waits for none of it
+        deadline = time.monotonic() + 60
+        while crashed.segments()[0].size_bytes != expected.size_bytes:
+            assert time.monotonic() < deadline, crashed.segments()[0]
+            time.sleep(0.01)
+        recorded = crashed.segments()[0]
+        assert recorded.state is SegmentState.SEALED and recorded.last_entry_id == 29
+        assert expected.size_bytes > sum(map(len, payloads))
+        assert recorded.size_bytes == expected.size_bytes
+        successor.write(b"after")
+        successor.close()
+        clock.advance(2 * S)  # out of the window
+        newest = crashed.segments()[1].size_bytes
+        result = apply(crashed, RetentionPolicy(max_bytes=newest))
+        assert [s.segment_id for s in result.drop] == [0]
+        assert result.bytes_dropped == expected.size_bytes
+        assert [m.payload for m in crashed.open_reader()] == [b"after"]
+
+
 def test_the_client_applies_retention_in_the_background(tmp_path: Path) -> None:
     clock = ManualClock(T0)
     config = {

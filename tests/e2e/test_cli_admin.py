@@ -15,7 +15,7 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +24,9 @@ import pytest
 import yaml
 
 import woodpecker_idem as wp
-from woodpecker_idem.cli import main
+from woodpecker_idem.cli import main, verify
+from woodpecker_idem.client.client import DELETE_OWNER_PREFIX
+from woodpecker_idem.meta.base import SegmentMeta
 from woodpecker_idem.spark.options import ensure_log_group
 
 PACKAGE_ROOT = str(Path(wp.__file__).resolve().parent.parent)
@@ -147,6 +149,90 @@ def test_config_without_data_dir_must_name_shared_stores(
     code, _, err = run(capsys, "logs", "--config", str(path))
     assert code == 2
     assert "meta.type: etcd (or meta.path)" in err and "objectstore.type: s3" in err
+
+
+def test_store_options_before_the_command(
+    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`woodpecker-idem --data-dir DIR logs` (the order of the README) is the same command as
+    `woodpecker-idem logs --data-dir DIR`; issue 29: it was "invalid choice"."""
+    write_orders(store)
+    after = run(capsys, "logs", *store.args, "--json")
+    before = run(capsys, *store.args, "logs", "--json")
+    assert after[0] == 0 and before == after
+    assert json.loads(before[1])["logs"][0]["entries"] == 35
+    code, out, _ = run(capsys, *store.args, "--json", "-v", "stat", "orders")
+    assert code == 0 and json.loads(out)["name"] == "orders"
+    code, out, _ = run(capsys, *store.args, "verify")
+    assert code == 0 and out.startswith("verify: OK: 1 logs")
+    code, out, _ = run(capsys, *store.args, "cat", "orders", *store.args, "--limit", "1")
+    assert code == 0 and out.startswith("0:0\t")  # the same store twice: one store
+    code, _, err = run(capsys, *store.args, "logs", store.args[0], str(tmp_path / "other"))
+    assert code == 2 and f"{store.args[0]} given twice" in err
+    code, _, err = run(capsys, "--json", "demo")
+    assert code == 2 and "--json does not apply to 'demo'" in err
+    if store.kind == "embedded":  # and as a user runs it
+        out = cli_proc(*store.args, "logs")
+        assert out.returncode == 0 and out.stdout.startswith("name "), out.stderr
+
+
+# --- output cut short (`| head`) ---------------------------------------------------------------
+
+
+def into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI with its stdout a pipe whose reader is gone before the first line: every write
+    meets EPIPE, whatever the machine's speed."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "woodpecker_idem", *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": PACKAGE_ROOT},
+        )
+    finally:
+        os.close(write_end)
+
+
+def test_output_cut_short_ends_quietly(tmp_path: Path) -> None:
+    """Issue 29: `cat LOG | head -1` ended with a BrokenPipeError line (or a traceback from the
+    flush at exit) and status 2. Now: no output on stderr, status 0 (the reader had what it
+    wanted), and verify keeps its verdict (1: damage) however much of its output was read."""
+    store = Store("embedded", tmp_path / "data", {}, ["--data-dir", str(tmp_path / "data")])
+    with store.connect() as client:
+        writer = client.open_log("orders", create=True).open_writer()
+        for i in range(5000):  # ~0.5 MB of lines: more than a pipe and Python's buffer hold
+            writer.write_async(b"order %d " % i + b"x" * 80)
+        writer.close()
+    args = store.args
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "woodpecker_idem", "cat", "orders", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": PACKAGE_ROOT},
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline().startswith(b"0:0\t")  # `| head -1`
+        proc.stdout.close()
+        err = proc.stderr.read()
+        assert proc.wait(120) == 0 and err == b"", err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for command in (["cat", "orders"], ["logs"], ["--json", "logs"], ["verify"]):
+        done = into_a_closed_pipe(*command, *args)
+        assert done.returncode == 0 and done.stderr == "", (command, done.stderr)
+    with store.connect() as client:
+        store_id, log_id = client.store_id(), client.open_log("orders").log_id
+    _flip_last_byte_of_segment(store, store_id, log_id, 0)
+    for command in (["verify"], ["verify", "--json"]):
+        done = into_a_closed_pipe(*command, *args)
+        assert done.returncode == 1 and done.stderr == "", (command, done.stderr)
 
 
 # --- logs, stat, cat -------------------------------------------------------------------------
@@ -465,6 +551,141 @@ def test_verify_names_a_foreign_owner_marker(
     assert code == 1
     assert out.startswith("CORRUPT object store OWNER: ")
     assert "belongs to metadata store other" in out
+
+
+def _before_the_first_read(
+    monkeypatch: pytest.MonkeyPatch, action: Callable[[], None]
+) -> list[SegmentMeta]:
+    """Run `action` once, after `verify` listed a log's segments and before it reads the first
+    replica (as retention or a delete in another process may); returns the segments read."""
+    real = verify._replica
+    read: list[SegmentMeta] = []
+
+    def replica(client: object, seg: SegmentMeta, *args: object) -> None:
+        if not read:
+            action()
+        read.append(seg)
+        real(client, seg, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(verify, "_replica", replica)
+    return read
+
+
+def test_verify_tells_segments_dropped_during_its_scan_from_damage(
+    store: Store, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29: a truncation (retention, `truncate`) between verify's listing and its reads made
+    it report CORRUPT "missing" for every segment it deleted, and exit 1. Now they are counted as
+    dropped; damage in a segment still held is reported as before."""
+    write_orders(store)
+    with store.connect() as client:
+        store_id, log_id = client.store_id(), client.open_log("orders").log_id
+    _flip_last_byte_of_segment(store, store_id, log_id, 3)
+
+    def truncate() -> None:
+        with store.connect() as client:
+            client.open_log("orders").truncate(wp.LogMessageId(2, 0))
+
+    read = _before_the_first_read(monkeypatch, truncate)
+    code, out, _ = run(capsys, "verify", *store.args)
+    assert [seg.segment_id for seg in read] == [0, 1, 2, 3]  # listed before the truncation
+    problems = [line for line in out.splitlines() if line.startswith(("CORRUPT", "UNCHECKED"))]
+    assert len(problems) == 1 and "segment 3 on node-0, entry 3:4" in problems[0], out
+    assert code == 1
+    assert out.splitlines()[-1].startswith("verify: 1 problems: 1 logs, 2 segments, 14 entries")
+    assert "(2 segments dropped during the scan)" in out
+    code, out, _ = run(capsys, "verify", *store.args, "--json")  # the hook acted once: a rerun
+    doc = json.loads(out)
+    assert code == 1 and doc["segments"] == 2 and len(doc["problems"]) == 1
+    assert doc["dropped_during_scan"] == {"segments": 0, "logs": 0}
+
+
+def test_verify_passes_a_log_deleted_during_its_scan(
+    store: Store, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_orders(store)
+
+    def delete() -> None:
+        with store.connect() as client:
+            client.delete_log("orders")
+
+    _before_the_first_read(monkeypatch, delete)
+    code, out, _ = run(capsys, "verify", *store.args, "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["ok"] and doc["problems"] == [], doc
+    assert doc["dropped_during_scan"]["segments"] == 4 and doc["segments"] == 0
+
+
+def test_verify_and_a_truncation_half_done(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A truncation records the log's new start first, then marks its segments and deletes
+    them: files of segments before that start, still marked SEALED, are not damage."""
+    store = Store("embedded", tmp_path / "data", {}, ["--data-dir", str(tmp_path / "data")])
+    write_orders(store)
+
+    def truncate_point_and_files() -> None:
+        with store.connect() as client:
+            log_id = client.open_log("orders").log_id
+            client.meta.set_truncation(log_id, wp.LogMessageId(2, 0))
+            for seg in client.meta.list_segments(log_id)[:2]:
+                for node in seg.nodes:
+                    client.ensemble.calls.delete_segment(node, log_id, seg.segment_id)
+
+    _before_the_first_read(monkeypatch, truncate_point_and_files)
+    code, out, _ = run(capsys, "verify", *store.args)
+    assert code == 0 and "(2 segments dropped during the scan)" in out, out
+
+
+@pytest.mark.parametrize("lease_live", [True, False])
+def test_verify_and_a_delete_under_way_or_interrupted(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    lease_live: bool,
+) -> None:
+    """A delete removes the files before the records, under a lease of its own: files missing
+    under that lease, live, are a delete under way; once it expired, a delete that died midway
+    left a log without its entries, which verify reports once per segment, saying so."""
+    store = Store("embedded", tmp_path / "data", {}, ["--data-dir", str(tmp_path / "data")])
+    write_orders(store)
+
+    def delete_files() -> None:  # `delete_log` up to its last step
+        with store.connect() as client:
+            log_id = client.open_log("orders").log_id
+            now = client.clock.now_ms() if lease_live else 0
+            client.meta.take_over(log_id, f"{DELETE_OWNER_PREFIX}test", now, 60_000)
+            client.ensemble.delete_log(log_id, client.meta.list_segments(log_id))
+
+    _before_the_first_read(monkeypatch, delete_files)
+    code, out, _ = run(capsys, "verify", *store.args)
+    missing = [line for line in out.splitlines() if "missing" in line]
+    if lease_live:
+        assert code == 0 and missing == [] and "(4 segments dropped during the scan)" in out, out
+    else:
+        assert code == 1 and [m.split(":")[0] for m in missing] == [
+            f"CORRUPT log 'orders' (id 1) segment {i}" for i in range(4)
+        ], out
+        assert all("a delete of the log (delete_log:test) removed them" in m for m in missing)
+        assert all("delete the log again" in m for m in missing)
+
+
+def test_verify_reports_a_segment_file_removed_behind_the_metadata(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Files missing while the metadata still holds the segment are damage, whenever removed."""
+    store = Store("embedded", tmp_path / "data", {}, ["--data-dir", str(tmp_path / "data")])
+    write_orders(store)
+    with store.connect() as client:
+        store_id, log_id = client.store_id(), client.open_log("orders").log_id
+    segment = store.data_dir / "objects" / "woodpecker" / store_id / str(log_id) / "1"
+    for path in segment.iterdir():
+        path.unlink()
+    code, out, _ = run(capsys, "verify", *store.args)
+    problems = [line for line in out.splitlines() if line.startswith("CORRUPT")]
+    assert code == 1 and len(problems) == 1, out
+    assert "segment 1 on node-0" in problems[0] and "missing" in problems[0]
+    assert "dropped during the scan" not in out
 
 
 def _flip_last_byte_of_segment(store: Store, store_id: str, log_id: int, segment: int) -> None:

@@ -33,6 +33,7 @@ def test_defaults_match_the_design_table() -> None:
         "quorum.tls_client_key": None,
         "quorum.nodes": "embedded",
         "quorum.call_timeout_ms": 30_000,
+        "writer.lease_ms": 30_000,
         "append.max_batch_entries": 1000,
         "append.max_batch_bytes": 2 * MiB,
         "append.linger_ms": 2,

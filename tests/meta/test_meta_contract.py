@@ -686,6 +686,33 @@ def test_a_node_registration_with_a_ttl_lives_while_renewed_and_lapses_when_its_
             meta_store.register_node(node, bad)  # type: ignore[arg-type]
 
 
+# --- members of a log group ----------------------------------------------------------------------
+
+
+def test_group_members_live_until_their_time_runs_out(
+    meta_store: MetadataStore, meta_opener: Opener
+) -> None:
+    assert meta_store.list_group_members("g", NOW) == []
+    meta_store.join_group("g", "host:2:b", NOW, 1000)
+    meta_store.join_group("g", "host:1:a", NOW, 3000)
+    meta_store.join_group("other", "host:3:c", NOW, 9000)
+    other = meta_opener()
+    try:
+        assert other.list_group_members("g", NOW) == ["host:1:a", "host:2:b"]
+        assert other.list_group_members("g", NOW + 1000) == ["host:1:a"]  # b's time ran out
+        other.join_group("g", "host:2:b", NOW + 1500, 1000)  # joins again: renewed
+        assert meta_store.list_group_members("g", NOW + 2000) == ["host:1:a", "host:2:b"]
+        meta_store.leave_group("g", "host:1:a")
+        meta_store.leave_group("g", "host:1:a")  # gone: not an error
+        assert other.list_group_members("g", NOW + 2000) == ["host:2:b"]
+        assert other.list_group_members("other", NOW + 2000) == ["host:3:c"]
+        assert other.list_group_members("g", NOW + 2500) == []
+    finally:
+        other.close()
+    with pytest.raises(InvalidArgumentError):
+        meta_store.join_group("g", "", NOW, 1000)
+
+
 def test_state_survives_reopen(meta_store: MetadataStore, meta_opener: Opener) -> None:
     m = meta_store.create_log("a", NOW)
     e = meta_store.take_over(m.log_id, "A", NOW, 5000)

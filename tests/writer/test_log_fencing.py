@@ -305,6 +305,19 @@ def test_sigkilled_writer_process_new_writer_completes_segment(tmp_path, wp_conn
     assert msgs[-1].message_id == new and msgs[-1].payload == b"after-kill"
     ids = [m.message_id for m in msgs]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    # the segments the dead writer left were completed by the takeover's recovery, which
+    # records their size as a clean close would: each stored record with its 8-byte header
+    # (issue 29: it recorded 0)
+    # (counted after the takeover, in the background)
+    node = handle.segments()[0].nodes[0]
+    deadline = time.monotonic() + 60
+    for seg in handle.segments():
+        stored = client.transport.read(node, handle.log_id, seg.segment_id, 0, 10**9)
+        assert len(stored) == seg.last_entry_id + 1
+        size = sum(8 + len(data) for data in stored)
+        while client.meta.get_segment(handle.log_id, seg.segment_id).size_bytes != size:
+            assert time.monotonic() < deadline, seg
+            time.sleep(0.01)
 
 
 # --- the fencing race, at the engine level -----------------------------------------

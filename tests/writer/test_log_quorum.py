@@ -199,6 +199,12 @@ def test_a_write_still_queued_at_a_quorum_loss_ends_with_quorum_unavailable(tmp_
         except SegmentClosedError:
             pass
         if was_queued:
+            # the held write's outcome comes before the repair opens the next segment: new
+            # writes are refused (retriable) until then
+            deadline = time.monotonic() + 30
+            while writer.repairing:
+                assert time.monotonic() < deadline, "the repair never ended"
+                time.sleep(0.01)
             expected.append((b"queued", writer.write(b"queued", timeout=30).message_id))
             writer.close()
             assert [(m.payload, m.message_id) for m in read_all(handle)] == expected
@@ -330,15 +336,20 @@ def _diverged_segment(client, name, tails=None):
             created_ms=0,
         ),
     )
-    records = [
-        encode_entry(0, i, 1_700_000_000_000 + i, b"r%d" % i, {"i": str(i)}, None)
-        for i in range(10)
-    ]
+    records = _records()
     for node, last in tails.items():
         client.transport.add_entries(
             node, handle.log_id, 0, 0, b"".join(records[: last + 1]), lac=last - 2
         )
     return handle, seg
+
+
+def _records() -> list[bytes]:
+    """The ten records of `_diverged_segment`, each with its header, payloads of growing size."""
+    return [
+        encode_entry(0, i, 1_700_000_000_000 + i, b"r%d" % i * (i + 1), {"i": str(i)}, None)
+        for i in range(10)
+    ]
 
 
 def _copies(engines, log_id, last):
@@ -358,11 +369,27 @@ def test_lac_rule_recover_segment(tmp_path, wp_connect):
     assert all(n >= 2 for n in copies.values()), copies  # 8..9 copied up to aq
     assert copies[9] == 2 and copies[8] == 2  # ... and not beyond
     msgs = read_all(handle)
-    assert [m.payload for m in msgs] == [b"r%d" % i for i in range(10)]
+    assert [m.payload for m in msgs] == [b"r%d" % i * (i + 1) for i in range(10)]
     assert msgs[9].properties == {"i": "9"}
+    # the recorded size is what the writer would have counted: the common prefix 0..4 read
+    # apart, 5..9 as they were read forward (issue 29: recovery recorded 0)
+    assert done.size_bytes == sum(len(r) for r in _records())
+    assert handle.segments()[0].size_bytes == done.size_bytes
     # nothing past lastEntryId is ever read, on any node
     for eng in engines.values():
         assert not eng.read(handle.log_id, 0, 10, 5)
+
+
+def test_recovery_at_an_end_a_node_recorded_counts_the_bytes_up_to_it(tmp_path, wp_connect):
+    """An earlier recovery completed node-0 at 7 but did not seal the metadata: the end is 7 and
+    the size recorded is that of entries 0..7, read from the completed node."""
+    client = wp_connect(tmp_path, {"quorum.es": 3})
+    handle, seg = _diverged_segment(client, "ended")
+    epoch = client.meta.take_over(handle.log_id, "new", 0, 30_000)
+    client.transport.complete("node-0", handle.log_id, 0, 7)
+    done = recover_segment(client.transport, client.meta, epoch, seg, 1)
+    assert done.last_entry_id == 7
+    assert done.size_bytes == sum(len(r) for r in _records()[:8])
 
 
 def test_lac_rule_through_a_new_writer(tmp_path, wp_connect):
@@ -374,7 +401,13 @@ def test_lac_rule_through_a_new_writer(tmp_path, wp_connect):
     new = writer.write(b"next", timeout=5).message_id
     assert new == LogMessageId(1, 0)
     writer.close()
-    assert [m.payload for m in read_all(handle)] == [b"r%d" % i for i in range(10)] + [b"next"]
+    assert [m.payload for m in read_all(handle)] == [b"r%d" % i * (i + 1) for i in range(10)] + [
+        b"next"
+    ]
+    deadline = time.monotonic() + 60  # the takeover counts the bytes in the background
+    while handle.segments()[0].size_bytes != sum(len(r) for r in _records()):
+        assert time.monotonic() < deadline, handle.segments()[0]
+        time.sleep(0.01)
     assert all(n >= 2 for n in _copies(client.transport.engines, handle.log_id, 9).values())
 
 
@@ -391,7 +424,10 @@ def test_lac_rule_with_one_node_unreachable(tmp_path, wp_connect, down, expect_l
     up = {n: e for n, e in engines.items() if n != down}
     copies = _copies(up, handle.log_id, expect_last)
     assert all(n >= 2 for n in copies.values()), copies  # aq copies among the nodes that answered
-    assert [m.payload for m in read_all(handle)] == [b"r%d" % i for i in range(expect_last + 1)]
+    assert [m.payload for m in read_all(handle)] == [
+        b"r%d" % i * (i + 1) for i in range(expect_last + 1)
+    ]
+    assert done.size_bytes == sum(len(r) for r in _records()[: expect_last + 1])
 
 
 def test_lac_rule_two_nodes_unreachable_is_quorum_unavailable(tmp_path, wp_connect):

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import select
 import shutil
 import sys
 import tempfile
@@ -161,11 +163,36 @@ def open_client(args: argparse.Namespace) -> Iterator[WoodpeckerClient]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def stdout_closed() -> bool:
+    """Whether stdout is a pipe its reader closed (`woodpecker-idem cat LOG | head -1`): what
+    tells that `BrokenPipeError` from a socket or file, which is an error, from output no longer
+    wanted, which is not."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # replaced (tests) or closed
+        return False
+    if not hasattr(select, "poll"):  # Windows: no poll on pipes; the error is stdout's
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(event & select.POLLERR for _, event in poller.poll(0))
+
+
+def quiet_stdout() -> None:
+    """Point stdout at devnull, so Python's flush at exit does not fail again on the closed
+    pipe (and print a traceback): the recipe of Python's docs (`signal`, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def run_job(command: str, job: Callable[[], int]) -> int:
     """Run a command; a failure is one line on stderr and exit status 2, not a traceback."""
     try:
         return job()
     except (WoodpeckerError, OSError) as exc:
+        if isinstance(exc, BrokenPipeError) and stdout_closed():
+            raise  # the reader went away: `main` ends quietly
         print(f"woodpecker-idem {command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
 

@@ -14,15 +14,18 @@ read of its segment fail the same way, reported once with the entries it hides).
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .._core import check_entries, decode_snapshot
-from ..client.client import WoodpeckerClient
+from ..client.client import DELETE_OWNER_PREFIX, WoodpeckerClient
 from ..client.keyarchive import archive_prefix
 from ..connect import open_object_root
 from ..errors import (
     CorruptEntryError,
+    LogNotFoundError,
     NodeUnavailableError,
     ObjectStoreOwnedError,
     SnapshotCorruptError,
@@ -32,8 +35,17 @@ from ..logstore.blocks import decode_entry, record_entry, split_frame
 from ..meta.base import LogMeta, SegmentMeta
 from ..objectstore.owner import OWNER_KEY, read_owner
 from ..types import SegmentState
-from .common import DONE, add_store_args, open_client, print_json
+from .common import (
+    DONE,
+    add_store_args,
+    open_client,
+    print_json,
+    quiet_stdout,
+    stdout_closed,
+)
 from .logs import open_log
+
+log = logging.getLogger(__name__)
 
 CHUNK = 1000
 
@@ -56,6 +68,8 @@ class Report:
     entries: int = 0  # entries read and checked, over all replicas
     snapshots: int = 0
     archives: int = 0
+    dropped: int = 0  # segments truncated or deleted while the scan read them: not checked
+    dropped_logs: int = 0  # logs deleted between the listing and their scan
 
     def __post_init__(self) -> None:
         self.problems: list[Problem] = []
@@ -91,6 +105,17 @@ def run(args: argparse.Namespace) -> int:
                 _log(client, meta, report)
     except ObjectStoreOwnedError as exc:  # connect() checks the marker first
         report.problems.append(Problem(f"object store {OWNER_KEY}", str(exc)))
+    try:
+        _print(args, report)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        if not stdout_closed():
+            raise
+        quiet_stdout()  # the output was cut (`verify | head`), the verdict stands
+    return 1 if report.problems else 0
+
+
+def _print(args: argparse.Namespace, report: Report) -> None:
     if args.json:
         print_json(
             {
@@ -100,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
                 "entries_checked": report.entries,
                 "snapshots": report.snapshots,
                 "key_archives": report.archives,
+                "dropped_during_scan": {"segments": report.dropped, "logs": report.dropped_logs},
                 "problems": [
                     {"where": p.where, "what": p.what, "corrupt": p.corrupt}
                     for p in report.problems
@@ -113,9 +139,18 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"verify: {verdict}: {report.logs} logs, {report.segments} segments, "
             f"{report.entries} entries checked on every replica, {report.snapshots} snapshots, "
-            f"{report.archives} key archives"
+            f"{report.archives} key archives{_dropped_note(report)}"
         )
-    return 1 if report.problems else 0
+
+
+def _dropped_note(report: Report) -> str:
+    """What retention, `truncate` or a delete removed while the scan ran (not checked, no fault)."""
+    parts = []
+    if report.dropped:
+        parts.append(f"{report.dropped} segments")
+    if report.dropped_logs:
+        parts.append(f"{report.dropped_logs} logs")
+    return f" ({' and '.join(parts)} dropped during the scan)" if parts else ""
 
 
 def _owner(client: WoodpeckerClient, report: Report) -> None:
@@ -137,14 +172,31 @@ def _owner(client: WoodpeckerClient, report: Report) -> None:
 
 
 def _log(client: WoodpeckerClient, meta: LogMeta, report: Report) -> None:
-    report.logs += 1
     name = f"log {meta.name!r} (id {meta.log_id})"
-    for seg in client.meta.list_segments(meta.log_id):
+    try:
+        segments = client.meta.list_segments(meta.log_id)
+    except LogNotFoundError:
+        report.dropped_logs += 1  # deleted since the logs were listed
+        return
+    report.logs += 1
+    for seg in segments:
         if seg.state is SegmentState.TRUNCATED:
             continue
-        report.segments += 1
+        found = len(report.problems)
         for node in seg.nodes:
             _replica(client, seg, node, f"{name} segment {seg.segment_id} on {node}", report)
+        if len(report.problems) > found:
+            gone = _dropped_meanwhile(client, seg)
+            if isinstance(gone, str):
+                # files a truncation (retention, `truncate`) or a delete removed after the
+                # listing: not damage. Only what the metadata still holds is reported.
+                log.info("verify: %s segment %s %s", name, seg.segment_id, gone)
+                del report.problems[found:]
+                report.dropped += 1
+                continue
+            if gone is not None:  # why its entries are gone: one line, not one per replica
+                report.problems[found:] = [Problem(f"{name} segment {seg.segment_id}", gone.what)]
+        report.segments += 1
     for key in list_snapshots(client.objects, meta.log_id):
         report.snapshots += 1
         data = client.objects.get(key)
@@ -169,6 +221,40 @@ def _log(client: WoodpeckerClient, meta: LogMeta, report: Report) -> None:
                 decode_entry(record_entry(record, key), key)
         except CorruptEntryError as exc:
             report.problems.append(Problem(f"{name} key archive {key}", str(exc)))
+
+
+@dataclass
+class _Unfinished:
+    what: str  # a delete that removed the segment's files but not the log
+
+
+def _dropped_meanwhile(client: WoodpeckerClient, seg: SegmentMeta) -> str | _Unfinished | None:
+    """Why `seg` is no longer the metadata's to check (read now, after its replicas showed a
+    problem), or None if it still is. A truncation records the new start and marks segments
+    TRUNCATED before it deletes their files; a delete fences the log (a lease owned by
+    `delete_log:`) before it deletes files and records: under that lease, live, the delete is
+    under way; once it expired, the delete stopped midway and left a log without its entries
+    (`_Unfinished`: reported, with what to do)."""
+    try:
+        log_meta = client.meta.get_log_by_id(seg.log_id)
+    except LogNotFoundError:
+        return "was deleted with its log during the scan"
+    current = client.meta.get_segment(seg.log_id, seg.segment_id)
+    if current is None:
+        return "was deleted during the scan"
+    if current.state is SegmentState.TRUNCATED:
+        return "was truncated during the scan"
+    floor = log_meta.truncated_to
+    if floor is not None and seg.segment_id < floor.segment_id:
+        return f"is before the log's truncation point {floor} (set during the scan)"
+    if log_meta.lease_owner.startswith(DELETE_OWNER_PREFIX):
+        if log_meta.lease_expires_ms > client.clock.now_ms():
+            return f"is being deleted with its log ({log_meta.lease_owner})"
+        return _Unfinished(
+            f"entries missing: a delete of the log ({log_meta.lease_owner}) removed them and "
+            "did not finish; delete the log again (drop-group --force, or client.delete_log)"
+        )
+    return None
 
 
 def _replica(

@@ -28,11 +28,14 @@ from ..logstore.transport import LogStoreTransport
 from ..meta import MetadataStore
 from ..objectstore import ObjectStore
 from ..retention import RetentionPolicy, RetentionRunner
+from .group import GroupWriter
 from .log import ClosableWriter, LogHandle, WriterFactory
 
 W = TypeVar("W", bound=ClosableWriter)
 
+MAX_GROUP_PARTITIONS = 4096  # as a Spark sink's
 DELETE_LEASE_MS = 2_000  # the lease the delete takes with the log's last epoch (gone with it)
+DELETE_OWNER_PREFIX = "delete_log:"  # that lease's owner: `verify` tells a delete under way by it
 
 
 class WoodpeckerClient:
@@ -187,6 +190,23 @@ class WoodpeckerClient:
         self.check_open()
         return self.meta.store_id()
 
+    def open_group_writer(
+        self, group: str, partitions: int, *, idempotent: bool = True
+    ) -> GroupWriter:
+        """Join `group` (P = `partitions` logs `{group}-{route}`, created if missing; an existing
+        group keeps its P) as one of its producers: the writer owns a share of its routes and
+        writes the keys of those (`client/group.py`, docs/semantics.md). Closed with the client."""
+        self.check_open()
+        _check_name(group)
+        if isinstance(partitions, bool) or not isinstance(partitions, int):
+            raise InvalidTypeError(f"partitions must be an int, not {type(partitions).__name__}")
+        if not 1 <= partitions <= MAX_GROUP_PARTITIONS:
+            raise InvalidArgumentError(
+                f"partitions must be 1..{MAX_GROUP_PARTITIONS}, not {partitions}"
+            )
+        bool_arg(idempotent, "idempotent")
+        return self.track(GroupWriter(self, group, partitions, idempotent=idempotent))
+
     def create_log(self, name: str) -> LogHandle:
         self.check_open()
         _check_name(name)
@@ -247,7 +267,7 @@ class WoodpeckerClient:
         # A new epoch refuses the live writer's metadata writes (a roll, a repair's seal); then
         # each unfinished segment is fenced on its nodes, which refuses its adds. Its acks end
         # here, before the records go (the last step commits the delete).
-        owner = f"delete_log:{socket.gethostname()}:{os.getpid()}"
+        owner = f"{DELETE_OWNER_PREFIX}{socket.gethostname()}:{os.getpid()}"
         self.meta.take_over(meta.log_id, owner, self.clock.now_ms(), DELETE_LEASE_MS)
         segments = self.meta.list_segments(meta.log_id)
         self.ensemble.fence_segments(segments)

@@ -189,6 +189,7 @@ class LogReader:
         self._meta = handle.client.meta
         client = handle.client
         self._transport = client.ensemble.calls_through(client.transport)  # as it is now
+        self._tails = client.ensemble.tails  # a writer of this client wakes this reader
         self.log_id = handle.log_id
         self._buffer: deque[LogMessage] = deque()
         self._raw: list[bytes] = []  # read and checked, not yet decoded: entries _raw_at, ...
@@ -381,15 +382,19 @@ class LogReader:
         self._handle.client.check_open()
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = POLL_MIN_S
+        tails, logs = self._tails, (self.log_id,)
         while not self._buffer:
+            seen = tails.version(logs)  # before looking: a commit after it ends the wait
             if self._decode() or self._fill():
                 continue
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
             self._handle.client.check_open()  # closed while we waited
-            time.sleep(delay if left is None else min(delay, left))
-            delay = min(delay * 2, POLL_MAX_S)
+            if tails.wait(logs, seen, delay if left is None else min(delay, left)):
+                delay = POLL_MIN_S  # a writer of this client moved the log: look at once
+            else:  # nothing from this client's writers: poll the nodes, backing off
+                delay = min(delay * 2, POLL_MAX_S)
         return self._buffer.popleft()
 
     def __iter__(self) -> Iterator[LogMessage]:
@@ -435,8 +440,16 @@ class LogReader:
                 return seg
         return None
 
-    def _visible_last(self, seg: SegmentMeta) -> int:
-        return visible_last(self._transport, seg)
+    def _visible_last(self, seg: SegmentMeta, need: int | None = None) -> int:
+        """`visible_last`, or further: up to the LAC a writer of this client published for an
+        open segment (committed: on an ack quorum, readable from a replica). With `need` (the
+        entry the reader wants next), a published LAC at or past it spares asking the nodes."""
+        if seg.state is not SegmentState.ACTIVE:
+            return visible_last(self._transport, seg)
+        published = self._tails.lac(self.log_id, seg.segment_id)
+        if need is not None and published >= need:
+            return published
+        return max(published, visible_last(self._transport, seg))
 
     def _fill(self) -> bool:
         """Buffer the next entries; False when nothing new is readable now."""
@@ -452,7 +465,7 @@ class LogReader:
                 self._check_truncated()
                 self._pos = LogMessageId(seg.segment_id + 1, 0)
                 return True
-            last = self._visible_last(seg)
+            last = self._visible_last(seg, self._pos.entry_id)
             if self._pos.entry_id <= last:
                 try:
                     self._read(seg, last)

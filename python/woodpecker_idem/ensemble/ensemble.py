@@ -16,6 +16,7 @@ from .members import REFRESH_S, NodeDirectory
 from .placement import new_ensemble
 from .scheduler import Scheduler
 from .senders import NodeCalls, NodeSender
+from .tails import Tails
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class Ensemble:
         self.deadline_s = deadline_s
         self.scheduler = Scheduler(name)
         self.directory = NodeDirectory(transport, registry, on_change=on_nodes)
+        self.tails = Tails()  # where this client's writers' logs end, for its readers
         self._lock = threading.Lock()
         self._senders: dict[str, NodeSender] = {}
         self._closed = False

@@ -13,11 +13,14 @@ from .._core import concat
 from ..errors import (
     CorruptEntryError,
     EntryConflictError,
+    MetadataConflictError,
     NodeUnavailableError,
     QuorumUnavailableError,
     SegmentDamagedError,
     SegmentFencedError,
+    WoodpeckerError,
 )
+from ..logstore.blocks import RECORD_HEADER
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
 from ..types import SegmentState
@@ -33,8 +36,14 @@ def recover_segment(
     epoch: int,
     seg: SegmentMeta,
     now_ms: int,
+    count_bytes: bool = True,
 ) -> SegmentMeta:
     """Fence `seg`, copy every entry some responding node holds up to aq copies, and complete it.
+
+    With `count_bytes`, the size it records is the segment's bytes as a clean close counts them,
+    which reads the entries it need not copy once more; without, it records the writer's count
+    (0 for a segment its writer left) and the caller counts them later (`record_size`), off the
+    wait of a takeover.
 
     Returns the segment's record, SEALED with its lastEntryId. Raises `QuorumUnavailableError`
     when fewer than es - aq + 1 nodes answer the fence (try again later), `WriterFencedError` when
@@ -46,7 +55,7 @@ def recover_segment(
     never read (BookKeeper: once any node is completed, that is lastEntryId).
     """
     if seg.state is not SegmentState.ACTIVE:
-        return seal(meta, epoch, seg, seg.last_entry_id, now_ms)
+        return seal(meta, epoch, seg, seg.last_entry_id, now_ms)  # its size was recorded then
     needed = seg.es - seg.aq + 1
     replies: dict[str, int] = {}
     ends: dict[str, int] = {}  # nodes completed already, and where
@@ -79,10 +88,19 @@ def recover_segment(
             ends,
             last,
         )
+        nodes = list(ends) + [n for n in replies if n not in ends]
+        size = _size_of(transport, seg, nodes, last) if count_bytes else None
     else:
-        last = _read_forward(transport, seg, replies, errors, needed)
+        held = min(replies.values())  # entries up to it are not read forward: counted apart
+        holders = sorted(replies, key=replies.__getitem__, reverse=True)
+        last, tail = _read_forward(transport, seg, replies, errors, needed)
         if last < 0:
             check_log_present(transport, meta, seg)
+        if not count_bytes:
+            size = None
+        else:
+            prefix = _size_of(transport, seg, holders, held) if held >= 0 else 0
+            size = None if prefix is None else prefix + tail
     for node in replies:
         if node in ends:
             continue  # a footer is never rewritten; the metadata decides which end readers use
@@ -92,7 +110,69 @@ def recover_segment(
             log.warning(
                 "segment %s/%s: complete on %s failed: %s", seg.log_id, seg.segment_id, node, exc
             )
-    return seal(meta, epoch, seg, last, now_ms)
+    return seal(meta, epoch, seg, last, now_ms, size)
+
+
+def record_size(transport: LogStoreTransport, meta: MetadataStore, seg: SegmentMeta) -> None:
+    """Count a completed segment's bytes on one of its nodes and record them (a recovery that
+    left it to its caller: `count_bytes=False`). Nothing changes if no node serves them, or the
+    segment was dropped meanwhile; a concurrent update of the record is retried."""
+    if seg.last_entry_id < 0:
+        return
+    try:
+        size = _size_of(transport, seg, list(seg.nodes), seg.last_entry_id)
+        for _ in range(5):
+            current = meta.get_segment(seg.log_id, seg.segment_id)
+            if size is None or current is None or current.state is SegmentState.TRUNCATED:
+                return
+            if current.size_bytes == size:
+                return
+            try:
+                meta.update_segment(None, dataclasses.replace(current, size_bytes=size))
+                return
+            except MetadataConflictError:
+                continue  # changed meanwhile (sealed, truncated): look again
+    except WoodpeckerError as exc:  # the store is down: the size stays the writer's count
+        log.warning("segment %s/%s: size not recorded: %s", seg.log_id, seg.segment_id, exc)
+
+
+def _size_of(
+    transport: LogStoreTransport, seg: SegmentMeta, nodes: list[str], last: int
+) -> int | None:
+    """The bytes of entries 0..`last` as the writer counts them (each record with its header,
+    as a cleanly closed writer records `size_bytes`), read from the first of `nodes` that serves
+    them all; None if none does. Retention's `max_bytes` and `logs`/`stat` go by this figure."""
+    for node in nodes:
+        size = 0
+        entry = 0
+        try:
+            while entry <= last:
+                chunk = transport.read(
+                    node, seg.log_id, seg.segment_id, entry, min(READ_CHUNK, last - entry + 1)
+                )
+                if not chunk:
+                    break
+                size += sum(len(data) for data in chunk) + RECORD_HEADER.size * len(chunk)
+                entry += len(chunk)
+        except (NodeUnavailableError, CorruptEntryError) as exc:
+            log.info(
+                "segment %s/%s: could not count its bytes on %s: %s",
+                seg.log_id,
+                seg.segment_id,
+                node,
+                exc,
+            )
+            continue
+        if entry > last:
+            return size
+    log.warning(
+        "segment %s/%s: no node served entries 0..%d to count its bytes; its size is recorded "
+        "as the writer's count, if any (retention.max_bytes undercounts it)",
+        seg.log_id,
+        seg.segment_id,
+        last,
+    )
+    return None
 
 
 def _read_forward(
@@ -101,11 +181,13 @@ def _read_forward(
     replies: dict[str, int],
     errors: dict[str, str],
     needed: int,
-) -> int:
+) -> tuple[int, int]:
     """BookKeeper's recovery read: from the responders' common prefix, while any responder has
-    the next entry, copy it to nodes that lack it until it has aq copies; returns the last one."""
+    the next entry, copy it to nodes that lack it until it has aq copies; returns the last one
+    and the bytes of the entries read (records with their headers)."""
     entry = min(replies.values()) + 1  # every responder holds everything up to its minimum
     copied = 0
+    size = 0
     while True:
         chunks: dict[str, list[bytes]] = {}
         for node in list(replies):
@@ -126,6 +208,7 @@ def _read_forward(
             holders = [node for node, c in chunks.items() if len(c) > i]
             lacking = [node for node, c in chunks.items() if len(c) <= i]
             data = chunks[holders[0]][i]
+            size += RECORD_HEADER.size + len(data)
             for node in lacking[: max(0, seg.aq - len(holders))]:
                 copies.setdefault(node, []).append((entry + i, data))
         for node, items in copies.items():
@@ -134,7 +217,7 @@ def _read_forward(
         entry += n
     if copied:
         log.info("segment %s/%s: recovery copied %d entries", seg.log_id, seg.segment_id, copied)
-    return entry - 1
+    return entry - 1, size
 
 
 def _skipped(seg: SegmentMeta, node: str, exc: Exception, errors: dict[str, str]) -> None:
@@ -172,9 +255,17 @@ def _copy(
 
 
 def seal(
-    meta: MetadataStore, epoch: int | None, seg: SegmentMeta, last_entry_id: int, now_ms: int
+    meta: MetadataStore,
+    epoch: int | None,
+    seg: SegmentMeta,
+    last_entry_id: int,
+    now_ms: int,
+    size_bytes: int | None = None,
 ) -> SegmentMeta:
-    """ACTIVE -> COMPLETED (with lastEntryId) -> SEALED (object mode: footers are written)."""
+    """ACTIVE -> COMPLETED (with lastEntryId) -> SEALED (object mode: footers are written).
+
+    `size_bytes`: the segment's bytes as recovery counted them; otherwise the writer's count
+    (`seg.size_bytes`) or what the record holds."""
     current = meta.get_segment(seg.log_id, seg.segment_id) or seg
     if current.state is SegmentState.ACTIVE:
         current = meta.update_segment(
@@ -184,7 +275,11 @@ def seal(
                 state=SegmentState.COMPLETED,
                 last_entry_id=last_entry_id,
                 completed_ms=now_ms,
-                size_bytes=seg.size_bytes or current.size_bytes,  # the writer's count, if given
+                size_bytes=(
+                    size_bytes
+                    if size_bytes is not None
+                    else seg.size_bytes or current.size_bytes  # the writer's count, if given
+                ),
             ),
         )
     if current.state is SegmentState.COMPLETED:

@@ -275,5 +275,19 @@ class MetadataStore(ABC):
     def list_nodes(self) -> list[NodeInfo]:
         """Registered nodes ordered by node id, without those whose registration lapsed."""
 
+    # --- members of a log group (group writers) ---
+    @abstractmethod
+    def join_group(self, group: str, member: str, now_ms: int, ttl_ms: int) -> None:
+        """Record `member` of `group` as live until `now_ms + ttl_ms` (a member renews by joining
+        again); members of the group whose time ran out are dropped."""
+
+    @abstractmethod
+    def leave_group(self, group: str, member: str) -> None:
+        """`member` left `group` (a clean close): it is not live from now on."""
+
+    @abstractmethod
+    def list_group_members(self, group: str, now_ms: int) -> list[str]:
+        """The members of `group` live at `now_ms`, ordered by id."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""

@@ -673,6 +673,31 @@ class EtcdMetadataStore(MetadataStore):
         kvs = self._range("list_nodes", self._k("nodes", ""), prefix=True)
         return sorted((rec.decode_node(unb64(kv["value"])) for kv in kvs), key=lambda n: n.node_id)
 
+    # --- members of a log group -----------------------------------------------------------
+
+    def join_group(self, group: str, member: str, now_ms: int, ttl_ms: int) -> None:
+        rec.check_group(group)
+        rec.check_name("member", member)
+        stale = [
+            delete(kv_key)
+            for kv_key, expires in self._members(group)
+            if expires <= now_ms and not kv_key.endswith("/" + member)
+        ]
+        key = self._k("groups", group, "members", member)
+        self._txn("join_group", [], [*stale, put(key, str(now_ms + ttl_ms))], [])
+
+    def leave_group(self, group: str, member: str) -> None:
+        self._txn("leave_group", [], [delete(self._k("groups", group, "members", member))], [])
+
+    def list_group_members(self, group: str, now_ms: int) -> list[str]:
+        live = [key for key, expires in self._members(group) if expires > now_ms]
+        return sorted(key.rsplit("/", 1)[1] for key in live)
+
+    def _members(self, group: str) -> list[tuple[str, int]]:
+        """(key, expiry) of every member record of `group`, live or not."""
+        kvs = self._range("group_members", self._k("groups", group, "members", ""), prefix=True)
+        return [(unb64(kv["key"]).decode(), int(unb64(kv["value"]))) for kv in kvs]
+
     # --- lifecycle --------------------------------------------------------------------------
 
     def close(self) -> None:

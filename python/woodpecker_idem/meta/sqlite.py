@@ -122,6 +122,12 @@ CREATE TABLE IF NOT EXISTS readers (
     revision INTEGER NOT NULL,
     PRIMARY KEY (log_id, name)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS group_members (
+    group_name TEXT NOT NULL,
+    member TEXT NOT NULL,
+    expires_ms INTEGER NOT NULL,
+    PRIMARY KEY (group_name, member)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS nodes (
     node_id TEXT PRIMARY KEY,
     address TEXT NOT NULL,
@@ -959,6 +965,37 @@ class SqliteMetadataStore(MetadataStore):
             else:
                 raise
         return [NodeInfo(r[0], r[1], r[2], json.loads(r[3])) for r in rows]
+
+    # --- members of a log group -----------------------------------------------------------
+
+    def join_group(self, group: str, member: str, now_ms: int, ttl_ms: int) -> None:
+        rec.check_group(group)
+        rec.check_name("member", member)
+        with self._write("join_group") as conn:
+            conn.execute(
+                "DELETE FROM group_members WHERE group_name = ? AND expires_ms <= ?",
+                (group, now_ms),
+            )
+            conn.execute(
+                "INSERT INTO group_members(group_name, member, expires_ms) VALUES (?, ?, ?) "
+                "ON CONFLICT(group_name, member) DO UPDATE SET expires_ms = excluded.expires_ms",
+                (group, member, now_ms + ttl_ms),
+            )
+
+    def leave_group(self, group: str, member: str) -> None:
+        with self._write("leave_group") as conn:
+            conn.execute(
+                "DELETE FROM group_members WHERE group_name = ? AND member = ?", (group, member)
+            )
+
+    def list_group_members(self, group: str, now_ms: int) -> list[str]:
+        rows = self._read(
+            "list_group_members",
+            "SELECT member FROM group_members WHERE group_name = ? AND expires_ms > ? "
+            "ORDER BY member",
+            (group, now_ms),
+        )
+        return [r[0] for r in rows]
 
     # --- lifecycle ----------------------------------------------------------------------------
 

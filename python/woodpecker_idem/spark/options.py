@@ -12,6 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..client.group import log_name
 from ..config import SECTIONS, Config, load_config, parse_text
 from ..connect import connect
 from ..errors import InvalidArgumentError, LogExistsError, LogGroupSizeMismatchError
@@ -270,10 +271,6 @@ def _check_shared(settings: Config) -> None:
             'config (the "config" file or config keys as options) names stores every executor '
             f"shares; missing: {', '.join(missing)}"
         )
-
-
-def log_name(group: str, route: int) -> str:
-    return f"{group}-{route}"
 
 
 def ensure_log_group(client: WoodpeckerClient, name: str, partitions: int) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..client.group import log_name
 from ..client.reader import visible_last
 from ..errors import (
     EntryTruncatedError,
@@ -27,7 +28,7 @@ from ..errors import (
     StorageUnavailableError,
 )
 from ..types import LogMessageId, SegmentState
-from .options import SinkOptions, log_name
+from .options import SinkOptions
 
 if TYPE_CHECKING:
     import pyarrow as pa

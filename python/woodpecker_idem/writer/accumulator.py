@@ -34,8 +34,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .._core import KeyPipe, encode_frame
-from ..errors import WoodpeckerError, WriteTimeoutError
-from ..types import LogMessageId, WriteManyResult, WriteResult
+from ..errors import ConditionFailedError, WoodpeckerError, WriteTimeoutError
+from ..types import UNCONDITIONAL, ExpectedLast, LogMessageId, WriteManyResult, WriteResult
 from .dedup import Dedup
 from .lifecycle import HOLD_INTERRUPTS, WriterState
 from .results import (
@@ -100,6 +100,12 @@ class Lane:
     raises = False  # an error before a run is enqueued propagates (else it ends the rows)
     answers_committed = True  # rows found committed are told their id (else known already)
     records_ids = False  # the lane keeps every row's ids (`numbered`, `judged`)
+    conditional = False  # some rows are conditional appends (`expected`)
+    chained = False  # each row expects the one before it (a conditional batch call)
+
+    def expected(self, row: int) -> ExpectedLast:
+        """What `row` expects the log's last entry to be when its turn comes."""
+        return UNCONDITIONAL
 
     @property
     def since(self) -> float:
@@ -133,7 +139,17 @@ class QueuedLane(Lane):
     """Writes taken off the queue to be admitted, oldest first, as the run builder's lane: a
     future each, whose outcomes the admission returns to be set after the lock (`out`)."""
 
-    __slots__ = ("payloads", "properties", "futures", "timestamps", "keys", "since", "out")
+    __slots__ = (
+        "payloads",
+        "properties",
+        "futures",
+        "timestamps",
+        "keys",
+        "since",
+        "out",
+        "conditions",
+        "conditional",
+    )
 
     def __init__(
         self,
@@ -151,6 +167,12 @@ class QueuedLane(Lane):
         self.keys = keys
         self.since = since  # type: ignore[misc]  # a plain value, not the base class property
         self.out: Outcomes = []
+        # row -> what its conditional append expects (rows not in it append unconditionally)
+        self.conditions: dict[int, ExpectedLast] = {}
+        self.conditional = False  # set with `conditions`
+
+    def expected(self, row: int) -> ExpectedLast:
+        return self.conditions.get(row, UNCONDITIONAL)
 
     def waiter(self, start: int, end: int, count: int, status: bytes | None) -> Waiter:
         futures = self.futures
@@ -174,14 +196,23 @@ class CallLane(Lane):
     """A batch call's rows: no object per row; their ids go to the call's columnar `result`
     as they are given, and the call waits once on `call`."""
 
-    __slots__ = ("call", "result")
+    __slots__ = ("call", "result", "expected_last", "conditional", "chained")
     raises = True  # `write_rows` fails the rows it has not handed over
     answers_committed = False  # `judged` filled their ids in
     records_ids = True  # into the call's columnar result
 
-    def __init__(self, call: BatchCompletion, result: WriteManyResult):
+    def __init__(self, call: BatchCompletion, result: WriteManyResult, expected_last: ExpectedLast):
         self.call = call
         self.result = result
+        self.expected_last = expected_last
+        # a conditional call's rows land one after another after `expected_last`
+        self.conditional = self.chained = expected_last is not UNCONDITIONAL
+
+    def expected(self, row: int) -> ExpectedLast:
+        if not row:
+            return self.expected_last
+        result = self.result
+        return LogMessageId(result.segment_ids[row - 1], result.entry_ids[row - 1])
 
     def waiter(self, start: int, end: int, count: int, status: bytes | None) -> Waiter:
         waiter = RunRows(self.call, start, count, status)
@@ -249,9 +280,19 @@ class Accumulator:
         self.pipe = KeyPipe() if dedup.keyed else None  # the key column
         self.nbytes = 0  # what the queued writes count against append.max_inflight_bytes
         self.since = 0.0  # time.monotonic() when the oldest was queued
+        # conditional appends among the queued writes: row number since the writer opened
+        # (`taken` + place in the queue) -> what the write expects the log's last entry to be
+        self.conditions: dict[int, ExpectedLast] = {}
+        self.taken = 0  # writes taken off the queue so far
+        # Writes taken off the queue and held at a conditional append whose predecessor is
+        # pending in an older segment (`OpenSegments.tail_locked`): the lane and the row it
+        # resumes at. Everything queued after them waits too (admission keeps queueing order);
+        # each admission (an ack, the tick, a flush) tries them first.
+        self.held: tuple[QueuedLane, int] | None = None
 
     def __len__(self) -> int:
-        return len(self.futures)
+        held = self.held
+        return len(self.futures) + (len(held[0].futures) - held[1] if held is not None else 0)
 
     # --- one write ---------------------------------------------------------------------------
 
@@ -260,7 +301,7 @@ class Accumulator:
         (an earlier queued write of the same key must be judged first); then the write needs
         neither the queue nor the nodes. Raises if the writer is closed or fenced."""
         self._state.check_open_locked()
-        if self.futures:
+        if self.futures or self.held is not None:
             return None
         hit = self._dedup.lookup_locked(key, self._clock.now_ms())
         if hit is None:
@@ -276,9 +317,12 @@ class Accumulator:
         out: Outcomes,
         key: bytes | None = None,
         ident: str | bytes | None = None,
+        expected: ExpectedLast = UNCONDITIONAL,
     ) -> None:
         """Queue one write; with a keyed stage its key is `key` if given (computed already), else
-        that of the explicit id `ident`, else the payload's. Adds to `out` the outcomes the
+        that of the explicit id `ident`, else the payload's; `expected`: a conditional append's
+        expected last entry of the log, checked when the write's turn comes. Adds to `out` the
+        outcomes the
         caller sets after releasing the lock (writes admitted now that failed, or were answered),
         also when this raises: writes admitted before a wait that then failed (closed, fenced,
         Ctrl-C) are accepted writes whose callers wait on them."""
@@ -293,6 +337,8 @@ class Accumulator:
             # them).
             self._wait_for_room_locked(size, 1)  # raises once closed or fenced
         rows = self._append_locked(payload, props, future, size, key, ident)
+        if expected is not UNCONDITIONAL:
+            self.conditions[self.taken + rows - 1] = expected
         if rows == 1:
             if self._segments.idle_locked():  # nothing in flight: no company worth waiting for
                 out += self._admit_locked()
@@ -363,8 +409,8 @@ class Accumulator:
         oldest has waited linger_ms; returns the outcomes to set after the lock and the seconds
         until the queued writes are due (None: nothing queued)."""
         if not self.futures:
-            return [], None
-        if not idle:
+            return (self._admit_locked(), None) if self.held is not None else ([], None)
+        if not idle and self.held is None:
             due = self.since + self._linger_s - time.monotonic()
             if due > 0:
                 return [], due
@@ -372,11 +418,13 @@ class Accumulator:
 
     def admit_all_locked(self) -> Outcomes:
         """Admit every queued write now (an ack came, a flush, a batch call going after them)."""
-        return self._admit_locked() if self.futures else []
+        return self._admit_locked() if self.futures or self.held is not None else []
 
     def drop_locked(self) -> list[Future]:
         """Forget every queued write (the writer closed or was fenced); returns their futures."""
-        futures = self._take_locked(len(self.futures)).futures
+        held, self.held = self.held, None
+        futures = held[0].futures[held[1] :] if held is not None else []
+        futures += self._take_locked(len(self.futures)).futures
         if self.pipe is not None:
             self.pipe.clear()
         return futures
@@ -385,15 +433,28 @@ class Accumulator:
         """Give the oldest `count` queued writes (all by default) their ids; returns the outcomes
         to set after the lock."""
         with HOLD_INTERRUPTS:  # taken off the queue and made entries, or neither
+            out: Outcomes = []
+            held, self.held = self.held, None
+            if held is not None:  # held writes go first: they were queued before the rest
+                try:
+                    self._state.check_open_locked()
+                except WoodpeckerError as exc:
+                    out = [(f, exc) for f in held[0].futures[held[1] :]]
+                else:
+                    out = self._runs_locked(*held)
+                    if self.held is not None or not self.futures:
+                        return out
             batch = self._take_locked(len(self.futures) if count is None else count)
             try:
                 self._state.check_open_locked()
             except WoodpeckerError as exc:  # fenced or closed: nobody will send them
-                return [(f, exc) for f in batch.futures]
-            return self._runs_locked(batch)
+                return out + [(f, exc) for f in batch.futures]
+            return out + self._runs_locked(batch)
 
     def _take_locked(self, n: int) -> QueuedLane:
         keys = self.pipe.take(n) if self.pipe is not None else None
+        taken = self.taken
+        self.taken = taken + n
         if n == len(self.futures):
             batch = QueuedLane(
                 self.payloads, self.properties, self.futures, self.timestamps, keys, self.since
@@ -401,6 +462,10 @@ class Accumulator:
             self.payloads, self.properties, self.futures = [], [], []
             self.timestamps = array(TIMESTAMP_TYPECODE)
             self.nbytes = 0
+            if self.conditions:
+                batch.conditions = {row - taken: e for row, e in self.conditions.items()}
+                batch.conditional = True
+                self.conditions = {}
             return batch
         batch = QueuedLane(
             self.payloads[:n],
@@ -413,17 +478,28 @@ class Accumulator:
         del self.payloads[:n], self.properties[:n], self.futures[:n], self.timestamps[:n]
         self.nbytes -= sum([len(p) for p in batch.payloads]) + ROW_OVERHEAD * n
         self.since = time.monotonic()
+        if self.conditions:
+            moved = [row for row in self.conditions if row < taken + n]
+            if moved:
+                batch.conditions = {row - taken: self.conditions.pop(row) for row in moved}
+                batch.conditional = True
         return batch
 
-    def _runs_locked(self, batch: QueuedLane) -> Outcomes:
-        """Queued writes into runs (`_run_locked`), oldest first; returns the outcomes to set
-        after the lock."""
+    def _runs_locked(self, batch: QueuedLane, start: int = 0) -> Outcomes:
+        """Queued writes from `start` on into runs (`_run_locked`), oldest first; returns the
+        outcomes to set after the lock. A conditional append that cannot be judged yet holds
+        the rest (`held`)."""
         payloads, keys = batch.payloads, batch.keys
         n = len(batch.futures)
-        start = 0
+        out_before = len(batch.out)
         while start < n:
-            start = self._run_locked(batch, payloads, keys, start, n)
-        return batch.out
+            nxt = self._run_locked(batch, payloads, keys, start, n)
+            if nxt == start:
+                self.held = (batch, start)
+                break
+            start = nxt
+        out = batch.out[out_before:]  # a held lane is run again: its outcomes are set once
+        return out
 
     def _run_locked(
         self, lane: Lane, payloads: list[bytes], keys: bytes | None, start: int, limit: int
@@ -447,6 +523,16 @@ class Accumulator:
                 self._unavailable_locked(lane, keys, start, limit)
                 return limit
             end = self._segments.run_end_locked(seg, payloads, start, limit)
+            if lane.conditional:
+                try:
+                    end = self._condition_locked(lane, seg, keys, start, end)
+                except ConditionFailedError as exc:
+                    if lane.raises:
+                        raise
+                    lane.fail((start,), exc)
+                    return start + 1
+                if end == start:
+                    return start  # judged once the older segment settles
             segment_id = seg.segment_id
             first = seg.next_entry_id
             rows = end - start
@@ -489,6 +575,38 @@ class Accumulator:
             self._answer_locked(lane, start, status, segs, ents)
         return end
 
+    def _condition_locked(
+        self, lane: Lane, seg: OpenSegment, keys: bytes | None, start: int, end: int
+    ) -> int:
+        """Where a run of a `lane` with conditional appends ends: before its next row to judge
+        (a conditional append is always the first new row of its run, so the log's last entry
+        is known when its turn comes). Row `start`, if it is one, is judged here: it goes on
+        (its predecessor is what it expects), raises `ConditionFailedError` (it is not), or
+        returns `start`: its predecessor is pending in an older segment, whose completion may
+        still drop it, so it waits until that segment settles (`OpenSegments.tail_locked`).
+        Rows the stage finds in the log are answered as duplicates first, unjudged."""
+        status = None
+        if keys is not None:  # as of the newest queueing time: never a duplicate too many
+            stamps = lane.timestamps
+            now = max(stamps[start:end]) if stamps is not None else self._clock.now_ms()
+            status = self._dedup.answer_locked(keys[16 * start : 16 * end], now)[0]
+        nxt = _next_to_judge(lane, status, start, start, end)
+        if nxt != start:
+            return nxt
+        tail, settled = self._segments.tail_locked(seg)
+        if not settled:
+            return start
+        expected = lane.expected(start)
+        if tail != expected:
+            where = "no entry" if tail is None else f"entry {tail}"
+            raise ConditionFailedError(
+                f"conditional append to log {seg.meta.log_id}: expected the log's last entry to "
+                f"be {'none' if expected is None else expected}, it is {where}; not written",
+                expected,
+                tail,
+            )
+        return _next_to_judge(lane, status, start, start + 1, end)
+
     def _answer_locked(
         self, lane: Lane, start: int, status: bytes, segs: bytes, ents: bytes
     ) -> None:
@@ -528,12 +646,15 @@ class Accumulator:
         keys: bytes | None,
         wait: float | None,
         pending_text: Callable[[], str],
+        expected: ExpectedLast = UNCONDITIONAL,
     ) -> WriteManyResult:
         """A batch call (lock NOT held): `payloads` (bytes within append.max_entry_bytes, checked)
         in order, with their N*16-byte `keys` when the stage keys writes; in runs of one
         AddEntries batch, after the writes queued before the call; waits up to `wait` seconds in
         all (room included) for every row. Rows whose keys are committed are answered without
-        touching the queue; a repeat within the call joins the first row's entry."""
+        touching the queue; a repeat within the call joins the first row's entry. A conditional
+        call (`expected`) appends each new row only right after the row before it (the first
+        after `expected`); the first that is not fails with the rest of the call."""
         n = len(payloads)
         deadline = None if wait is None else time.monotonic() + wait
         status: bytes | None = None
@@ -550,13 +671,17 @@ class Accumulator:
                     self.duplicates += n
                 return result
         call = BatchCompletion()
-        lane = CallLane(call, result)
+        lane = CallLane(call, result, expected)
         outcomes: Outcomes = []
         start = 0
         try:
             while start < n:
                 end = min(n, start + self._batch_entries)
-                if status is not None and status.count(2, start, end) == end - start:
+                if (
+                    status is not None
+                    and status.count(2, start, end) == end - start
+                    and not lane.conditional  # its rows' ids are the next rows' conditions
+                ):
                     with self._lock:
                         self.duplicates += end - start
                     start = end
@@ -565,7 +690,10 @@ class Accumulator:
                 with self._lock:
                     self._make_room_locked(nbytes, end - start, deadline, outcomes)
                     with HOLD_INTERRUPTS:  # not across the wait for room: Ctrl-C ends that
-                        start = self._run_locked(lane, payloads, keys, start, end)
+                        nxt = self._run_locked(lane, payloads, keys, start, end)
+                    if nxt == start:  # a conditional row waits for an older segment to settle
+                        self._wait_locked(deadline)
+                    start = nxt
         except WoodpeckerError as refused:  # fenced, closed, or no room in time: nothing queued
             rest = (
                 range(start, n)
@@ -608,12 +736,47 @@ class Accumulator:
         or judged before it returns, and writes queued meanwhile go first (the loop admits them
         again). Raises once closed or fenced, or past `deadline`."""
         while True:
-            if self.futures:
+            if self.futures or self.held is not None:
                 outcomes += self._admit_locked()
             self._state.check_open_locked()
+            if self.held is not None:  # writes queued before the call go first
+                self._wait_locked(deadline)
+                continue
             if not self._inflight.full_locked(nbytes, rows) or not self._inflight.entries:
                 return  # room, or nothing in flight (a chunk larger than the limits goes alone)
             self._wait_for_room_locked(nbytes, rows, deadline)
+
+    def _wait_locked(self, deadline: float | None) -> None:
+        """Wait a little (lock released) for an older segment to settle: its acks and its
+        completion notify `space`; raises once closed or fenced, or past `deadline`. The caller
+        holds nothing half-made across it (rows are judged again after it)."""
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise WriteTimeoutError(
+                "a conditional append waited past the call's timeout for the log's last entry "
+                "to settle (it was pending in a segment being completed); nothing of the rows "
+                "not handed over was written"
+            )
+        self._inflight.space.wait(0.05 if left is None else min(left, 0.05))
+        self._state.check_open_locked()
+
+
+def _next_to_judge(lane: Lane, status: bytes | None, start: int, row: int, end: int) -> int:
+    """The first row from `row` on (of the run from `start`, up to `end`) whose conditional
+    append must be judged: a new row (the stage's `status` 0, or no stage) that expects an
+    entry of its own, or, in a chained lane, the run's first new row and a new row after one
+    the log holds already (a new row after a new row of the run follows it by construction)."""
+    chained = lane.chained
+    while row < end:
+        new = status is None or not status[row - start]
+        if new:
+            if chained:
+                if row == start or (status is not None and status[row - start - 1]):
+                    return row
+            elif lane.expected(row) is not UNCONDITIONAL:
+                return row
+        row += 1
+    return end
 
 
 # --- entries in flight ---------------------------------------------------------------------------
@@ -629,6 +792,7 @@ class InFlight:
         send_locked: Callable[[OpenSegment], None],
         dedup: Dedup,
         metrics: dict[str, float],
+        published: Callable[[int, int], None],
     ):
         self.space = threading.Condition(lock)
         self._metrics = metrics  # entries_acked, ack_latency_seconds (the sum over entries)
@@ -644,6 +808,7 @@ class InFlight:
         self._timeout_s = append.timeout_ms / 1000
         self._send_locked = send_locked  # group commit (`Dispatch.send_locked`)
         self._dedup = dedup
+        self._published = published  # (segment, LAC): readers of the client wake (`Tails`)
 
     def enqueue_run_locked(
         self, seg: OpenSegment, frame: bytes, count: int, waiter: Waiter, since: float
@@ -713,7 +878,9 @@ class InFlight:
     def commit_locked(self, seg: OpenSegment, committed: list[PendingEntry]) -> Outcomes:
         """`committed` (in entry order) reached aq: tell the dedup stage, free their room;
         returns their outcomes (set after the lock is released)."""
-        self._dedup.committed_locked(seg.segment_id, committed[-1].last_entry_id)
+        last = committed[-1].last_entry_id
+        self._dedup.committed_locked(seg.segment_id, last)
+        self._published(seg.segment_id, last)
         resolved: Outcomes = []
         nbytes = 0
         now = time.monotonic()

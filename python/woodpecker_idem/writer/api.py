@@ -34,7 +34,15 @@ from ..errors import (
     PayloadTooLargeError,
     WoodpeckerError,
 )
-from ..types import WriteManyResult, WriteMessage, WriteResult
+from ..types import (
+    UNCONDITIONAL,
+    ExpectedLast,
+    LogMessageId,
+    WriteManyResult,
+    WriteMessage,
+    WriteResult,
+    expected_last_arg,
+)
 from .accumulator import ACK_LATENCY_BOUNDS
 from .dedup import NO_DEDUP, Dedup
 from .lifecycle import FORKS
@@ -126,6 +134,13 @@ class _Writer:
         with self._lock:
             return len(self._acc)
 
+    def last_message_id(self) -> LogMessageId | None:
+        """The log's last entry as this writer's next write would follow it: the last entry
+        given an id, acknowledged or still pending (None: the log holds none). What a
+        conditional append (`expected_last=`) is judged against when its turn comes."""
+        with self._lock:
+            return self._pipeline.segments.tail_locked(None)[0]
+
     def still_owner(self) -> bool:
         """Ask the metadata store now whether this writer still owns the log; if another writer
         took it over, this one is fenced at once (what it had pending fails with
@@ -152,11 +167,19 @@ class LogWriter(_Writer):
         properties: dict[str, str] | None = None,
         idempotency_id: str | bytes | None = None,
         timeout: float | None = None,
+        expected_last: ExpectedLast = UNCONDITIONAL,
     ) -> WriteResult:
         """Append and wait for the quorum ack (`timeout`: None or seconds > 0, checked before the
-        write is queued). A wait that ends first raises `WriteTimeoutError`: still pending."""
+        write is queued). A wait that ends first raises `WriteTimeoutError`: still pending.
+        `expected_last`: a conditional append (docs/semantics.md): written only if the log's
+        last entry is then this id (None: the log holds none), else `ConditionFailedError`."""
         wait = timeout_arg(timeout, allow_zero=False)
-        future = self.write_async(message, properties=properties, idempotency_id=idempotency_id)
+        future = self.write_async(
+            message,
+            properties=properties,
+            idempotency_id=idempotency_id,
+            expected_last=expected_last,
+        )
         return wait_for(future, wait, self._still_pending_text)
 
     def write_async(
@@ -165,8 +188,10 @@ class LogWriter(_Writer):
         *,
         properties: dict[str, str] | None = None,
         idempotency_id: str | bytes | None = None,
+        expected_last: ExpectedLast = UNCONDITIONAL,
     ) -> Future[WriteResult]:
-        """Queue an append; the future resolves at the quorum ack (or with the failure outcome)."""
+        """Queue an append; the future resolves at the quorum ack (or with the failure outcome).
+        `expected_last`: as `write`'s, judged when the write's turn comes."""
         if FORKS[0] != self._generation:
             self._pipeline.check_process()
         if idempotency_id is not None:
@@ -174,29 +199,40 @@ class LogWriter(_Writer):
                 "idempotency_id given to a non-idempotent writer; open it with "
                 "open_writer(idempotent=True)"
             )
+        if expected_last is not UNCONDITIONAL:
+            expected_last = expected_last_arg(expected_last)
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
         future: Future[WriteResult] = WriteFuture()
         outcomes: Outcomes = []
         try:
             with self._lock:
-                self._acc.queue_locked(payload, props, future, outcomes)
+                self._acc.queue_locked(payload, props, future, outcomes, expected=expected_last)
         finally:  # after the lock, also when the write was refused (see `queue_locked`)
             if outcomes:
                 resolve(outcomes)
         return future
 
     def write_many(
-        self, payloads: Sequence[bytes], *, timeout: float | None = None
+        self,
+        payloads: Sequence[bytes],
+        *,
+        timeout: float | None = None,
+        expected_last: ExpectedLast = UNCONDITIONAL,
     ) -> WriteManyResult:
         """Append a batch in order, in runs of one AddEntries batch (one frame and one waiter
         each, no future per row); columnar results. Every row and `timeout` are checked before
         any row is queued. A failure raises the lowest failed row's error, carrying the result
         and which rows were acknowledged (`batch_result`, `acknowledged`); a retry on this plain
-        writer appends the rows again (the idempotent writer's `write_many` answers them)."""
+        writer appends the rows again (the idempotent writer's `write_many` answers them).
+        `expected_last`: a conditional batch: the rows land one after another right after that
+        entry, or from the first row that would not on, none of them does
+        (`ConditionFailedError`; a resumable bulk load, docs/semantics.md)."""
         self._pipeline.check_process()
         wait = timeout_arg(timeout, allow_zero=False)
+        if expected_last is not UNCONDITIONAL:
+            expected_last = expected_last_arg(expected_last)
         rows = checked_payloads(payloads, self._max_entry_bytes)
-        return self._acc.write_rows(rows, None, wait, self._still_pending_text)
+        return self._acc.write_rows(rows, None, wait, self._still_pending_text, expected_last)
 
     def _still_pending_text(self) -> str:
         """What a timed-out wait means for this writer (the idempotent one says a retry joins)."""
@@ -222,13 +258,18 @@ class IdempotentLogWriter(_Writer):
         properties: dict[str, str] | None = None,
         idempotency_id: str | bytes | None = None,
         timeout: float | None = None,
+        expected_last: ExpectedLast = UNCONDITIONAL,
     ) -> WriteResult:
         """Append and wait for the quorum ack; a key committed in the window returns its original
         id at once (duplicate=True) unless an earlier write is still queued (it is judged first).
-        `timeout`: None or seconds > 0; a wait that ends first raises `WriteTimeoutError`."""
+        `timeout`: None or seconds > 0; a wait that ends first raises `WriteTimeoutError`.
+        `expected_last`: a conditional append (docs/semantics.md); a key found in the window is
+        answered as a duplicate first, whatever the log's last entry."""
         wait = None if timeout is None else timeout_arg(timeout, allow_zero=False)
         if FORKS[0] != self._generation:
             self._pipeline.check_process()
+        if expected_last is not UNCONDITIONAL:
+            expected_last = expected_last_arg(expected_last)
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
         key = content_key(payload) if idempotency_id is None else explicit_key(idempotency_id)
         acc = self._acc
@@ -239,7 +280,7 @@ class IdempotentLogWriter(_Writer):
                 if hit is not None:
                     return hit
                 future: Future[WriteResult] = WriteFuture()
-                acc.queue_locked(payload, props, future, outcomes, key)
+                acc.queue_locked(payload, props, future, outcomes, key, expected=expected_last)
         finally:  # after the lock, also when the write was refused (see `queue_locked`)
             if outcomes:
                 resolve(outcomes)
@@ -251,11 +292,15 @@ class IdempotentLogWriter(_Writer):
         *,
         properties: dict[str, str] | None = None,
         idempotency_id: str | bytes | None = None,
+        expected_last: ExpectedLast = UNCONDITIONAL,
     ) -> Future[WriteResult]:
         """Queue a write; the future resolves at the quorum ack (or with the failure outcome), at
-        once for a key committed in the window when no earlier write is queued."""
+        once for a key committed in the window when no earlier write is queued. `expected_last`:
+        as `write`'s."""
         if FORKS[0] != self._generation:
             self._pipeline.check_process()
+        if expected_last is not UNCONDITIONAL:
+            expected_last = expected_last_arg(expected_last)
         payload, props = coerce_message(message, properties, self._max_entry_bytes)
         future: Future[WriteResult] = WriteFuture()
         acc = self._acc
@@ -263,7 +308,9 @@ class IdempotentLogWriter(_Writer):
         try:
             if acc.futures:  # writes queued ahead: judged after them (keys hashed with their chunk)
                 with self._lock:
-                    acc.queue_locked(payload, props, future, outcomes, None, idempotency_id)
+                    acc.queue_locked(
+                        payload, props, future, outcomes, None, idempotency_id, expected_last
+                    )
             else:  # a hint, re-checked under the lock (lookup_locked)
                 key = (
                     content_key(payload) if idempotency_id is None else explicit_key(idempotency_id)
@@ -271,7 +318,9 @@ class IdempotentLogWriter(_Writer):
                 with self._lock:
                     hit = acc.lookup_locked(key)
                     if hit is None:
-                        acc.queue_locked(payload, props, future, outcomes, key)
+                        acc.queue_locked(
+                            payload, props, future, outcomes, key, expected=expected_last
+                        )
                     else:
                         outcomes.append((future, hit))
         finally:  # after the lock, also when the write was refused (see `queue_locked`)
@@ -290,12 +339,18 @@ class IdempotentLogWriter(_Writer):
         payloads: Sequence[bytes],
         ids: Sequence[str | bytes] | None = None,
         timeout: float | None = None,
+        *,
+        expected_last: ExpectedLast = UNCONDITIONAL,
     ) -> WriteManyResult:
         """Write a batch; one window pass, columnar results. Raises the first failure.
 
         Every row (payload type and size, id) and `timeout` are checked before any row is
-        queued: a bad row refuses the whole batch and nothing is written."""
+        queued: a bad row refuses the whole batch and nothing is written. `expected_last`: a
+        conditional batch (as the plain writer's `write_many`); rows found in the window are
+        answered first, and the next new row must follow the last of them."""
         wait = timeout_arg(timeout, allow_zero=False)
+        if expected_last is not UNCONDITIONAL:
+            expected_last = expected_last_arg(expected_last)
         for name, rows in (("payloads", payloads), ("ids", ids)):
             if rows is not None and not (hasattr(rows, "__len__") and hasattr(rows, "__getitem__")):
                 raise InvalidTypeError(
@@ -306,7 +361,7 @@ class IdempotentLogWriter(_Writer):
             raise InvalidArgumentError(f"ids has {len(ids)} items but payloads has {len(payloads)}")
         checked = checked_payloads(payloads, self._max_entry_bytes)
         self._pipeline.check_process()
-        return self._acc.write_rows(checked, keys, wait, self._still_pending_text)
+        return self._acc.write_rows(checked, keys, wait, self._still_pending_text, expected_last)
 
     def write_arrow(
         self,
@@ -316,6 +371,7 @@ class IdempotentLogWriter(_Writer):
         payload_column: str | None = None,
         exclude_columns: Sequence[str] = (),
         timeout: float | None = None,
+        expected_last: ExpectedLast = UNCONDITIONAL,
     ) -> WriteManyResult:
         """Write every row of Arrow data (a pyarrow/polars RecordBatch or Table, or a binary
         column of payloads): keys are computed in Rust from the Arrow buffers, the whole batch is
@@ -324,29 +380,41 @@ class IdempotentLogWriter(_Writer):
         Payload: the `payload_column` (binary or string) as is, else the canonical JSON of the row
         (without `exclude_columns`). Key: the explicit id in `key_column` (a column name, or an
         Arrow column beside a payload column: string, binary or integer), else the payload's
-        content key.
+        content key. `expected_last`: a conditional batch, as `write_many`'s.
         """
         wait = timeout_arg(timeout, allow_zero=False)
+        if expected_last is not UNCONDITIONAL:
+            expected_last = expected_last_arg(expected_last)
         payloads, keys = arrow_rows(
             data, key=key_column, payload=payload_column, exclude=list(exclude_columns)
         )
-        return self._write_keyed(payloads, keys, wait)
+        return self._write_keyed(payloads, keys, wait, expected_last)
 
     def write_keyed(
-        self, payloads: list[bytes], keys: bytes, timeout: float | None = None
+        self,
+        payloads: list[bytes],
+        keys: bytes,
+        timeout: float | None = None,
+        *,
+        expected_last: ExpectedLast = UNCONDITIONAL,
     ) -> WriteManyResult:
         """Write payloads whose 16-byte keys were computed already (N*16 bytes, by the `_core`
-        key functions, e.g. `arrow_rows`); checked whole before anything is queued."""
-        return self._write_keyed(payloads, keys, timeout_arg(timeout, allow_zero=False))
+        key functions, e.g. `arrow_rows`); checked whole before anything is queued.
+        `expected_last`: a conditional batch, as `write_many`'s."""
+        if expected_last is not UNCONDITIONAL:
+            expected_last = expected_last_arg(expected_last)
+        return self._write_keyed(
+            payloads, keys, timeout_arg(timeout, allow_zero=False), expected_last
+        )
 
     def _write_keyed(
-        self, payloads: list[bytes], keys: bytes, wait: float | None
+        self, payloads: list[bytes], keys: bytes, wait: float | None, expected: ExpectedLast
     ) -> WriteManyResult:
-        """`write_keyed` with its timeout checked already (`write_arrow` checks it before it
-        reads the Arrow data)."""
+        """`write_keyed` with its timeout and `expected` checked already (`write_arrow` checks
+        them before it reads the Arrow data)."""
         self._pipeline.check_process()
         rows = keyed_rows(payloads, keys, self._max_entry_bytes)
-        return self._acc.write_rows(rows, keys, wait, self._still_pending_text)
+        return self._acc.write_rows(rows, keys, wait, self._still_pending_text, expected)
 
     # --- the window ----------------------------------------------------------------------------
 

@@ -16,9 +16,10 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from ..ensemble.recovery import recover_segment, seal
+from ..ensemble.recovery import record_size, recover_segment, seal
 from ..errors import (
     EntryConflictError,
     LogNotFoundError,
@@ -32,7 +33,7 @@ from ..errors import (
 )
 from ..meta.base import SegmentMeta
 from ..retry import Backoff, retry_call
-from ..types import SegmentState
+from ..types import LogMessageId, SegmentState
 from .adopted import check_adopted
 from .dedup import Dedup
 from .lifecycle import Maintenance, deleted
@@ -69,6 +70,17 @@ class CompletionView(Protocol):
     def fence(self, exc: WriterFencedError) -> None: ...
 
 
+def log_end(segments: list[SegmentMeta]) -> LogMessageId | None:
+    """The last entry of completed `segments` (oldest first); None if they hold none, or only
+    truncated ones (a reader of the log sees none either)."""
+    for seg in reversed(segments):
+        if seg.state is SegmentState.TRUNCATED:
+            return None
+        if seg.last_entry_id >= 0:
+            return LogMessageId(seg.segment_id, seg.last_entry_id)
+    return None
+
+
 def _transient(exc: BaseException) -> bool:
     """Worth retrying while completing a segment: an unreachable node or store, a lost
     compare-and-swap, or a race with another completion of the same segment (the next attempt
@@ -93,8 +105,10 @@ class SegmentCompletion:
         maint: Maintenance,
         stopping: threading.Event,
         timeout_s: float,
+        background: Callable[..., object],
     ):
         self._pipeline = pipeline
+        self._background = background
         self._meta = meta
         self._transport = transport
         self._dedup = dedup
@@ -109,10 +123,14 @@ class SegmentCompletion:
 
     def take_over(self) -> None:
         """Complete every ACTIVE segment a previous writer left (docs/architecture.md)."""
-        for seg in self._meta.list_segments(self._log_id):
+        segments = self._meta.list_segments(self._log_id)
+        for i, seg in enumerate(segments):
             if seg.state in (SegmentState.ACTIVE, SegmentState.COMPLETED):
-                done = self._recover_with_retries(seg)
+                segments[i] = done = self._recover_with_retries(seg)
                 self._completed(done.segment_id, done.last_entry_id)
+                self._count_later(done)
+        with self._pipeline.lock:
+            self._pipeline.segments.last_completed = log_end(segments)
 
     def _recover_with_retries(self, seg: SegmentMeta) -> SegmentMeta:
         """Recovery meets the same transient faults as writes (nodes, metadata store, a race with
@@ -122,7 +140,12 @@ class SegmentCompletion:
         def attempt() -> SegmentMeta:
             current = self._meta.get_segment(self._log_id, seg.segment_id) or seg  # fresh revision
             return recover_segment(
-                self._transport, self._meta, pipeline.epoch, current, pipeline.clock.now_ms()
+                self._transport,
+                self._meta,
+                pipeline.epoch,
+                current,
+                pipeline.clock.now_ms(),
+                count_bytes=False,  # counted in the background: the takeover waits for none of it
             )
 
         def on_retry(exc: BaseException, attempt_no: int) -> None:
@@ -140,6 +163,12 @@ class SegmentCompletion:
             Backoff(RETRY_INITIAL_S, RETRY_MAX_S, budget_s=self._timeout_s),
             on_retry,
         )
+
+    def _count_later(self, done: SegmentMeta) -> None:
+        """A segment recovery completed records 0 bytes (its writer left it): count them on a
+        node in the background and record them (retention.max_bytes and `logs` go by them)."""
+        if done.last_entry_id >= 0 and not done.size_bytes:
+            self._background(record_size, self._transport, self._meta, done)
 
     def _completed(self, segment_id: int, last_entry_id: int) -> None:
         with self._pipeline.lock:
@@ -188,51 +217,59 @@ class SegmentCompletion:
         pipeline = self._pipeline
         backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S, stop=self._stopping)
         done: SegmentMeta | None = None
-        while True:
-            with pipeline.lock:
-                if pipeline.stopped:
-                    return
-            try:
-                if done is None:
-                    end = recover_segment(
-                        self._transport,
-                        self._meta,
-                        pipeline.epoch,
-                        seg.meta,
-                        pipeline.clock.now_ms(),
-                    )
-                    check_adopted(self._transport, seg, end.last_entry_id)
-                    done = end
-                    with pipeline.lock:
-                        resolved = self._resolve_segment_locked(seg, done.last_entry_id)
-                        pipeline.segments.forget_locked(seg)
-                        pipeline.metrics["segments_repaired"] += 1
-                    resolve(resolved)
-                    self._completed(done.segment_id, done.last_entry_id)
+        # The outcomes of the segment's pending entries are set once the next segment is open
+        # (or the repair ends otherwise): a caller who learns its write's outcome and writes
+        # again is not refused for a repair still under way.
+        resolved: Outcomes = []
+        try:
+            while True:
                 with pipeline.lock:
-                    pipeline.segments.replace_current_locked()  # only a current segment is replaced
-                    if self.repairing is seg:
-                        self.repairing = None
-                return
-            except WriterFencedError as exc:
-                pipeline.fence(exc)
-                return
-            except LogNotFoundError as exc:  # deleted under the writer: nothing to repair
-                pipeline.fence(deleted(self._log_id, exc))
-                return
-            except Exception as exc:  # retried: the outage may end any time
-                pipeline.metrics["background_retries"] += 1
-                log.warning(
-                    "log %s: repair of segment %s (%s), retry %d: %s: %s",
-                    self._log_id,
-                    seg.segment_id,
-                    "completing it" if done is None else "opening the next",
-                    backoff.attempts + 1,
-                    type(exc).__name__,
-                    exc,
-                )
-                if not backoff.wait():
+                    if pipeline.stopped:
+                        return
+                try:
+                    if done is None:
+                        end = recover_segment(
+                            self._transport,
+                            self._meta,
+                            pipeline.epoch,
+                            seg.meta,
+                            pipeline.clock.now_ms(),
+                            count_bytes=False,
+                        )
+                        check_adopted(self._transport, seg, end.last_entry_id)
+                        done = end
+                        with pipeline.lock:
+                            resolved = self._resolve_segment_locked(seg, done.last_entry_id)
+                            pipeline.segments.forget_locked(seg, done.last_entry_id)
+                            pipeline.metrics["segments_repaired"] += 1
+                        self._completed(done.segment_id, done.last_entry_id)
+                        self._count_later(done)
+                    with pipeline.lock:
+                        pipeline.segments.replace_current_locked()  # a current one only
+                        if self.repairing is seg:
+                            self.repairing = None
                     return
+                except WriterFencedError as exc:
+                    pipeline.fence(exc)
+                    return
+                except LogNotFoundError as exc:  # deleted under the writer: nothing to repair
+                    pipeline.fence(deleted(self._log_id, exc))
+                    return
+                except Exception as exc:  # retried: the outage may end any time
+                    pipeline.metrics["background_retries"] += 1
+                    log.warning(
+                        "log %s: repair of segment %s (%s), retry %d: %s: %s",
+                        self._log_id,
+                        seg.segment_id,
+                        "completing it" if done is None else "opening the next",
+                        backoff.attempts + 1,
+                        type(exc).__name__,
+                        exc,
+                    )
+                    if not backoff.wait():
+                        return
+        finally:
+            resolve(resolved)
 
     def _resolve_segment_locked(self, seg: OpenSegment, last_entry_id: int) -> Outcomes:
         pipeline = self._pipeline
@@ -310,7 +347,7 @@ class SegmentCompletion:
         )
         with pipeline.lock:
             seg.status = SegmentStatus.DONE
-            pipeline.segments.forget_locked(seg)
+            pipeline.segments.forget_locked(seg, last)
         self._completed(seg.segment_id, last)
 
     # --- closing ---------------------------------------------------------------------------------

@@ -98,8 +98,6 @@ class WriterState:
 
 # --- the lease -----------------------------------------------------------------------------------
 
-LEASE_MS = 30_000
-
 
 class Lease:
     """The epoch and lease of one writer (`owner` names it in the metadata store)."""
@@ -110,19 +108,21 @@ class Lease:
         log_id: int,
         clock: Clock,
         fence: Callable[[WriterFencedError], None],
+        lease_ms: int,
     ):
         self._meta = meta
         self._log_id = log_id
         self._clock = clock
         self._fence = fence
+        self.lease_ms = lease_ms  # writer.lease_ms
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.epoch = meta.take_over(log_id, self.owner, clock.now_ms(), LEASE_MS)
+        self.epoch = meta.take_over(log_id, self.owner, clock.now_ms(), lease_ms)
 
     def renew(self) -> None:
         """Renew the lease; fences the writer if another writer took the log over."""
         try:
             self._meta.renew_lease(
-                self._log_id, self.epoch, self.owner, self._clock.now_ms(), LEASE_MS
+                self._log_id, self.epoch, self.owner, self._clock.now_ms(), self.lease_ms
             )
         except WriterFencedError as exc:
             self._fence(exc)
@@ -199,7 +199,6 @@ class Maintenance:
             )
 
 
-LEASE_RENEW_EVERY_S = 10.0
 TICK_S = 0.05
 LOCK_BUSY_S = 0.001  # a tick that found the writer's lock held comes back this much later
 
@@ -212,6 +211,7 @@ class TickerView(Protocol):
     log_id: int
     lock: threading.Lock
     timeout_s: float  # append.timeout_ms in seconds: a waiter's deadline
+    lease_ms: int  # writer.lease_ms: the lease is renewed every third of it
     segments: OpenSegments
 
     @property
@@ -290,7 +290,7 @@ class Ticker:
                         seg.lac_sent = seg.lac
                 self._expire_locked(seg, now, expired)
                 w.complete_if_drained_locked(seg)
-            if now - self.lease_renewed > LEASE_RENEW_EVERY_S:
+            if now - self.lease_renewed > w.lease_ms / 3000:  # a third of writer.lease_ms
                 self.lease_renewed = now
                 self.maint.submit(w.renew_lease)
             for seg in lac_only:

@@ -75,6 +75,7 @@ class Pipeline:
         self.generation = FORKS[0]  # see FORKS: its threads and locks exist in this process only
         self._pid = os.getpid()
         self.timeout_s = ap.timeout_ms / 1000  # a waiter's deadline
+        self.lease_ms = cfg.writer.lease_ms
         self._linger_s = ap.linger_ms / 1000
         self.max_retries = ap.max_retries  # a node's retries of one batch
         self.max_entry_bytes = ap.max_entry_bytes
@@ -99,7 +100,15 @@ class Pipeline:
             max_batch_bytes=ap.max_batch_bytes,
             linger_s=ap.linger_ms / 1000,
         )
-        self.inflight = InFlight(self.lock, ap, self._dispatch.send_locked, dedup, self.metrics)
+        tails = ensemble.tails
+        self.inflight = InFlight(
+            self.lock,
+            ap,
+            self._dispatch.send_locked,
+            dedup,
+            self.metrics,
+            lambda segment_id, lac: tails.published(self.log_id, segment_id, lac),
+        )
         self.segments = OpenSegments(
             self,
             cfg,
@@ -116,6 +125,11 @@ class Pipeline:
             maint=self._maint,
             stopping=self._stopping,
             timeout_s=self.timeout_s,
+            # counting a recovered segment's bytes: a queue of its own, so a long count holds
+            # back none of the writer's maintenance (a repair)
+            background=lambda fn, *args: self._scheduler.submit(
+                ("record-size", self.log_id), fn, *args
+            ),
         )
         self.accumulator = Accumulator(
             lock=self.lock,
@@ -139,7 +153,7 @@ class Pipeline:
     def take_over(self) -> None:
         """Bump the log's writer epoch (fencing every earlier writer) and complete every segment
         an earlier writer left, so nothing of theirs is pending any more."""
-        self._lease = Lease(self._meta, self.log_id, self.clock, self.fence)
+        self._lease = Lease(self._meta, self.log_id, self.clock, self.fence, self.lease_ms)
         self.owner = self._lease.owner
         self.epoch = self._lease.epoch
         self._completion.take_over()
@@ -259,10 +273,19 @@ class Pipeline:
         with self.lock:
             # The lock is released while this waits: writes accepted meanwhile have later
             # sequence numbers than `target`, so they neither hold this flush nor are waited for.
+            # Writes held at a conditional append (`Accumulator.held`) were accepted before it:
+            # once they are entries, the flush waits for every entry made up to then.
+            held = False
             while self.state.fenced is None:
-                oldest = self.segments.oldest_pending_seq_locked()
-                if oldest is None or oldest > target:
-                    return
+                if self.accumulator.held is not None:
+                    held = True
+                elif held:
+                    held = False
+                    target = self.inflight.seq
+                if not held:
+                    oldest = self.segments.oldest_pending_seq_locked()
+                    if oldest is None or oldest > target:
+                        return
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise WriteTimeoutError(f"flush of log {self.log_id} timed out")

@@ -440,6 +440,8 @@ def finish(
         except Exception:  # an error class with another signature
             made = WoodpeckerError(text)
         error = made if isinstance(made, WoodpeckerError) else WoodpeckerError(text)
+        if type(error) is type(exc):
+            error.__dict__.update(exc.__dict__)  # what it carries (e.g. a condition's ids)
         error.__cause__ = exc
     elif still_open:
         error = WriteTimeoutError(

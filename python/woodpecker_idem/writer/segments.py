@@ -349,6 +349,9 @@ class OpenSegments:
         self._open: dict[int, OpenSegment] = {}
         self.last_opened = -1  # the newest segment this writer has had a handle for
         self.current: OpenSegment | None = None  # None while a repair replaces it
+        # The last entry of the newest segment completed (by this writer, or before it opened):
+        # where the log ends once no open segment of this writer holds an entry.
+        self.last_completed: LogMessageId | None = None
         self._failed_in_last: set[str] = set()  # nodes that failed in the last segment completed
 
     # --- where writes go (the write path) ------------------------------------------------------
@@ -404,6 +407,23 @@ class OpenSegments:
         """The sequence number of the oldest entry still pending (None: nothing is)."""
         return min((s.pending[0].seq for s in self._open.values() if s.pending), default=None)
 
+    def tail_locked(self, seg: OpenSegment | None) -> tuple[LogMessageId | None, bool]:
+        """The log's last entry as a new entry of `seg` would follow it: the last entry given an
+        id, acknowledged or pending (None: the log holds none), and whether it is settled for
+        that new entry. It is unless it is pending in another segment than `seg`: entries of one
+        segment land as a prefix (a completion keeps entries up to its end), so a predecessor
+        pending in `seg` is in the log whenever the new entry is; one pending in an older
+        segment may be dropped by that segment's completion while `seg` keeps the new entry."""
+        tail = self.last_completed
+        settled = True
+        for s in self._open.values():
+            if s.next_entry_id:
+                last = LogMessageId(s.segment_id, s.next_entry_id - 1)
+                if tail is None or last > tail:
+                    tail = last
+                    settled = s is seg or not s.pending
+        return tail, settled
+
     def waiters_locked(self) -> Iterator[tuple[Waiter, int, int]]:
         """(waiter, segment id, entry id) of every pending entry (a close or a fence fails them)."""
         for seg in self._open.values():
@@ -430,9 +450,15 @@ class OpenSegments:
             failed |= seg.failed_nodes.keys()
         return failed
 
-    def forget_locked(self, seg: OpenSegment) -> None:
-        """`seg` is completed: it has nothing pending and is no longer this writer's to send."""
+    def forget_locked(self, seg: OpenSegment, last_entry_id: int) -> None:
+        """`seg` is completed at `last_entry_id`: it has nothing pending and is no longer this
+        writer's to send."""
         self._open.pop(seg.segment_id, None)
+        self._ensemble.tails.completed(self._log_id, seg.segment_id)
+        if last_entry_id >= 0:
+            end = LogMessageId(seg.segment_id, last_entry_id)
+            if self.last_completed is None or end > self.last_completed:
+                self.last_completed = end
         self._failed_in_last = set(seg.failed_nodes)  # a repaired segment's successor avoids them
 
     def drop_current_locked(self, seg: OpenSegment) -> None:

@@ -1,0 +1,239 @@
+"""Many producers, one log group (`client.open_group_writer`, client/group.py): members split the
+routes without fencing each other, refuse keys of routes they do not own, hand routes over on a
+join and take a dead member's routes once its lease runs out; every key lands once, in the log
+of its route."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from woodpecker_idem import RouteNotOwnedError
+from woodpecker_idem._core import explicit_key
+from woodpecker_idem.client.group import log_name, route_of
+from woodpecker_idem.ensemble.scheduler import TASK_WORKERS
+from woodpecker_idem.ensemble.senders import CALLS_PER_NODE
+from woodpecker_idem.errors import InvalidArgumentError, LogGroupSizeMismatchError
+
+P = 8
+FAST = {"writer.lease_ms": 1000, "append.linger_ms": 1}
+
+
+def wait_until(predicate, what: str, deadline_s: float = 120.0) -> None:
+    end = time.monotonic() + deadline_s  # ends a hung test only
+    while not predicate():
+        assert time.monotonic() < end, f"never happened: {what}"
+        time.sleep(0.01)
+
+
+def group_entries(client, group: str, partitions: int) -> dict[bytes, list[int]]:
+    """payload -> the routes of the logs holding it (once per copy)."""
+    seen: dict[bytes, list[int]] = {}
+    for route in range(partitions):
+        for m in client.open_log(log_name(group, route)).open_reader("earliest"):
+            seen.setdefault(m.payload, []).append(route)
+    return seen
+
+
+def write_owned(member, keys: range) -> set[int]:
+    """Write every key whose route `member` owns; the others must be refused."""
+    written = set()
+    for k in keys:
+        try:
+            member.write(b"v%d" % k, idempotency_id=f"k{k}")
+        except RouteNotOwnedError as exc:
+            assert exc.route == route_of(explicit_key(f"k{k}"), P) and exc.retriable
+            assert exc.route not in member.routes()
+            continue
+        written.add(k)
+    return written
+
+
+def test_two_members_split_the_routes_and_hand_them_over_on_a_join(tmp_path, wp_connect):
+    c1, c2 = wp_connect(tmp_path, FAST), wp_connect(tmp_path, FAST)
+    m1 = c1.open_group_writer("g", P)
+    assert m1.routes() == frozenset(range(P))  # alone: every route
+    first = write_owned(m1, range(100))
+    assert first == set(range(100))
+    m2 = c2.open_group_writer("g", P)
+    # m2's share is still m1's (live leases): nothing is taken from under m1
+    assert m2.routes() == frozenset() and m1.routes() == frozenset(range(P))
+    m1.rebalance()  # gives m2's share up
+    m2.rebalance()  # takes it up
+    assert m1.routes() | m2.routes() == frozenset(range(P))
+    assert not m1.routes() & m2.routes() and m2.routes()
+    by1, by2 = write_owned(m1, range(200)), write_owned(m2, range(200))
+    assert by1 | by2 == set(range(200)) and not by1 & by2
+    # the first 100 again through their new owners: answered, not written again
+    for member in (m1, m2):
+        for k in range(100):
+            if route_of(explicit_key(f"k{k}"), P) in member.routes():
+                assert member.write(b"v%d" % k, idempotency_id=f"k{k}").duplicate
+    m1.close()
+    m2.close()
+    seen = group_entries(c1, "g", P)
+    assert sorted(seen) == sorted(b"v%d" % k for k in range(200))
+    for k in range(200):
+        assert seen[b"v%d" % k] == [route_of(explicit_key(f"k{k}"), P)]
+
+
+def test_a_closed_member_leaves_its_routes_to_the_others(tmp_path, wp_connect):
+    c1, c2 = wp_connect(tmp_path, FAST), wp_connect(tmp_path, FAST)
+    m1 = c1.open_group_writer("g", P)
+    m2 = c2.open_group_writer("g", P)
+    m1.rebalance()
+    m2.rebalance()
+    assert m2.routes() and m2.routes() != frozenset(range(P))
+    m1.close()  # leaves the group, releases its leases
+    assert m2.rebalance() == frozenset(range(P))
+    assert write_owned(m2, range(50)) == set(range(50))
+
+
+def test_routes_do_not_grow_threads(tmp_path, wp_connect):
+    one = wp_connect(tmp_path / "a", FAST)
+    many = wp_connect(tmp_path / "b", FAST)
+    g1 = one.open_group_writer("g", 1)
+    g16 = many.open_group_writer("g", 16)
+    assert len(g16.routes()) == 16
+    write_owned(g1, range(64))
+    for k in range(64):
+        g16.write(b"v%d" % k, idempotency_id=f"k{k}")
+    # the client's own threads, bounded by its nodes, whatever the routes: a timer, the task
+    # workers and each node's sender lanes
+    bound = 1 + TASK_WORKERS + CALLS_PER_NODE * len(many.transport.node_ids)
+    assert len(one.threads()) <= bound and len(many.threads()) <= bound
+
+
+def test_bad_groups_are_refused(tmp_path, wp_connect):
+    client = wp_connect(tmp_path, FAST)
+    client.open_group_writer("g", 4).close()
+    with pytest.raises(LogGroupSizeMismatchError, match="keeps its P"):
+        client.open_group_writer("g", 5)
+    for bad in (0, 5000):
+        with pytest.raises(InvalidArgumentError, match="partitions"):
+            client.open_group_writer("h", bad)
+    plain = client.open_group_writer("p", 2, idempotent=False)
+    with pytest.raises(InvalidArgumentError, match="idempotent=True"):
+        plain.write(b"x", idempotency_id="k")
+    assert plain.write(b"x").message_id.entry_id == 0
+
+
+MEMBER = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+from woodpecker_idem import RouteNotOwnedError, connect
+data, group, stop = sys.argv[1], sys.argv[2], sys.argv[5]
+parts, keys = int(sys.argv[3]), int(sys.argv[4])
+client = connect(data, {"writer.lease_ms": 1000, "append.linger_ms": 1})
+member = client.open_group_writer(group, parts)
+print("member", member.member, flush=True)
+done = set()
+while not os.path.exists(stop):
+    member.rebalance()
+    print("routes", " ".join(map(str, sorted(member.routes()))), flush=True)
+    for k in range(keys):
+        if k in done:
+            continue
+        try:
+            result = member.write(b"v%d" % k, idempotency_id=f"k{k}")
+        except RouteNotOwnedError:
+            continue
+        done.add(k)
+        print("acked", k, int(result.duplicate), flush=True)
+member.close()
+client.close()
+print("closed", flush=True)
+"""
+
+
+class Member:
+    """A group writer in a process of its own (MEMBER), its stdout read as it comes."""
+
+    def __init__(self, data: Path, stop: Path, keys: int):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", MEMBER, str(data), "g", str(P), str(keys), str(stop)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self.err = ""
+        self._out = threading.Thread(target=self._read, daemon=True)
+        self._out.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            self.lines.append(line.strip())
+
+    def acked(self) -> set[int]:
+        return {int(x.split()[1]) for x in list(self.lines) if x.startswith("acked")}
+
+    def routes(self) -> set[int]:
+        last = [x for x in list(self.lines) if x.startswith("routes")]
+        return {int(r) for r in last[-1].split()[1:]} if last else set()
+
+    def finish(self, timeout: float) -> int:
+        _, self.err = self.proc.communicate(timeout=timeout)
+        self._out.join(timeout)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(60)
+        self._out.join(60)
+
+
+@pytest.mark.parametrize("members", [2, 4])
+def test_members_in_processes_one_killed_every_key_once(tmp_path, wp_connect, members):
+    """Processes write one group through group writers, each the keys of its routes; one is
+    SIGKILLed mid-stream; the others take its routes once its lease and membership run out and
+    write its keys (answered from the rebuilt window where they landed): every key exactly once,
+    in its log, and no live member fenced another (a fenced write ends a member with a
+    traceback)."""
+    keys = 300
+    stop = tmp_path / "stop"
+    wp_connect(tmp_path, FAST).open_group_writer("g", P).close()  # the group, made once
+    procs = [Member(tmp_path, stop, keys) for _ in range(members)]
+    victim, others = procs[0], procs[1:]
+    try:
+        wait_until(lambda: len(victim.acked()) >= 5, "the victim acknowledged writes")
+        victim_routes = victim.routes()
+        victim.kill()
+        before = [p.acked() for p in others]
+        wait_until(
+            lambda: set().union(*(p.routes() for p in others)) == set(range(P)),
+            "the survivors took every route",
+        )
+        wait_until(
+            lambda: set().union(*(p.acked() for p in others)) | victim.acked() >= set(range(keys)),
+            "every key acknowledged",
+        )
+        stop.touch()
+        for p in others:
+            assert p.finish(300) == 0, p.err
+            assert "Traceback" not in p.err, p.err
+    finally:
+        for p in procs:
+            p.kill()
+    assert victim.acked() and victim_routes, "the kill met no acknowledged write"
+    taken = [
+        k
+        for p, old in zip(others, before, strict=True)
+        for k in p.acked() - old
+        if route_of(explicit_key(f"k{k}"), P) in victim_routes
+    ]
+    assert taken, "no survivor wrote a key of the victim's routes after the kill"
+    seen = group_entries(wp_connect(tmp_path, FAST), "g", P)
+    assert sorted(seen) == sorted(b"v%d" % k for k in range(keys))
+    for k in range(keys):
+        assert seen[b"v%d" % k] == [route_of(explicit_key(f"k{k}"), P)], k
