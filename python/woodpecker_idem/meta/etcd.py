@@ -652,21 +652,27 @@ class EtcdMetadataStore(MetadataStore):
     def _replace_node_lease(self, node_id: str, ttl: int) -> None:
         """The node's lease ran out (this process was frozen, or etcd away past the TTL) and
         etcd deleted its key: register it again, under a new lease."""
+        # under the lock: an `unregister_node` meanwhile waits, so it cannot delete the key
+        # before this puts it back (which would leave the node registered after it left)
         with self._nodes_lock:
             node = self._registered.get(node_id)
-        if node is None:
-            self._leases.release(("node", node_id))
-            return
-        lease = self._leases.grant(ttl)
-        key = self._k("nodes", node_id)
-        self._txn("register_node", [], [put(key, rec.encode_node(node), lease)], [])
+            if node is None:
+                self._leases.release(("node", node_id))
+                return
+            lease = self._leases.grant(ttl)
+            key = self._k("nodes", node_id)
+            try:
+                self._txn("register_node", [], [put(key, rec.encode_node(node), lease)], [])
+            except BaseException:
+                self._leases.revoke(lease)
+                raise
+            self._leases.hold(("node", node_id), next(self._node_epochs), lease, ttl)
         log.info("node %s registered again in etcd (its lease had run out)", node_id)
-        self._leases.hold(("node", node_id), next(self._node_epochs), lease, ttl)
 
     def unregister_node(self, node_id: str) -> None:
         with self._nodes_lock:
             self._registered.pop(node_id, None)
-        self._leases.release(("node", node_id))  # revoked by the keeper: the key would go too
+            self._leases.release(("node", node_id))  # revoked by the keeper: the key goes too
         self._txn("unregister_node", [], [delete(self._k("nodes", node_id))], [])
 
     def list_nodes(self) -> list[NodeInfo]:
