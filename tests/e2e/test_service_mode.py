@@ -100,6 +100,10 @@ def test_es3_over_three_node_processes_survives_a_node_killed_mid_stream(tmp_pat
         assert [m.message_id for m in stored.messages] == [m.message_id for m in msgs]
         duplicates = [a for a in history.attempts if a.duplicate]
         assert len(duplicates) == 400
+        nodes[2].stop()  # SIGTERM: it deregisters as it leaves (its TTL would take 600 s)
+        registered = lambda: [n.node_id for n in client.meta.list_nodes()]  # noqa: E731
+        _until(lambda: registered() == ["n0", "n1"], "a node stopped with SIGTERM deregisters")
+        assert "stopped" in nodes[2].output()
     finally:
         client.close()
     assert killed.is_set()
