@@ -41,9 +41,20 @@ def _until_answers(client, node: str) -> None:
             time.sleep(0.1)
 
 
+def _until(condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {WAIT_S} s: {what}"
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def nodes(tmp_path: Path):
-    started = [LogStoreNode(f"n{i}", tmp_path / "data").start() for i in range(3)]
+    # es=3 over three nodes: a segment placed while one is down needs it still registered, so
+    # the killed node's registration must outlast the test (test_a_killed_node_leaves... is
+    # about it lapsing)
+    long_ttl = ("--registry-ttl", "600")
+    started = [LogStoreNode(f"n{i}", tmp_path / "data", args=long_ttl).start() for i in range(3)]
     try:
         yield started
     finally:
@@ -89,6 +100,10 @@ def test_es3_over_three_node_processes_survives_a_node_killed_mid_stream(tmp_pat
         assert [m.message_id for m in stored.messages] == [m.message_id for m in msgs]
         duplicates = [a for a in history.attempts if a.duplicate]
         assert len(duplicates) == 400
+        nodes[2].stop()  # SIGTERM: it deregisters as it leaves (its TTL would take 600 s)
+        registered = lambda: [n.node_id for n in client.meta.list_nodes()]  # noqa: E731
+        _until(lambda: registered() == ["n0", "n1"], "a node stopped with SIGTERM deregisters")
+        assert "stopped" in nodes[2].output()
     finally:
         client.close()
     assert killed.is_set()
@@ -174,3 +189,48 @@ def test_a_client_reaches_tls_nodes_with_the_quorum_tls_keys(tmp_path):
             assert payloads == [b"s"]  # nothing of the plain client's landed
     finally:
         node.stop()
+
+
+@pytest.mark.parametrize("meta_config", ["sqlite", "etcd"], indirect=True)
+def test_a_killed_node_leaves_the_registry_after_its_ttl_and_new_segments_avoid_it(
+    tmp_path, meta_config
+):
+    """Four node processes registered with a short TTL (`logstore serve --registry-ttl`), es=3.
+    One is SIGKILLed (it never deregisters): once its registration lapses the client's
+    directory drops it, and the next segments (of a new log, whose first segment would start on
+    it, and its rolls) are placed on live nodes only. Restarted with the same id, it registers
+    again and is placed on again."""
+    cfg = {**SERVICE, **meta_config}
+    node_cfg = {"storage.fsync": "never", **meta_config}
+    ttl = ("--registry-ttl", "2")
+    nodes = [LogStoreNode(f"n{i}", tmp_path / "data", node_cfg, args=ttl) for i in range(4)]
+    try:
+        for node in nodes:
+            node.start()
+        client = wp.connect(tmp_path / "data", cfg)
+        try:
+            live = client.ensemble.directory.live
+            _until(lambda: live() == ["n0", "n1", "n2", "n3"], "every node registered")
+            nodes[1].kill()
+            _until(lambda: live() == ["n0", "n2", "n3"], "the killed node leaves the directory")
+            log = client.open_log("after-kill", create=True)
+            with log.open_writer(idempotent=True) as w:
+                for i in range(200):  # rolls at segment.max_entries: placed three times
+                    w.write(b"a%d" % i, idempotency_id=f"a{i}", timeout=WAIT_S)
+            placed = [s.nodes for s in log.segments()]
+            assert len(placed) >= 3
+            assert all("n1" not in nodes_of for nodes_of in placed), placed
+            nodes[1].start()  # the same id, a new process
+            _until(lambda: live() == ["n0", "n1", "n2", "n3"], "the restarted node is back")
+            again = client.open_log("after-restart", create=True)
+            with again.open_writer() as w:
+                w.write(b"back", timeout=WAIT_S)
+            assert again.segments()[0].nodes == ("n0", "n1", "n2")  # segment 0 starts at n0
+            assert [m.payload for m in again.open_reader("earliest")] == [b"back"]
+            payloads = [m.payload for m in log.open_reader("earliest")]
+            assert payloads == [b"a%d" % i for i in range(200)]
+        finally:
+            client.close()
+    finally:
+        for node in nodes:
+            node.stop()

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import os
+import signal
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,9 +43,11 @@ from woodpecker_idem.meta import (
     TxnMeta,
     open_metadata_store,
 )
+from woodpecker_idem.meta.base import MIN_NODE_TTL_MS
 from woodpecker_idem.types import LogMessageId, SegmentState
 
 NOW = 1_700_000_000_000
+WAIT_S = 60  # a generous deadline for what happens in the background (a lapse, a renewal)
 Opener = Callable[[], MetadataStore]
 
 
@@ -620,6 +626,64 @@ def test_node_registry(meta_store: MetadataStore) -> None:
     meta_store.unregister_node("n1")
     meta_store.unregister_node("n1")  # absent: not an error
     assert meta_store.list_nodes() == [moved]
+
+
+def _registered_node_process(opener: Opener, node: NodeInfo, ttl_ms: int, ready: Any) -> None:
+    """Process entry point: a node's registration with a TTL, renewed until the process dies."""
+    store = opener()
+    store.register_node(node, ttl_ms)
+    ready.set()
+    while True:
+        time.sleep(60)
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {WAIT_S} s: {what}"
+        time.sleep(0.05)
+
+
+def test_a_node_registration_with_a_ttl_lives_while_renewed_and_lapses_when_its_process_dies(
+    meta_store: MetadataStore, meta_opener: Opener
+) -> None:
+    """A node process's registration (`ttl_ms`): frozen (SIGSTOP) past its TTL it drops out of
+    `list_nodes`, thawed it is back (renewed, or registered again on etcd, by the process's own
+    handle), SIGKILLed it drops out for good; a registration without a TTL stays throughout,
+    and the same id registered again by another process is listed again."""
+    forever = NodeInfo("inproc", "inproc://inproc", NOW)
+    meta_store.register_node(forever)
+    node = NodeInfo("n1", "127.0.0.1:7001", NOW)
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    child = ctx.Process(
+        target=_registered_node_process, args=(meta_opener, node, MIN_NODE_TTL_MS, ready)
+    )
+    child.start()
+    assert child.pid is not None
+    try:
+        assert ready.wait(WAIT_S), "the node process did not register"
+        assert meta_store.list_nodes() == [forever, node]
+        os.kill(child.pid, signal.SIGSTOP)  # renewals stop: the registration lapses
+        _until(lambda: meta_store.list_nodes() == [forever], "a frozen node's registration lapses")
+        os.kill(child.pid, signal.SIGCONT)
+        _until(lambda: meta_store.list_nodes() == [forever, node], "a thawed node is back")
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(WAIT_S)
+        _until(lambda: meta_store.list_nodes() == [forever], "a killed node's registration lapses")
+    finally:
+        if child.is_alive():
+            os.kill(child.pid, signal.SIGCONT)
+            os.kill(child.pid, signal.SIGKILL)
+            child.join(WAIT_S)
+    restarted = NodeInfo("n1", "127.0.0.1:7002", NOW + 1)
+    meta_store.register_node(restarted, MIN_NODE_TTL_MS)  # the same id, from another process
+    assert meta_store.list_nodes() == [forever, restarted]
+    meta_store.unregister_node("n1")
+    assert meta_store.list_nodes() == [forever]
+    for bad in (0, MIN_NODE_TTL_MS - 1, 2.5):
+        with pytest.raises(InvalidArgumentError, match="ttl_ms"):
+            meta_store.register_node(node, bad)  # type: ignore[arg-type]
 
 
 # --- members of a log group ----------------------------------------------------------------------

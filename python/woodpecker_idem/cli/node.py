@@ -2,8 +2,13 @@
 
 The node serves the `LogStore` gRPC service (`logstore/remote.py`) over its storage in the
 deployment its config names (`nodes/{node_id}/` of the store's objects), registers itself in
-that metadata store under its address, and on SIGTERM (or SIGINT) stops taking calls, lets the
-calls under way finish (`--grace`), deregisters and exits 0.
+that metadata store under its address with a TTL (`--registry-ttl`: renewed while it runs, so a
+node killed without deregistering drops out of the registry, and out of new segments, when the
+TTL runs out; a node restarted with the same id registers again), and on SIGTERM (or SIGINT)
+stops taking calls, lets the calls under way finish (`--grace`), deregisters and exits 0.
+
+`--fault drop-replies:RATE` is a hidden, testing-only option (the fault tests' node that applies
+a write and drops its reply: `logstore/remote.py` `DropReplies`); no deployment sets it.
 """
 
 from __future__ import annotations
@@ -12,14 +17,23 @@ import argparse
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from ..connect import open_node
 from ..errors import InvalidArgumentError
-from ..logstore.remote import LogStoreServer, Tls
+from ..logstore.remote import DropReplies, LogStoreServer, Tls
 from ..meta import NodeInfo
+from ..meta.base import MIN_NODE_TTL_MS
 from .common import add_store_args
+
+#: How long a node that stopped renewing its registration (killed, frozen) stays registered.
+DEFAULT_TTL_S = 10.0
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def add_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
@@ -50,6 +64,18 @@ def add_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
         metavar="SECONDS",
         help="on SIGTERM, how long calls under way may take to finish (default 5)",
     )
+    serve.add_argument(
+        "--registry-ttl",
+        type=float,
+        default=DEFAULT_TTL_S,
+        metavar="SECONDS",
+        help="how long the node stays registered after it stops renewing (killed, frozen, cut "
+        f"off): clients stop placing segments on it then (default {DEFAULT_TTL_S:g}, at least "
+        f"{MIN_NODE_TTL_MS / 1000:g})",
+    )
+    serve.add_argument(  # testing only: logstore/remote.py DropReplies
+        "--fault", default=None, help=argparse.SUPPRESS
+    )
     tls = serve.add_argument_group("TLS (all PEM files; without them the node serves plain gRPC)")
     tls.add_argument("--tls-cert", metavar="FILE", help="the node's certificate")
     tls.add_argument("--tls-key", metavar="FILE", help="its private key")
@@ -67,15 +93,22 @@ def run(args: argparse.Namespace) -> int:
         if not (args.tls_cert and args.tls_key):
             raise InvalidArgumentError("--tls-cert and --tls-key go together (set both)")
         tls = Tls(args.tls_client_ca, args.tls_cert, args.tls_key)
+    ttl_ms = round(args.registry_ttl * 1000)
+    if ttl_ms < MIN_NODE_TTL_MS:
+        raise InvalidArgumentError(
+            f"--registry-ttl must be at least {MIN_NODE_TTL_MS / 1000:g} seconds, "
+            f"got {args.registry_ttl:g}"
+        )
+    fault = None if args.fault is None else DropReplies.parse(args.fault, seed=args.node_id)
     engine, meta, objects = open_node(args.config, args.data_dir, args.node_id)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        server = LogStoreServer(engine, args.listen, tls=tls)
+        server = LogStoreServer(engine, args.listen, tls=tls, fault=fault)
         try:
             server.start()
-            meta.register_node(NodeInfo(args.node_id, server.address))
+            meta.register_node(NodeInfo(args.node_id, server.address, _now_ms()), ttl_ms)
             if args.port_file is not None:
                 tmp = args.port_file.with_suffix(".tmp")
                 tmp.write_text(str(server.port))
@@ -85,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
             stop.wait()
             server.stop(args.grace)  # drains: calls under way finish, new ones are refused
             meta.unregister_node(args.node_id)
+            if fault is not None:
+                sys.stderr.write(f"fault drop-replies: {fault.dropped} replies dropped\n")
             sys.stderr.write(f"LogStore node {args.node_id} stopped\n")
         finally:
             server.stop(0)

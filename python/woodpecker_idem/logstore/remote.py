@@ -17,6 +17,7 @@ One channel per node per client (gRPC multiplexes every call of every writer ove
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from collections.abc import Callable, Mapping
 from concurrent import futures
@@ -314,10 +315,46 @@ class GrpcTransport(LogStoreTransport):
             channel.close()
 
 
+class DropReplies:
+    """A testing-only fault (`logstore serve --fault drop-replies:RATE`, a hidden option): the
+    node applies an AddEntries and then, with probability RATE, drops its reply. The client
+    cannot tell that from a reply lost on the wire or a deadline passed: it sees a failed call
+    (UNAVAILABLE, no project error code: `NodeUnavailableError`) for a batch the node holds,
+    and resends it, which the node must take as the same entries again. The draws are seeded
+    (`seed`), so a run is repeatable; `dropped` counts the replies dropped so far."""
+
+    def __init__(self, rate: float, seed: str = ""):
+        if not 0.0 <= rate <= 1.0:
+            raise InvalidArgumentError(f"drop-replies rate must be within 0..1, got {rate}")
+        self.rate = rate
+        self._random = random.Random(seed)
+        self._lock = threading.Lock()
+        self.dropped = 0
+
+    @classmethod
+    def parse(cls, text: str, seed: str = "") -> DropReplies:
+        kind, _, rate = text.partition(":")
+        try:
+            if kind != "drop-replies":
+                raise ValueError(kind)
+            return cls(float(rate), seed)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"--fault {text!r}: the only fault is drop-replies:RATE (RATE within 0..1)"
+            ) from None
+
+    def drop(self) -> bool:
+        with self._lock:
+            if self._random.random() >= self.rate:
+                return False
+            self.dropped += 1
+            return True
+
+
 class LogStoreServer:
     """One node's service: `engine` behind a gRPC server on `address` ("127.0.0.1:0" picks a
     free port: `port` tells which); with `tls`, TLS only (`Tls.ca` set: client certificates
-    signed by it are required)."""
+    signed by it are required). `fault` is for tests only (see `DropReplies`)."""
 
     def __init__(
         self,
@@ -325,11 +362,13 @@ class LogStoreServer:
         address: str = "127.0.0.1:0",
         workers: int = 8,
         tls: Tls | None = None,
+        fault: DropReplies | None = None,
     ):
         import grpc
 
         self._grpc = grpc
         self.engine = engine
+        self.fault = fault
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wp-serve"),
             options=CHANNEL_OPTIONS,
@@ -363,10 +402,14 @@ class LogStoreServer:
     def _handler(self, rpc: Rpc) -> Callable[[Any, Any], Any]:
         grpc = self._grpc
         engine = self.engine
+        fault = self.fault if rpc.name == "AddEntries" else None
 
         def handle(request: Any, context: Any) -> Any:
             try:
-                return rpc.serve(engine, request)
+                response = rpc.serve(engine, request)
+                if fault is not None and fault.drop():  # applied, and the reply lost
+                    context.abort(grpc.StatusCode.UNAVAILABLE, "reply dropped (testing fault)")
+                return response
             except WoodpeckerError as exc:
                 context.set_trailing_metadata(((ERROR_KEY, exc.code),))
                 if isinstance(exc, CorruptEntryError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from ..errors import InvalidArgumentError
 from ..types import LogMessageId, SegmentState
 
 
@@ -86,6 +87,20 @@ class ReaderMeta:
     owner: str = ""  # who opened it last (host:pid), for operators
     updated_ms: int = 0
     revision: int = 0  # assigned by the store
+
+
+#: The shortest registration a node may ask for: etcd grants leases in whole seconds and refuses
+#: TTLs shorter than its election timeout, and a renewal (every third of it) must have time to land.
+MIN_NODE_TTL_MS = 2_000
+
+
+def check_node_ttl(ttl_ms: int | None) -> None:
+    if ttl_ms is None:
+        return
+    if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms < MIN_NODE_TTL_MS:
+        raise InvalidArgumentError(
+            f"a node registration's ttl_ms must be an int >= {MIN_NODE_TTL_MS}, got {ttl_ms!r}"
+        )
 
 
 class MetadataStore(ABC):
@@ -242,14 +257,23 @@ class MetadataStore(ABC):
 
     # --- node registry ---
     @abstractmethod
-    def register_node(self, node: NodeInfo) -> None: ...
+    def register_node(self, node: NodeInfo, ttl_ms: int | None = None) -> None:
+        """Register `node` (replacing a registration of the same id). Without `ttl_ms` it stays
+        until `unregister_node` (in-process nodes, which live and die with their client). With
+        `ttl_ms` it lives while this handle is open: the handle renews it in the background
+        (etcd: a lease kept alive; SQLite: an expiry moved forward), and a process that dies
+        without unregistering (SIGKILL, a lost host) drops out of `list_nodes` within about
+        `ttl_ms` once renewals stop. A registration that lapsed while its process was frozen,
+        or its store away, is made again by the next renewal. `InvalidArgumentError` for a
+        `ttl_ms` below `MIN_NODE_TTL_MS`."""
 
     @abstractmethod
-    def unregister_node(self, node_id: str) -> None: ...
+    def unregister_node(self, node_id: str) -> None:
+        """Remove the node now (and stop renewing it, if this handle registered it)."""
 
     @abstractmethod
     def list_nodes(self) -> list[NodeInfo]:
-        """Registered nodes ordered by node id."""
+        """Registered nodes ordered by node id, without those whose registration lapsed."""
 
     # --- members of a log group (group writers) ---
     @abstractmethod

@@ -27,10 +27,12 @@ key together; a writer's write compares `epochs/{log_id}` in the same transactio
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
+import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -55,6 +57,7 @@ from .base import (
     ReaderMeta,
     SegmentMeta,
     TxnMeta,
+    check_node_ttl,
 )
 from .etcd_client import (
     KV,
@@ -110,6 +113,10 @@ class EtcdMetadataStore(MetadataStore):
         self._security = security
         self._gw = EtcdGateway(self._endpoints, timeout_ms / 1000, security)
         self._leases = LeaseKeeper(self._gw, self._replace_lease)
+        # the nodes this handle registered with a TTL (their leases are in the keeper)
+        self._nodes_lock = threading.Lock()
+        self._registered: dict[str, NodeInfo] = {}
+        self._node_epochs = itertools.count(1)
         try:
             self._store_id = self._identity()  # also the first contact: unreachable fails here
         except BaseException:
@@ -354,9 +361,14 @@ class EtcdMetadataStore(MetadataStore):
 
         self._cas_loop("renew_lease", attempt)
 
-    def _replace_lease(self, log_id: int, epoch: int, ttl: int) -> None:
-        """The keeper found the writer's lease expired (etcd was away): attach a new one, if the
-        writer still holds the epoch."""
+    def _replace_lease(self, held: Hashable, epoch: int, ttl: int) -> None:
+        """The keeper found a lease expired (etcd was away): a node's is registered again; a
+        writer's gets a new one, if the writer still holds the epoch."""
+        if isinstance(held, tuple):
+            self._replace_node_lease(held[1], ttl)
+            return
+        assert isinstance(held, int)
+        log_id = held
         try:
             meta = self.get_log_by_id(log_id)
         except LogNotFoundError:
@@ -615,12 +627,52 @@ class EtcdMetadataStore(MetadataStore):
         kv = range_kvs(out["responses"][0])[0]
         return rec.decode_reader(log_id, name, unb64(kv["value"]), int(kv["mod_revision"]))
 
-    def register_node(self, node: NodeInfo) -> None:
+    def register_node(self, node: NodeInfo, ttl_ms: int | None = None) -> None:
+        """With `ttl_ms`, the key is attached to a lease of this handle's keeper: a node process
+        that dies stops the keep-alives and etcd deletes the key when the lease runs out."""
         rec.check_name("node_id", node.node_id)
-        key = self._k("nodes", node.node_id)
-        self._txn("register_node", [], [put(key, rec.encode_node(node))], [])
+        check_node_ttl(ttl_ms)
+        key, held = self._k("nodes", node.node_id), ("node", node.node_id)
+        if ttl_ms is None:
+            self._leases.release(held)
+            self._txn("register_node", [], [put(key, rec.encode_node(node))], [])
+            return
+        ttl = math.ceil(ttl_ms / 1000)
+        lease = self._leases.grant(ttl)
+        try:
+            self._txn("register_node", [], [put(key, rec.encode_node(node), lease)], [])
+        except BaseException:
+            self._leases.revoke(lease)
+            raise
+        with self._nodes_lock:
+            self._registered[node.node_id] = node
+        # a later epoch replaces the lease held before (a registration again: the old is revoked)
+        self._leases.hold(held, next(self._node_epochs), lease, ttl)
+
+    def _replace_node_lease(self, node_id: str, ttl: int) -> None:
+        """The node's lease ran out (this process was frozen, or etcd away past the TTL) and
+        etcd deleted its key: register it again, under a new lease."""
+        # under the lock: an `unregister_node` meanwhile waits, so it cannot delete the key
+        # before this puts it back (which would leave the node registered after it left)
+        with self._nodes_lock:
+            node = self._registered.get(node_id)
+            if node is None:
+                self._leases.release(("node", node_id))
+                return
+            lease = self._leases.grant(ttl)
+            key = self._k("nodes", node_id)
+            try:
+                self._txn("register_node", [], [put(key, rec.encode_node(node), lease)], [])
+            except BaseException:
+                self._leases.revoke(lease)
+                raise
+            self._leases.hold(("node", node_id), next(self._node_epochs), lease, ttl)
+        log.info("node %s registered again in etcd (its lease had run out)", node_id)
 
     def unregister_node(self, node_id: str) -> None:
+        with self._nodes_lock:
+            self._registered.pop(node_id, None)
+            self._leases.release(("node", node_id))  # revoked by the keeper: the key goes too
         self._txn("unregister_node", [], [delete(self._k("nodes", node_id))], [])
 
     def list_nodes(self) -> list[NodeInfo]:

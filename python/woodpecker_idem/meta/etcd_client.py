@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -313,8 +313,13 @@ class EtcdGateway:
             session.close()
 
 
+def _held(key: Hashable) -> str:
+    return f"node {key[1]}" if isinstance(key, tuple) else f"log id {key}"
+
+
 class LeaseKeeper:
-    """Keeps the etcd leases of this store's writers alive from one background thread.
+    """Keeps the etcd leases of this store's writers (held by log id) and of the LogStore nodes
+    it registered (held by `("node", node_id)`) alive from one background thread.
 
     A lease only shows that a writer is alive (docs/architecture.md): losing one fences nothing. So
     the thread never gives up: errors are counted and logged, and it retries with backoff until
@@ -322,10 +327,10 @@ class LeaseKeeper:
     Leases no longer needed are revoked by the thread too, off the writer's take-over path.
     """
 
-    def __init__(self, gateway: EtcdGateway, on_expired: Callable[[int, int, int], None]):
+    def __init__(self, gateway: EtcdGateway, on_expired: Callable[[Hashable, int, int], None]):
         self._gw = gateway
         self._on_expired = on_expired
-        self._leases: dict[int, tuple[int, int, int]] = {}  # log_id -> (epoch, lease id, ttl s)
+        self._leases: dict[Hashable, tuple[int, int, int]] = {}  # key -> (epoch, lease id, ttl s)
         self._stale: list[int] = []  # lease ids to revoke
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -336,7 +341,7 @@ class LeaseKeeper:
         out = self._gw.call("lease grant", "lease/grant", {"TTL": ttl_s}, write=True)
         return int(out["ID"])
 
-    def hold(self, log_id: int, epoch: int, lease_id: int, ttl_s: int) -> None:
+    def hold(self, log_id: Hashable, epoch: int, lease_id: int, ttl_s: int) -> None:
         """Keep `lease_id` alive for the writer at `epoch`; a lease of an older epoch is revoked."""
         with self._lock:
             old = self._leases.get(log_id)
@@ -351,7 +356,7 @@ class LeaseKeeper:
                 self._thread = threading.Thread(target=self._run, name="etcd-lease", daemon=True)
                 self._thread.start()
 
-    def release(self, log_id: int, epoch: int | None = None) -> None:
+    def release(self, log_id: Hashable, epoch: int | None = None) -> None:
         """Stop keeping the log's lease (of `epoch`, if given) and revoke it."""
         with self._lock:
             held = self._leases.get(log_id)
@@ -383,7 +388,7 @@ class LeaseKeeper:
                         "lease keep-alive", "lease/keepalive", {"ID": lease_id}, write=False
                     )
                     if int(out.get("result", {}).get("TTL", -1)) <= 0:
-                        log.info("log id %d: etcd lease %x expired; replacing it", log_id, lease_id)
+                        log.info("%s: etcd lease %x expired; replacing it", _held(log_id), lease_id)
                         self._on_expired(log_id, epoch, ttl_s)
             except Exception as exc:  # noqa: BLE001 - the thread must outlive any error
                 if self._stop.is_set():

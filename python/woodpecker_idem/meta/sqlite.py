@@ -17,7 +17,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ from .base import (
     ReaderMeta,
     SegmentMeta,
     TxnMeta,
+    check_node_ttl,
 )
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,8 @@ log = logging.getLogger(__name__)
 DEFAULT_BUSY_TIMEOUT_MS = 10_000
 
 # 2: the store has an identity (`store_identity`); objects live under it. Tables added since
-# (txns, readers) are created by any writable open (CREATE IF NOT EXISTS); a read-only open of a
-# file without them reads them as empty.
+# (txns, readers, node_leases) are created by any writable open (CREATE IF NOT EXISTS); a
+# read-only open of a file without them reads them as empty.
 _SCHEMA_VERSION = 2
 
 _SCHEMA = """
@@ -132,6 +133,12 @@ CREATE TABLE IF NOT EXISTS nodes (
     address TEXT NOT NULL,
     registered_ms INTEGER NOT NULL,
     labels TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS node_leases (
+    node_id TEXT PRIMARY KEY,
+    address TEXT NOT NULL,
+    ttl_ms INTEGER NOT NULL,
+    expires_ms INTEGER NOT NULL
 ) WITHOUT ROWID;
 """
 
@@ -264,6 +271,7 @@ class SqliteMetadataStore(MetadataStore):
         self._inherited: list[sqlite3.Connection] = []
         self._owner_pid = os.getpid()
         self._closed = False
+        self._renewals = _Renewals(self._renew_node, busy_timeout_ms / 1000)
         self._path.parent.mkdir(parents=True, exist_ok=True)
         # A directory we cannot write (a read-only mount, a copy of someone else's data): the
         # logs can still be read; every mutation fails with StorageReadOnlyError.
@@ -889,32 +897,73 @@ class SqliteMetadataStore(MetadataStore):
         return old
 
     # --- node registry ------------------------------------------------------------------------
+    #
+    # A registration with a TTL has a row in `node_leases` too: its expiry (wall-clock ms: every
+    # process on this host reads the same clock), moved forward by this handle's renewal thread
+    # every third of the TTL. A lapsed row is not deleted, only skipped by `list_nodes`, so the
+    # renewal of a process that was merely frozen brings its node back.
 
-    def register_node(self, node: NodeInfo) -> None:
+    def register_node(self, node: NodeInfo, ttl_ms: int | None = None) -> None:
         rec.check_name("node_id", node.node_id)
+        check_node_ttl(ttl_ms)
         labels = json.dumps(dict(node.labels), sort_keys=True)
         row = (node.node_id, node.address, node.registered_ms, labels)
-        if self._read_only and row in self._read(
-            "register_node", "SELECT node_id, address, registered_ms, labels FROM nodes"
-        ):
+        registered = "SELECT node_id, address, registered_ms, labels FROM nodes"
+        if ttl_ms is None and self._read_only and row in self._read("register_node", registered):
             return  # registered already: nothing to write (a client on a read-only directory)
         with self._write("register_node") as conn:
             conn.execute(
                 "INSERT INTO nodes(node_id, address, registered_ms, labels) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT(node_id) DO UPDATE SET address = excluded.address, "
                 "registered_ms = excluded.registered_ms, labels = excluded.labels",
-                (node.node_id, node.address, node.registered_ms, labels),
+                row,
+            )
+            if ttl_ms is None:
+                conn.execute("DELETE FROM node_leases WHERE node_id = ?", (node.node_id,))
+            else:
+                conn.execute(
+                    "INSERT OR REPLACE INTO node_leases(node_id, address, ttl_ms, expires_ms) "
+                    "VALUES (?, ?, ?, ?)",
+                    (node.node_id, node.address, ttl_ms, _wall_ms() + ttl_ms),
+                )
+        if ttl_ms is None:
+            self._renewals.drop(node.node_id)
+        else:
+            self._renewals.keep(node.node_id, node.address, ttl_ms)
+
+    def _renew_node(self, node_id: str, address: str, ttl_ms: int) -> None:
+        """One renewal (on the renewal thread): only a registration still at our address (a node
+        registered again elsewhere under the same id is not ours to keep)."""
+        with self._write("renew node registration") as conn:
+            conn.execute(
+                "UPDATE node_leases SET expires_ms = ? WHERE node_id = ? AND address = ?",
+                (_wall_ms() + ttl_ms, node_id, address),
             )
 
     def unregister_node(self, node_id: str) -> None:
+        self._renewals.drop(node_id)
         with self._write("unregister_node") as conn:
             conn.execute("DELETE FROM nodes WHERE node_id = ?", (node_id,))
+            conn.execute("DELETE FROM node_leases WHERE node_id = ?", (node_id,))
 
     def list_nodes(self) -> list[NodeInfo]:
-        rows = self._read(
-            "list_nodes",
-            "SELECT node_id, address, registered_ms, labels FROM nodes ORDER BY node_id",
+        sql = (
+            "SELECT n.node_id, n.address, n.registered_ms, n.labels FROM nodes n "
+            "LEFT JOIN node_leases l ON l.node_id = n.node_id "
+            "WHERE l.expires_ms IS NULL OR l.expires_ms > ? ORDER BY n.node_id"
         )
+        try:
+            rows = self._read("list_nodes", sql, (_wall_ms(),))
+        except StorageUnavailableError:
+            if self._read_only and not self._read(
+                "list_nodes", "SELECT 1 FROM sqlite_master WHERE name = 'node_leases'"
+            ):  # a read-only file from before registrations had a TTL: none has one
+                rows = self._read(
+                    "list_nodes",
+                    "SELECT node_id, address, registered_ms, labels FROM nodes ORDER BY node_id",
+                )
+            else:
+                raise
         return [NodeInfo(r[0], r[1], r[2], json.loads(r[3])) for r in rows]
 
     # --- members of a log group -----------------------------------------------------------
@@ -955,7 +1004,9 @@ class SqliteMetadataStore(MetadataStore):
 
         Operations already running are let finish first (up to the busy timeout); if one is
         still running then, the connections are left to the garbage collector, not closed
-        under it."""
+        under it. Node registrations this handle renewed are no longer renewed: they lapse
+        within their TTL unless unregistered first."""
+        self._renewals.close()
         with self._lock:
             self._closed = True
             deadline = time.monotonic() + self._busy_timeout_ms / 1000 + 1.0
@@ -984,3 +1035,65 @@ class SqliteMetadataStore(MetadataStore):
 
 def _reopen(path: str, busy_timeout_ms: int) -> SqliteMetadataStore:
     return SqliteMetadataStore(path, busy_timeout_ms=busy_timeout_ms)
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class _Renewals:
+    """The renewal thread of one store handle: moves the expiry of the node registrations it
+    made forward every third of their TTL, until they are dropped or the handle closes. Errors
+    (the file locked for longer than busy_timeout) are logged and the next round tries again:
+    a registration that lapses meanwhile comes back with the next renewal that lands."""
+
+    def __init__(self, renew: Callable[[str, str, int], None], join_s: float):
+        self._renew = renew  # (node id, address, ttl ms): one renewal
+        self._join_s = join_s
+        self._held: dict[str, tuple[str, int]] = {}  # node id -> (address, ttl ms)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def keep(self, node_id: str, address: str, ttl_ms: int) -> None:
+        with self._lock:
+            self._held[node_id] = (address, ttl_ms)
+            alive = self._thread is not None and self._thread.is_alive()
+            if not alive or self._pid != os.getpid():  # a forked child has no thread of ours
+                self._pid = os.getpid()
+                self._stop.clear()
+                self._thread = threading.Thread(
+                    target=self._run, name="sqlite-node-renewal", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()  # a shorter TTL than before: the next round comes sooner
+
+    def drop(self, node_id: str) -> None:
+        with self._lock:
+            self._held.pop(node_id, None)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                held = dict(self._held)
+            for node_id, (address, ttl_ms) in held.items():
+                try:
+                    self._renew(node_id, address, ttl_ms)
+                except ClientClosedError:
+                    return
+                except Exception as exc:  # noqa: BLE001 - the thread must outlive any error
+                    log.warning("node %s: registration not renewed: %s", node_id, exc)
+            ttl_ms = min((t for _, t in held.values()), default=3_000)
+            self._wake.wait(max(0.1, ttl_ms / 3000))
+            self._wake.clear()
+
+    def close(self) -> None:
+        with self._lock:
+            self._held.clear()
+            thread = self._thread if self._pid == os.getpid() else None
+        self._stop.set()
+        self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self._join_s + 1)
