@@ -1,6 +1,6 @@
 """Service mode: es=3/aq=2 over gRPC on loopback, three LogStore node processes (issue 28).
 
-    PYTHONPATH=python .venv/bin/python -m pytest benches/bench_service.py -p no:cacheprovider -s \\
+    .venv/bin/python -m pytest benches/bench_service.py -p no:cacheprovider -s \\
         --benchmark-json=bench-results/service.json
 
 For each node `storage.fsync` policy (`batch_ms:5`, then `always`), three `logstore serve`

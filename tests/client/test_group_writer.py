@@ -17,10 +17,15 @@ import pytest
 
 from woodpecker_idem import RouteNotOwnedError
 from woodpecker_idem._core import explicit_key
+from woodpecker_idem.client import reader as reader_module
 from woodpecker_idem.client.group import log_name, route_of
 from woodpecker_idem.ensemble.scheduler import TASK_WORKERS
 from woodpecker_idem.ensemble.senders import CALLS_PER_NODE
-from woodpecker_idem.errors import InvalidArgumentError, LogGroupSizeMismatchError
+from woodpecker_idem.errors import (
+    InvalidArgumentError,
+    LogGroupSizeMismatchError,
+    LogNotFoundError,
+)
 
 P = 8
 FAST = {"writer.lease_ms": 1000, "append.linger_ms": 1}
@@ -237,3 +242,61 @@ def test_members_in_processes_one_killed_every_key_once(tmp_path, wp_connect, me
     assert sorted(seen) == sorted(b"v%d" % k for k in range(keys))
     for k in range(keys):
         assert seen[b"v%d" % k] == [route_of(explicit_key(f"k{k}"), P)], k
+
+
+# --- reading a group -----------------------------------------------------------------------------
+
+
+def test_a_group_reader_reads_every_log_once_each_in_its_order(tmp_path, wp_connect):
+    client = wp_connect(tmp_path, FAST)
+    member = client.open_group_writer("g", P)
+    acked = {k: member.write(b"v%d" % k, idempotency_id=f"k{k}").message_id for k in range(200)}
+    member.close()
+    with client.open_group_reader("g") as reader:
+        got = list(reader)
+    assert sorted(e.message.payload for e in got) == sorted(b"v%d" % k for k in range(200))
+    for e in got:
+        k = int(e.message.payload[1:])
+        assert e.route == route_of(explicit_key(f"k{k}"), P) and e.message.message_id == acked[k]
+    for route in range(P):  # each log's entries in their order
+        ids = [e.message.message_id for e in got if e.route == route]
+        assert ids == sorted(ids)
+    with pytest.raises(LogNotFoundError):
+        client.open_group_reader("nope")
+
+
+def test_a_named_group_reader_resumes_after_its_commit(tmp_path, wp_connect):
+    client = wp_connect(tmp_path, FAST)
+    member = client.open_group_writer("g", P)
+    for k in range(100):
+        member.write(b"v%d" % k, idempotency_id=f"k{k}")
+    first = client.open_group_reader("g", name="billing")
+    seen = [first.read_next() for _ in range(40)]
+    first.commit()
+    first.read_next()  # read, not committed: read again after the reopen
+    first.close()
+    for k in range(100, 120):  # more after the commit
+        member.write(b"v%d" % k, idempotency_id=f"k{k}")
+    member.close()
+    with client.open_group_reader("g", name="billing") as again:
+        rest = list(again)
+    payloads = [e.message.payload for e in seen + rest]
+    assert sorted(payloads) == sorted(b"v%d" % k for k in range(120))  # none twice, none skipped
+
+
+def test_a_waiting_group_reader_is_woken_by_a_writer_of_its_client(
+    tmp_path, wp_connect, monkeypatch
+):
+    monkeypatch.setattr(reader_module, "POLL_MIN_S", 3600.0)  # only a wakeup ends a wait
+    monkeypatch.setattr(reader_module, "POLL_MAX_S", 3600.0)
+    client = wp_connect(tmp_path, FAST)
+    member = client.open_group_writer("g", P)
+    reader = client.open_group_reader("g")
+    got: list = []
+    thread = threading.Thread(target=lambda: got.append(reader.read_next(timeout=None)))
+    thread.start()
+    wait_until(lambda: client.ensemble.tails.waiting, "the reader waits")
+    member.write(b"x", idempotency_id="k")
+    thread.join(60)
+    assert not thread.is_alive() and got[0].message.payload == b"x"
+    member.close()

@@ -449,6 +449,10 @@ def test_results_written_again_after_a_failure_carry_the_current_high_mark(
     source, target = client.create_log("orders"), client.create_log("invoices")
     ids = fill(source, 200)
     failing = {source_id("p", source.log_id, ids[i], k) for i in range(50, 121) for k in (0, 1)}
+    # the failures come once entry 130's results are submitted: the retries are written after
+    # later entries' results whatever the scheduling
+    held: list[Future[WriteResult]] = []
+    release = {source_id("p", source.log_id, ids[130], k) for k in (0, 1)}
     with Processor(source, target, "p", two) as p:
         real_write = p.writer.write_async
 
@@ -456,8 +460,12 @@ def test_results_written_again_after_a_failure_carry_the_current_high_mark(
             if idempotency_id in failing:
                 failing.discard(idempotency_id)
                 failed: Future[WriteResult] = Future()
-                failed.set_exception(SegmentClosedError("completed without it (injected)"))
+                held.append(failed)
                 return failed
+            if idempotency_id in release:
+                for f in held:
+                    f.set_exception(SegmentClosedError("completed without it (injected)"))
+                held.clear()
             return real_write(payload, properties=properties, idempotency_id=idempotency_id)
 
         p.writer.write_async = write_async  # type: ignore[method-assign]

@@ -28,7 +28,8 @@ from ..logstore.transport import LogStoreTransport
 from ..meta import MetadataStore
 from ..objectstore import ObjectStore
 from ..retention import RetentionPolicy, RetentionRunner
-from .group import GroupWriter
+from ..types import LogMessageId
+from .group import GroupReader, GroupWriter
 from .log import ClosableWriter, LogHandle, WriterFactory
 
 W = TypeVar("W", bound=ClosableWriter)
@@ -206,6 +207,21 @@ class WoodpeckerClient:
             )
         bool_arg(idempotent, "idempotent")
         return self.track(GroupWriter(self, group, partitions, idempotent=idempotent))
+
+    def open_group_reader(
+        self,
+        group: str,
+        start: str | LogMessageId = "earliest",
+        *,
+        name: str | None = None,
+        start_time_ms: int | None = None,
+    ) -> GroupReader:
+        """Read every log of `group` (a Spark sink's or group writers'): one reader per route,
+        taken in turns; `start`, `name` and `start_time_ms` as `LogHandle.open_reader`'s, for
+        each route (`client/group.py`)."""
+        self.check_open()
+        _check_name(group)
+        return GroupReader(self, group, start, name=name, start_time_ms=start_time_ms)
 
     def create_log(self, name: str) -> LogHandle:
         self.check_open()

@@ -24,22 +24,28 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._core import content_key, explicit_key, route_keys
+from ..args import timeout_arg
 from ..errors import (
     InvalidArgumentError,
     LogExistsError,
     LogGroupSizeMismatchError,
+    LogNotFoundError,
     RouteNotOwnedError,
     WoodpeckerError,
     WriterFencedError,
 )
+from ..types import LogMessage, LogMessageId
+from . import reader as reader_module
 
 if TYPE_CHECKING:
     from ..types import WriteMessage, WriteResult
     from .client import WoodpeckerClient
+    from .reader import LogReader
 
 log = logging.getLogger(__name__)
 
@@ -285,3 +291,117 @@ def _close_quietly(writer: Any, timeout: float | None = CLOSE_TIMEOUT_S) -> None
         writer.close(timeout)
     except WoodpeckerError as exc:
         log.warning("closing a route's writer: %s", exc)
+
+
+# --- reading a group ---------------------------------------------------------------------------
+
+GROUP_READ_CHUNK = 500  # entries taken from one log before the next log's turn
+
+
+class GroupEntry(NamedTuple):
+    """An entry of a group read by a `GroupReader`: its route (the log `{group}-{route}`) and
+    the message."""
+
+    route: int
+    message: LogMessage
+
+
+class GroupReader:
+    """Reads every log of a group (`client.open_group_reader`): one `LogReader` per route, taken
+    in turns (a chunk from each), each log's entries in their order (there is no order across
+    logs). Named, each route's reader keeps its position under the name (`commit`); a writer of
+    the same client wakes it as it wakes a `LogReader`. A context manager."""
+
+    def __init__(
+        self,
+        client: WoodpeckerClient,
+        group: str,
+        start: str | LogMessageId = "earliest",
+        *,
+        name: str | None = None,
+        start_time_ms: int | None = None,
+    ):
+        found = client.meta.get_log_group(group)
+        if found is None:
+            raise LogNotFoundError(f"no log group {group!r} (write it first, or check the name)")
+        self.group = group
+        self.partitions = found.partitions
+        self.name = name
+        self._readers: list[LogReader] = []
+        try:
+            for route in range(found.partitions):
+                log = client.open_log(log_name(group, route))
+                self._readers.append(
+                    log.open_reader(start, name=name, start_time_ms=start_time_ms)
+                )
+        except BaseException:
+            self.close()
+            raise
+        self._client = client
+        self._tails = client.ensemble.tails
+        self._log_ids = tuple(r.log_id for r in self._readers)
+        self._turn = 0  # the route whose turn it is
+        self._taken = 0  # entries taken from it in this turn
+
+    def read_next(self, timeout: float | None = 0.0) -> GroupEntry | None:
+        """The next entry of any log of the group; waits up to `timeout` seconds (None: forever)
+        for one to be written."""
+        timeout = timeout_arg(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = reader_module.POLL_MIN_S
+        while True:
+            seen = self._tails.version(self._log_ids)
+            entry = self._take()
+            if entry is not None:
+                return entry
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            self._client.check_open()
+            wait = delay if left is None else min(delay, left)
+            if self._tails.wait(self._log_ids, seen, wait):
+                delay = reader_module.POLL_MIN_S
+            else:
+                delay = min(delay * 2, reader_module.POLL_MAX_S)
+
+    def _take(self) -> GroupEntry | None:
+        """The next entry now, in turns: up to GROUP_READ_CHUNK from a log, then the next."""
+        n = len(self._readers)
+        for _ in range(n + 1):
+            route = self._turn
+            if self._taken < GROUP_READ_CHUNK:
+                message = self._readers[route].read_next(0)
+                if message is not None:
+                    self._taken += 1
+                    return GroupEntry(route, message)
+            self._turn = (route + 1) % n
+            self._taken = 0
+        return None
+
+    def __iter__(self) -> Iterator[GroupEntry]:
+        """Every entry currently in the group's logs from the positions on (does not wait)."""
+        while True:
+            entry = self._take()
+            if entry is None:
+                return
+            yield entry
+
+    def positions(self) -> dict[int, LogMessageId]:
+        """Each route's next entry."""
+        return {route: r.position for route, r in enumerate(self._readers)}
+
+    def commit(self) -> dict[int, LogMessageId]:
+        """Commit each route's position (a named group reader): the next open of the name
+        resumes after the entries returned. `ReaderFencedError` if the name was opened again."""
+        return {route: r.commit() for route, r in enumerate(self._readers)}
+
+    def close(self) -> None:
+        """Close every route's reader (commits asked for with `commit_async` are stored)."""
+        for r in self._readers:
+            r.close()
+
+    def __enter__(self) -> GroupReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
