@@ -331,9 +331,7 @@ class GroupReader:
         try:
             for route in range(found.partitions):
                 log = client.open_log(log_name(group, route))
-                self._readers.append(
-                    log.open_reader(start, name=name, start_time_ms=start_time_ms)
-                )
+                self._readers.append(log.open_reader(start, name=name, start_time_ms=start_time_ms))
         except BaseException:
             self.close()
             raise
