@@ -421,13 +421,14 @@ def test_metadata_outage_at_roll_writes_go_on_and_roll_later(tmp_path, wp_connec
         assert fut.exception(0) is None, f"{name}: {fut.exception(0)!r}"
     # the store is back: the roll happens after its backoff
     deadline = time.monotonic() + 10
-    while len(handle.segments()) < 2:
+    rolled = False
+    while not rolled:  # until a write lands in the next segment
         assert time.monotonic() < deadline, "the roll was never retried"
         late = f"late{len(results)}"  # a new key: a duplicate needs no segment (nor a roll)
         results[late] = writer.write_async(
             payload(late), **({"idempotency_id": late} if idempotent else {})
         )
-        results[late].result(5)
+        rolled = results[late].result(5).message_id.segment_id > 0
         time.sleep(0.05)
     assert meta.injected == 4
     wait_sealed_before_current(handle)
@@ -440,6 +441,50 @@ def test_metadata_outage_at_roll_writes_go_on_and_roll_later(tmp_path, wp_connec
         for name, fut in results.items():
             history.ok(key(name), payload(name), fut.result(0))
         judge(handle, history)
+
+
+def test_a_metadata_store_that_hangs_after_a_failed_roll_holds_no_write_back(tmp_path, wp_connect):
+    """A roll fails (the store is down), then every metadata call hangs (an etcd that stopped
+    answering): the later roll attempts run in the background, so writes go on in the current
+    segment, acknowledged, while the store hangs; once it answers, the roll happens. (Retried
+    under the writer's lock, each attempt held every write for the call's whole timeout.)"""
+    client = wp_connect(tmp_path, {"segment.max_entries": 5, "append.linger_ms": 1})
+    meta = flaky(client)
+    handle = client.create_log("roll-hang")
+    writer = handle.open_writer()
+    answering = threading.Event()
+    hung = threading.Event()
+
+    def hang(_inner) -> None:
+        hung.set()
+        assert answering.wait(120), "the test never let the store answer"
+
+    meta.arm("create_segment", 1, storage_down)  # the roll in the write path fails at once
+    first = [writer.write_async(b"a%d" % i) for i in range(8)]  # past the 5-entry limit
+    assert wait_done(first, 60) == []
+    meta.arm("create_segment", 1_000_000, hang)
+    try:
+        # writes past the backoff: a roll attempt is due (and hangs in the background)
+        later = []
+        while not hung.is_set():
+            later.append(writer.write_async(b"b%d" % len(later)))
+            assert wait_done(later[-1:], 60) == [], "a write waited for the hung store"
+            time.sleep(0.01)
+        more = [writer.write_async(b"c%d" % i) for i in range(20)]
+        assert wait_done(more, 60) == [], "writes waited for the hung store"
+    finally:
+        meta.arm("create_segment", 0, storage_down)
+        answering.set()
+    deadline = time.monotonic() + 60
+    n = 0
+    while writer.write(b"d%d" % n).message_id.segment_id == 0:  # rolls once the store answers
+        n += 1
+        assert time.monotonic() < deadline, "the roll never happened"
+        time.sleep(0.01)
+    writer.close()
+    got = [m.payload for m in handle.open_reader()]
+    assert got[:8] == [b"a%d" % i for i in range(8)] and len(got) == len(set(got))
+    assert all(f.done() and f.exception() is None for f in first + later + more)
 
 
 # --- 3. repair retries every failure until the outage ends ----------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import enum
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -308,9 +309,12 @@ class RollView(Protocol):
     epoch: int
     clock: Clock
     metrics: dict[str, float]
+    lock: threading.Lock
 
     @property
     def stopped(self) -> bool: ...
+
+    def fence(self, exc: WriterFencedError) -> None: ...
 
     def fence_locked(self, exc: WriterFencedError) -> Outcomes: ...
 
@@ -343,6 +347,12 @@ class OpenSegments:
         self._max_age_s = cfg.segment.max_interval_s
         self._backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
         self._retry_at = 0.0  # after a failed roll: not retried before this (monotonic)
+        # After a failed roll the next segment is made in the background (`_prepare_next`): a
+        # metadata store that is down must not hold the writer's lock at every retry (each call
+        # waits for its timeout). `_prepared` is the segment made, taken at the next roll.
+        self._roll_failed = False
+        self._preparing = False
+        self._prepared: SegmentMeta | None = None
         self._batch_entries = cfg.append.max_batch_entries
         self._batch_bytes = cfg.append.max_batch_bytes
         self._timeout_s = cfg.append.timeout_ms / 1000  # a waiter's deadline
@@ -434,7 +444,12 @@ class OpenSegments:
     def open_locked(self) -> OpenSegment:
         """Open the next segment of the log and make it the current one (at open, at a roll and
         after a repair). Raises what the metadata store raises."""
-        meta = self._next_segment_locked()
+        return self._install_locked(
+            self._next_segment(self._failed_nodes_locked(), set(self._open))
+        )
+
+    def _install_locked(self, meta: SegmentMeta) -> OpenSegment:
+        """`meta`, created in the metadata store, becomes the current segment."""
         handle = OpenSegment(meta, time.monotonic())
         self._open[meta.segment_id] = handle
         self.last_opened = max(self.last_opened, meta.segment_id)
@@ -473,6 +488,39 @@ class OpenSegments:
 
     # --- the roll rule -------------------------------------------------------------------------
 
+    def _failed_roll_locked(self, segment_id: int, now: float, exc: Exception) -> None:
+        self._retry_at = now + self._backoff.next_delay()
+        self._pipeline.metrics["background_retries"] += 1
+        log.warning(
+            "log %s: could not roll segment %s (writes go on in it, retried in %.2f s): %s",
+            self._log_id,
+            segment_id,
+            self._retry_at - now,
+            exc,
+        )
+
+    def _prepare_next(self, segment_id: int) -> None:
+        """Maintenance, after a failed roll: make the next segment with the writer's lock
+        released (the metadata calls may wait for their timeout); the next roll takes it."""
+        pipeline = self._pipeline
+        with pipeline.lock:
+            if pipeline.stopped:
+                return
+            exclude, open_ids = self._failed_nodes_locked(), set(self._open)
+        try:
+            meta = self._next_segment(exclude, open_ids)
+        except WriterFencedError as exc:
+            pipeline.fence(exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - retried at a later roll, after the backoff
+            with pipeline.lock:
+                self._preparing = False
+                self._failed_roll_locked(segment_id, time.monotonic(), exc)
+            return
+        with pipeline.lock:
+            self._preparing = False
+            self._prepared = meta
+
     def _needs_roll(self, seg: OpenSegment, now: float) -> bool:
         """`seg` is full or old (`now`: time.monotonic()). On the write path: kept flat."""
         return (
@@ -481,15 +529,16 @@ class OpenSegments:
             or now - seg.created >= self._max_age_s
         )
 
-    def _next_segment_locked(self) -> SegmentMeta:
-        """The next segment of the log, ACTIVE in the metadata store. Raises what the metadata
-        store raises (`WriterFencedError` included)."""
+    def _next_segment(self, exclude: set[str], open_ids: set[int]) -> SegmentMeta:
+        """The next segment of the log, ACTIVE in the metadata store, placed avoiding `exclude`
+        while others are live (`open_ids`: the segments this writer has handles for). Raises
+        what the metadata store raises (`WriterFencedError` included). Needs no lock."""
         pipeline = self._pipeline
         existing = self._meta.list_segments(self._log_id)
         last = existing[-1] if existing else None
         segment_id = (last.segment_id + 1) if last else 0
         es = self._es
-        if last and last.state is SegmentState.ACTIVE and last.segment_id not in self._open:
+        if last and last.state is SegmentState.ACTIVE and last.segment_id not in open_ids:
             # An ACTIVE segment this writer has no handle for: its own create whose answer was
             # lost (a metadata timeout). Only the current epoch can create one, so if this writer
             # still holds it, the segment is its own, and empty: adopt it, or readers would wait
@@ -502,7 +551,7 @@ class OpenSegments:
                 log_id=self._log_id,
                 segment_id=segment_id,
                 state=SegmentState.ACTIVE,
-                nodes=self._ensemble.new_ensemble(es, segment_id, self._failed_nodes_locked()),
+                nodes=self._ensemble.new_ensemble(es, segment_id, exclude),
                 es=es,
                 wq=es,
                 aq=es // 2 + 1,
@@ -517,24 +566,26 @@ class OpenSegments:
         this writer (`WriterFencedError` raised)."""
         pipeline = self._pipeline
         now = time.monotonic()
-        if now < self._retry_at:
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared.segment_id > self.last_opened:
+            new = self._install_locked(prepared)
+        elif self._roll_failed:
+            # writes go on in `seg` while the next segment is made in the background
+            if now >= self._retry_at and not self._preparing:
+                self._preparing = True
+                self._maint.submit(self._prepare_next, seg.segment_id)
             return seg
-        try:
-            new = self.open_locked()
-        except WriterFencedError as exc:
-            self._maint.submit(resolve, pipeline.fence_locked(exc))  # not under the lock
-            raise
-        except Exception as exc:
-            self._retry_at = now + self._backoff.next_delay()
-            pipeline.metrics["background_retries"] += 1
-            log.warning(
-                "log %s: could not roll segment %s (writes go on in it, retried in %.2f s): %s",
-                self._log_id,
-                seg.segment_id,
-                self._retry_at - now,
-                exc,
-            )
-            return seg
+        else:
+            try:
+                new = self.open_locked()
+            except WriterFencedError as exc:
+                self._maint.submit(resolve, pipeline.fence_locked(exc))  # not under the lock
+                raise
+            except Exception as exc:
+                self._roll_failed = True
+                self._failed_roll_locked(seg.segment_id, now, exc)
+                return seg
+        self._roll_failed = False
         self._backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
         seg.status = SegmentStatus.ROLLED
         if seg.drained():
