@@ -48,6 +48,7 @@ from etcdserver import EtcdServer  # noqa: E402
 from s3server import MotoS3Server  # noqa: E402
 
 from woodpecker_idem.connect import connect  # noqa: E402
+from woodpecker_idem.logstore.storage import PACK_BLOCKS  # noqa: E402
 
 TARGET = 5_000
 N = 5_000
@@ -295,7 +296,7 @@ def test_single_write_ack_with_packs(benchmark: Any, s3: MotoS3Server) -> None:
             packer = client.transport.engines["node-0"].storage.packer
 
             def one(side: str, r: int) -> None:
-                packer.pack_blocks = 256 if side == "packs" else 0
+                packer.pack_blocks = PACK_BLOCKS if side == "packs" else 0
                 writer = client.create_log(f"ack-{side}-{r}").open_writer(idempotent=True)
                 lat = []
                 for i in range(ACK_WRITES):

@@ -52,19 +52,21 @@ log = logging.getLogger(__name__)
 READ_THREADS = 16
 
 # Packs (issue 32): a takeover of an open segment of 1,000 single writes read 1,000 block objects
-# (moto: ~6 ms of server CPU per GET, 10-15 s), and listing 10,000 block keys alone takes ~4 s.
-# So the node that writes small blocks also puts copies of them, PACK_BLOCKS at a time, as one
-# pack object, from a thread of its own after the blocks were acknowledged (an ack never waits
-# for a pack); a node fencing the segment reads the packs and only the blocks no pack holds, and
-# finds the end by probing block numbers past them instead of listing every key. The blocks stay
-# the record: nothing but a fence reads a pack, a block taken from a pack is served once (to the
-# takeover's own reads, then dropped), and the packs are deleted once the segment is completed,
-# so a damaged block is still seen by every reader and by `verify`.
-PACK_BLOCKS = 256  # blocks per pack
+# (moto: ~6 ms of server CPU per GET, 6-15 s), and listing 10,000 block keys alone takes ~4 s.
+# So the node that writes small blocks also puts copies of them as pack objects, from a thread of
+# its own after the blocks were acknowledged (an ack never waits for a pack): one pack per
+# PACK_BLOCKS blocks, and every PACK_BLOCKS packs of one size merged into one pack (16, 256,
+# 4,096 blocks), the smaller ones deleted, so a segment of N small blocks is covered by about
+# N/4,096 + 30 packs. A node fencing the segment reads the packs and only the blocks no pack
+# holds, and finds the end by probing block numbers past them instead of listing every key. The
+# blocks stay the record: nothing but a fence reads a pack, a block taken from a pack is served
+# once (to the takeover's own reads, then dropped), and the packs are deleted once the segment is
+# completed, so a damaged block is still seen by every reader and by `verify`.
+PACK_BLOCKS = 16  # blocks per first-level pack, and packs merged into one of the next level
+PACK_LEVELS = 3  # packs of 16, 256 and 4,096 blocks
 PACK_BLOCK_MAX = 64 << 10  # larger blocks are few and cheap to read one by one: not packed
-PACK_BYTES = 4 << 20  # a pack is put once it holds this much, however few blocks
-PACK_MIN_BLOCKS = 16  # a pack of fewer blocks is put only when ...
-PACK_AGE_S = 0.5  # ... its oldest block waited this long (a writer that goes quiet)
+PACK_BYTES = 1 << 20  # a first-level pack is put once it holds this much, however few blocks
+PACK_MERGE_BYTES = 16 << 20  # packs larger together than this are not merged
 PACK_DIR = "p/"  # packs live under `{log}/{segment}/p/`, deleted with the segment
 # A handle that has seen this many blocks finds new ones by reading the next block numbers (GETs
 # until one is missing: numbers have no gaps) instead of listing every key of the segment again.
@@ -313,15 +315,17 @@ class Packer:
 
     `add` is called by an add with the segment's lock held and only appends to a list; the
     thread puts a segment's pending blocks as one pack once there are `pack_blocks` of them (or
-    PACK_BYTES), or PACK_MIN_BLOCKS that waited PACK_AGE_S, and deletes a completed segment's
-    packs. A pack that fails to be put is dropped with a warning: the blocks are the record."""
+    PACK_BYTES), merges packs, and deletes a completed segment's packs. A pack that fails to be
+    put is dropped with a warning: the blocks are the record."""
 
     def __init__(self, store: ObjectStore, pack_blocks: int):
         self.store = store
         self.pack_blocks = pack_blocks  # 0: no packs
         self._lock = threading.Condition()
-        self._pending: dict[str, tuple[float, list[tuple[int, bytes]], int]] = {}
+        self._pending: dict[str, tuple[bool, list[tuple[int, bytes]], int]] = {}
         self._deletes: list[str] = []
+        # the thread's own: per segment, the packs not merged to the last level yet
+        self._stacks: dict[str, list[tuple[int, list[tuple[int, bytes]], str]]] = {}
         self._busy = 0  # packs being put or deleted now
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -332,15 +336,17 @@ class Packer:
         with self._lock:
             if self._closed:
                 return
-            since, blocks, size = self._pending.get(prefix, (time.monotonic(), [], 0))
+            forced, blocks, size = self._pending.get(prefix, (False, [], 0))
             blocks.append((n, data))
-            self._pending[prefix] = (since, blocks, size + len(data))
-            full = len(blocks) >= self.pack_blocks or size + len(data) >= PACK_BYTES
-            if full or len(blocks) == 1:  # due now, or the thread's wait gets a timeout
-                self._lock.notify()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="wp-packs", daemon=True)
-                self._thread.start()
+            self._pending[prefix] = (forced, blocks, size + len(data))
+            if len(blocks) >= self.pack_blocks or size + len(data) >= PACK_BYTES:
+                self._start_locked()
+
+    def _start_locked(self) -> None:
+        self._lock.notify_all()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="wp-packs", daemon=True)
+            self._thread.start()
 
     def drop(self, prefix: str) -> None:
         """Forget the segment's pending blocks (it is completed or deleted)."""
@@ -355,21 +361,19 @@ class Packer:
             if self._closed:
                 return
             self._deletes.append(prefix)
-            self._lock.notify()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="wp-packs", daemon=True)
-                self._thread.start()
+            self._start_locked()
 
     def wait_idle(self, timeout: float) -> bool:
-        """Put every pack due now and finish the deletes asked for (tests and benches)."""
+        """Put every pending block in a pack now and finish the deletes asked for (tests and
+        benches: a writer that goes quiet leaves fewer than `pack_blocks` blocks unpacked)."""
         deadline = time.monotonic() + timeout
         with self._lock:
             for prefix, (_, blocks, size) in list(self._pending.items()):
-                self._pending[prefix] = (-1e18, blocks, size)  # due whatever its size
-            self._lock.notify()
+                self._pending[prefix] = (True, blocks, size)
+            self._start_locked()
             while self._pending or self._deletes or self._busy:
                 left = deadline - time.monotonic()
-                if left <= 0 or self._thread is None:
+                if left <= 0:
                     return False
                 self._lock.wait(min(left, 0.05))
         return True
@@ -384,14 +388,10 @@ class Packer:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
-    def _due(self, now: float) -> tuple[list[tuple[str, list[tuple[int, bytes]]]], list[str]]:
+    def _due(self) -> tuple[list[tuple[str, list[tuple[int, bytes]]]], list[str]]:
         puts = []
-        for prefix, (since, blocks, size) in list(self._pending.items()):
-            if (
-                len(blocks) >= self.pack_blocks
-                or size >= PACK_BYTES
-                or (since <= now - PACK_AGE_S and (len(blocks) >= PACK_MIN_BLOCKS or since < 0))
-            ):
+        for prefix, (forced, blocks, size) in list(self._pending.items()):
+            if forced or len(blocks) >= self.pack_blocks or size >= PACK_BYTES:
                 puts.append((prefix, blocks))
                 del self._pending[prefix]
         deletes, self._deletes = self._deletes, []
@@ -401,31 +401,66 @@ class Packer:
         while True:
             with self._lock:
                 while True:
-                    puts, deletes = self._due(time.monotonic())
+                    puts, deletes = self._due()
                     if puts or deletes:
                         self._busy += 1
                         break
                     if self._closed:
                         return
-                    self._lock.wait(PACK_AGE_S / 4 if self._pending else None)
+                    self._lock.wait()
             try:
                 for prefix, blocks in puts:
-                    self._put(prefix, blocks)
+                    self._pack(prefix, blocks)
                 for prefix in deletes:
-                    self._delete(prefix)
+                    self._stacks.pop(prefix, None)
+                    self._delete_all(prefix)
             finally:
                 with self._lock:
                     self._busy -= 1
                     self._lock.notify_all()
 
-    def _put(self, prefix: str, blocks: list[tuple[int, bytes]]) -> None:
+    def _pack(self, prefix: str, blocks: list[tuple[int, bytes]]) -> None:
+        """Put a first-level pack, then merge the last `pack_blocks` packs of one level into one
+        of the next while there are (the memory of a last-level pack is let go)."""
+        stack = self._stacks.setdefault(prefix, [])
+        key = self._put(prefix, blocks)
+        if key is None:
+            stack.clear()  # not merged across a missing pack
+            return
+        stack.append((0, blocks, key))
+        fan = max(2, self.pack_blocks)
+        while len(stack) >= fan and len({level for level, _, _ in stack[-fan:]}) == 1:
+            level = stack[-1][0]
+            merged = [b for _, bs, _ in stack[-fan:] for b in bs]
+            if sum(len(d) for _, d in merged) > PACK_MERGE_BYTES:
+                del stack[-fan:]  # kept as they are
+                break
+            key = self._put(prefix, merged)
+            if key is None:
+                break
+            for _, _, old in stack[-fan:]:
+                self._delete(old)
+            stack[-fan:] = [(level + 1, merged, key)]
+            if level + 1 >= PACK_LEVELS - 1:
+                stack.pop()  # not merged further
+                break
+
+    def _put(self, prefix: str, blocks: list[tuple[int, bytes]]) -> str | None:
         key = f"{prefix}{PACK_DIR}{blocks[0][0]:010d}-{blocks[-1][0]:010d}.pk"
         try:
             self.store.put(key, encode_pack(blocks))
         except Exception as exc:  # noqa: BLE001 - a copy: the blocks are the record
             log.warning("%s: pack not written (a takeover reads the blocks instead): %s", key, exc)
+            return None
+        return key
 
-    def _delete(self, prefix: str) -> None:
+    def _delete(self, key: str) -> None:
+        try:
+            self.store.delete(key)
+        except Exception as exc:  # noqa: BLE001 - a fence reads the larger pack that holds it
+            log.warning("%s: merged pack not deleted: %s", key, exc)
+
+    def _delete_all(self, prefix: str) -> None:
         try:
             self.store.delete_prefix(f"{prefix}{PACK_DIR}")
         except Exception as exc:  # noqa: BLE001 - left for the segment's deletion
@@ -528,7 +563,7 @@ class _BlockHandle(SegmentHandle):
     def _load_packed(self) -> Scan:
         """The first load of a fence: blocks from the segment's packs where a pack holds them,
         the others read, the end found by probing. Without packs, `load`."""
-        keys = [k for k in self._store.list(f"{self._prefix}{PACK_DIR}") if k.endswith(".pk")]
+        keys = _cover(self._store.list(f"{self._prefix}{PACK_DIR}"))
         if not keys:
             return self.load()
         packed: dict[int, bytes] = {}
@@ -634,3 +669,22 @@ class _BlockHandle(SegmentHandle):
     def record(self, loc: int, first: int, entry_id: int) -> bytes:
         _, records = self._storage.block(self._log_id, self._segment_id, loc, self._where(loc))
         return bytes(records[entry_id - first])
+
+
+def _cover(keys: list[str]) -> list[str]:
+    """Of the pack keys (`.../{first:010d}-{last:010d}.pk`), the fewest that hold every block any
+    of them holds: a smaller pack left behind by a merge (its delete failed, or the writer died
+    between) is not read when a larger one holds its blocks."""
+    ranges = []
+    for key in keys:
+        name = key.rsplit("/", 1)[-1]
+        first, _, last = name.removesuffix(".pk").partition("-")
+        if name.endswith(".pk") and first.isdigit() and last.isdigit():
+            ranges.append((int(first), -int(last), key))
+    chosen = []
+    end = -1
+    for _first, neg_last, key in sorted(ranges):
+        if -neg_last > end:
+            chosen.append(key)
+            end = -neg_last
+    return chosen
