@@ -390,10 +390,21 @@ class Packer:
 
     def _due(self) -> tuple[list[tuple[str, list[tuple[int, bytes]]]], list[str]]:
         puts = []
+        fan = max(1, self.pack_blocks)
         for prefix, (forced, blocks, size) in list(self._pending.items()):
-            if forced or len(blocks) >= self.pack_blocks or size >= PACK_BYTES:
+            if forced or size >= PACK_BYTES:
                 puts.append((prefix, blocks))
                 del self._pending[prefix]
+                continue
+            # whole packs of `pack_blocks` (more may have come since the add that was due)
+            whole = len(blocks) - len(blocks) % fan
+            if whole:
+                for i in range(0, whole, fan):
+                    puts.append((prefix, blocks[i : i + fan]))
+                rest = blocks[whole:]
+                self._pending[prefix] = (False, rest, sum(len(d) for _, d in rest))
+                if not rest:
+                    del self._pending[prefix]
         deletes, self._deletes = self._deletes, []
         return puts, deletes
 
