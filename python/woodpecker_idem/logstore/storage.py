@@ -21,7 +21,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -227,7 +227,7 @@ class ObjectSegmentStorage(SegmentStorage):
         where: Callable[[int], str],
         records: bool = True,
         missing_ok: bool = False,
-    ) -> Iterator[Any]:
+    ) -> Generator[Any, None, None]:
         """`block` of each of `ns`, in that order. The ones not cached are read up to
         `read_threads` at a time, ahead of the one yielded; an error reading block n is raised
         when block n's turn comes, after the blocks before it were yielded, exactly as reading
@@ -455,6 +455,11 @@ class Packer:
             if level + 1 >= PACK_LEVELS - 1:
                 stack.pop()  # not merged further
                 break
+        # the blocks held for merges stay within PACK_MERGE_BYTES: the oldest packs are let go
+        # (kept as they are) when larger blocks would hold more
+        held = sum(len(d) for _, bs, _ in stack for _, d in bs)
+        while stack and held > PACK_MERGE_BYTES:
+            held -= sum(len(d) for _, d in stack.pop(0)[1])
 
     def _put(self, prefix: str, blocks: list[tuple[int, bytes]]) -> str | None:
         key = f"{prefix}{PACK_DIR}{blocks[0][0]:010d}-{blocks[-1][0]:010d}.pk"
