@@ -4,7 +4,8 @@ The engine (`engine.py`) holds the node rules (fencing, LAC, byte comparison of 
 recovery copies, completion) once; a `SegmentStorage` only lays batches out and finds them again:
 
 - `objects` (`ObjectSegmentStorage`, this module): one create-if-absent block object per batch on
-  an `ObjectStore` (S3, or any store without local files);
+  an `ObjectStore` (S3, or any store without local files), and packs: copies of small blocks that
+  a takeover reads instead of one object per block (see PACK_BLOCKS);
 - `files` (`FileSegmentStorage`, `segment_files.py`): on a local directory, a segment is an
   append-only file, one `fdatasync` per add (`storage.fsync: always`) or one per file every N ms
   in the background (`batch_ms:N`).
@@ -307,6 +308,7 @@ class ObjectSegmentStorage(SegmentStorage):
                 self._packed_bytes -= len(self._packed.pop(key))
 
     def delete_log(self, log_id: int) -> None:
+        self.packer.drop(f"{log_id}/")
         self.store.delete_prefix(f"{log_id}/")
 
 
@@ -349,9 +351,10 @@ class Packer:
             self._thread.start()
 
     def drop(self, prefix: str) -> None:
-        """Forget the segment's pending blocks (it is completed or deleted)."""
+        """Forget the pending blocks of the segments under `prefix` (deleted)."""
         with self._lock:
-            self._pending.pop(prefix, None)
+            for key in [k for k in self._pending if k.startswith(prefix)]:
+                del self._pending[key]
 
     def completed(self, prefix: str) -> None:
         """The segment is completed: its packs are no longer wanted; delete them (a node that
@@ -389,22 +392,21 @@ class Packer:
             thread.join()
 
     def _due(self) -> tuple[list[tuple[str, list[tuple[int, bytes]]]], list[str]]:
-        puts = []
+        puts: list[tuple[str, list[tuple[int, bytes]]]] = []
         fan = max(1, self.pack_blocks)
         for prefix, (forced, blocks, size) in list(self._pending.items()):
-            if forced or size >= PACK_BYTES:
-                puts.append((prefix, blocks))
-                del self._pending[prefix]
-                continue
-            # whole packs of `pack_blocks` (more may have come since the add that was due)
+            # whole packs of `pack_blocks` (more may have come since the add that was due), so
+            # merges line up; the rest too when forced, or when it is large already
             whole = len(blocks) - len(blocks) % fan
-            if whole:
-                for i in range(0, whole, fan):
-                    puts.append((prefix, blocks[i : i + fan]))
-                rest = blocks[whole:]
+            take = len(blocks) if forced or (not whole and size >= PACK_BYTES) else whole
+            if not take:
+                continue
+            puts.extend((prefix, blocks[i : i + fan]) for i in range(0, take, fan))
+            rest = blocks[take:]
+            if rest:
                 self._pending[prefix] = (False, rest, sum(len(d) for _, d in rest))
-                if not rest:
-                    del self._pending[prefix]
+            else:
+                del self._pending[prefix]
         deletes, self._deletes = self._deletes, []
         return puts, deletes
 
