@@ -17,7 +17,12 @@ import pytest
 from woodpecker_idem._core import encode_entry
 from woodpecker_idem.errors import CorruptEntryError
 from woodpecker_idem.logstore.engine import LogStoreEngine
-from woodpecker_idem.logstore.storage import PACK_BLOCKS, PACK_DIR, ObjectSegmentStorage
+from woodpecker_idem.logstore.storage import (
+    PACK_BLOCKS,
+    PACK_DIR,
+    PROBE_AFTER_BLOCKS,
+    ObjectSegmentStorage,
+)
 from woodpecker_idem.objectstore.local import LocalObjectStore
 
 LOG = 1
@@ -166,3 +171,25 @@ def test_merged_packs_replace_the_smaller_ones(tmp_path: Path, lagging: bool) ->
         "0000000272-0000000287.pk",
         "0000000288-0000000292.pk",
     ]
+
+
+def test_a_reader_of_a_long_segment_finds_new_blocks_and_the_footer_without_listing(
+    tmp_path: Path,
+) -> None:
+    """Past PROBE_AFTER_BLOCKS blocks a node finds the blocks another process added by reading
+    the next numbers (a LIST of 1,000 keys costs ~0.4 s on moto), and the footer too."""
+    n = PROBE_AFTER_BLOCKS + 5
+    writer = LogStoreEngine(ObjectSegmentStorage(LocalObjectStore(tmp_path, fsync=False)))
+    _single_writes(writer, 0, 0, n)
+    store = CountingStore(tmp_path)
+    reader = LogStoreEngine(ObjectSegmentStorage(store))
+    assert len(reader.read(LOG, 0, 0, 2 * n)) == n
+    _single_writes(writer, 0, n, 40)  # more than one round of probes
+    store.counts.clear()
+    assert reader.last_add_confirmed(LOG, 0) == (n + 39, n + 38)
+    assert reader.read(LOG, 0, n, 100) == [_record(0, e)[8:] for e in range(n, n + 40)]
+    writer.complete(LOG, 0, n + 39)
+    assert reader.completed_end(LOG, 0) == n + 39
+    assert store.counts["list"] == 0, store.counts
+    writer.close()
+    reader.close()
