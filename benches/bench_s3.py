@@ -17,13 +17,16 @@ Target (asserted loosely): >= 5,000 entries/s.
 
 `test_takeover_after_single_writes` (issue 32): `open_writer(idempotent=True)` on a second client
 (its own data directory; etcd + moto S3, es=1) taking over a log whose open segment holds N
-single-entry blocks (N single writes: block 0 written by the old writer, a process of its own;
-blocks 1.. put straight into the bucket, byte for byte what it writes for a single write, to build
-10,000 in seconds), with the old writer's process alive or SIGKILLed. Completing the segment
-reads every block's header (fence), which also fills the block cache the window rebuild reads.
-Figures: `takeover_s` (the one takeover of a built log), the GetObject requests it made, and with
-`sequential` the same with the node's blocks read one at a time (`read_threads = 1`, the reads as
-they were before). Target: N = 1,000 and 10,000, alive or killed: <= 1.5 s.
+single-entry blocks: N single writes (`write`, each waiting for its ack) by the old writer, a
+process of its own, whose packs and snapshots are what they are in use; the old writer's process
+alive (idle) or SIGKILLed right after its last ack. Figures: the takeover's seconds and its
+GetObject and ListObjectsV2 requests; at 1,000 writes, `TAKEOVER_ROUNDS` rounds interleaved with
+an old writer that puts no packs (`nopacks`: the blocks read 16 at a time, as before packs),
+medians; at 10,000, one round (building the log takes ~2 min). The takeover's window must hold
+every key. Target: with packs, N = 1,000 and 10,000, alive or killed: <= 1.5 s.
+
+`test_single_write_ack_with_packs`: packs are put off the write path; single-write ack latency
+with packs vs without, interleaved rounds, median of per-round ratios <= 1.15.
 """
 
 from __future__ import annotations
@@ -47,11 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "suppo
 from etcdserver import EtcdServer  # noqa: E402
 from s3server import MotoS3Server  # noqa: E402
 
-from woodpecker_idem import explicit_key  # noqa: E402
-from woodpecker_idem._core import encode_entry  # noqa: E402
 from woodpecker_idem.connect import connect  # noqa: E402
-from woodpecker_idem.errors import WoodpeckerError  # noqa: E402
-from woodpecker_idem.logstore.blocks import KIND_DATA, encode_block  # noqa: E402
+from woodpecker_idem.logstore.storage import PACK_BLOCKS  # noqa: E402
 
 TARGET = 5_000
 N = 5_000
@@ -178,14 +178,18 @@ def test_idempotent_write_on_s3(
 
 
 TAKEOVER_S = 1.5
-# The old writer: opens the log, writes one entry (block 0 of segment 0), says so, then idles
-# until killed (it never closes: nothing completes its segment but the takeover).
+# The old writer: opens the log, makes N single writes (one block each: `write` waits for its ack
+# before the next), says so, then idles until killed (it never closes: nothing completes its
+# segment but the takeover). argv[4] "nopacks": its node puts no packs (the layout before them).
 OLD_WRITER = """
 import json, sys, time
 import woodpecker_idem as wp
 client = wp.connect(sys.argv[1], json.loads(sys.argv[2]))
+if sys.argv[4] == "nopacks":
+    client.transport.engines["node-0"].storage.packer.pack_blocks = 0
 writer = client.open_log("t", create=True).open_writer(idempotent=True)
-writer.write(b"payload-0", idempotency_id="k-0")
+for e in range(int(sys.argv[3])):
+    writer.write(b"payload-%d" % e, idempotency_id=f"k-{e}")
 print("ready", flush=True)
 time.sleep(3600)
 """
@@ -193,9 +197,16 @@ time.sleep(3600)
 
 def _s3_etcd_config(s3: MotoS3Server, etcd: EtcdServer) -> dict[str, object]:
     return {
+        **_s3_config(s3),
         "meta.type": "etcd",
         "meta.endpoints": [etcd.endpoint],
         "meta.prefix": f"/t{uuid.uuid4().hex}",
+    }
+
+
+def _s3_config(s3: MotoS3Server) -> dict[str, object]:
+    return {
+        "meta.type": "sqlite",
         "objectstore.type": "s3",
         "objectstore.endpoint_url": s3.endpoint_url,
         "objectstore.bucket": f"takeover-{uuid.uuid4().hex[:12]}",
@@ -207,80 +218,46 @@ def _s3_etcd_config(s3: MotoS3Server, etcd: EtcdServer) -> dict[str, object]:
     }
 
 
-def _single_write_blocks(client: Any, n: int) -> None:
-    """Entries 1..n-1 of segment 0 of log "t", one block each after the blocks there, as single
-    writes leave them (each carries the LAC of the write before it), put on 16 threads."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    log_id = client.open_log("t").log_id
-    store = client.objects
-    time.sleep(1.0)  # the old writer's LAC-only block after its write, if it sends one, lands
-    first_free = len(store.list(f"{log_id}/0/"))
-
-    def put(e: int) -> None:
-        key = explicit_key(f"k-{e}")
-        record = encode_entry(0, e, 1_700_000_000_000 + e, b"payload-%d" % e, None, key)
-        block = encode_block(KIND_DATA, e, 1, e - 1, record)
-        assert store.put(f"{log_id}/0/{first_free + e - 1}.blk", block, if_none_match=True)
-
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(put, range(1, n)))
-
-
-@pytest.mark.parametrize("old", ["alive", "killed"])
-@pytest.mark.parametrize(
-    ("n", "reads"), [(1_000, "parallel"), (1_000, "sequential"), (10_000, "parallel")]
-)
-def test_takeover_after_single_writes(
-    benchmark: Any, s3: MotoS3Server, etcd: EtcdServer, n: int, reads: str, old: str
-) -> None:
-    config = _s3_etcd_config(s3, etcd)
+def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parent.parent / "python"), env.get("PYTHONPATH", "")]
     )
+    return env
+
+
+def _takeover(s3: MotoS3Server, etcd: EtcdServer, n: int, packs: str, old: str) -> dict[str, Any]:
+    """Build a log of n single writes by an old writer (its own process), stop it or not, and take
+    it over from another client: seconds, GetObject and ListObjectsV2 requests of the takeover."""
+    config = _s3_etcd_config(s3, etcd)
     base = Path(os.environ.get("WP_BENCH_DIR", "."))
     with tempfile.TemporaryDirectory(dir=base, prefix=".bench-takeover-") as d:
+        args = [f"{d}/a", json.dumps(config), str(n), packs]
         proc = subprocess.Popen(
-            [sys.executable, "-c", OLD_WRITER, f"{d}/a", json.dumps(config)],
-            stdout=subprocess.PIPE,
-            env=env,
+            [sys.executable, "-c", OLD_WRITER, *args], stdout=subprocess.PIPE, env=_env()
         )
         try:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
             client = connect(f"{d}/b", config)
             try:
-                _single_write_blocks(client, n)
+                assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
                 if old == "killed":
                     proc.kill()
                     proc.wait(30)
-                storage = client.transport.engines["node-0"].storage
-                if reads == "sequential":
-                    storage.read_threads = 1
-                gets = [0]
-                client.objects.client.meta.events.register(
-                    "before-send.s3.GetObject", lambda **_: gets.__setitem__(0, gets[0] + 1)
-                )
-                took: list[float] = []
-                failed: list[str] = []
-
-                def takeover() -> None:
-                    t0 = time.perf_counter()
-                    try:
-                        writer = client.open_log("t").open_writer(idempotent=True)
-                    except WoodpeckerError as exc:
-                        if reads == "parallel":
-                            raise
-                        # one block at a time, the fence can outlast the node call's deadline
-                        # (append.timeout_ms): the takeover then fails after its retries
-                        failed.append(f"{type(exc).__name__}: {str(exc)[:120]}")
-                        took.append(time.perf_counter() - t0)
-                        return
-                    took.append(time.perf_counter() - t0)
-                    assert writer.recovery.entries_replayed == n, writer.recovery
-                    writer.close()
-
-                benchmark.pedantic(takeover, rounds=1, iterations=1)
+                else:
+                    time.sleep(1.0)  # the old writer idles
+                counts = {"GetObject": 0, "ListObjectsV2": 0}
+                for op in counts:
+                    client.objects.client.meta.events.register(
+                        f"before-send.s3.{op}",
+                        lambda op=op, **_: counts.__setitem__(op, counts[op] + 1),
+                    )
+                t0 = time.perf_counter()
+                writer = client.open_log("t").open_writer(idempotent=True)
+                took = time.perf_counter() - t0
+                # the window holds every key: a retry of each is a duplicate
+                assert writer.recovery is not None and writer.recovery.window_size == n
+                assert writer.write(b"again", idempotency_id=f"k-{n - 1}").duplicate
+                writer.close()
             finally:
                 client.close()
         finally:
@@ -288,11 +265,81 @@ def test_takeover_after_single_writes(
             proc.wait(30)
             if proc.stdout is not None:
                 proc.stdout.close()
-    info = {"blocks": n, "old_writer": old, "reads": reads, "takeover_s": round(took[0], 3)}
-    info["gets"] = gets[0]
-    if failed:
-        info["failed"] = failed[0]
+    return {"s": took, "gets": counts["GetObject"], "lists": counts["ListObjectsV2"]}
+
+
+TAKEOVER_ROUNDS = 3  # at 1,000 writes, interleaved with and without packs (10,000: one round)
+
+
+@pytest.mark.parametrize("old", ["alive", "killed"])
+@pytest.mark.parametrize("n", [1_000, 10_000])
+def test_takeover_after_single_writes(
+    benchmark: Any, s3: MotoS3Server, etcd: EtcdServer, n: int, old: str
+) -> None:
+    sides = ["packs", "nopacks"] if n == 1_000 else ["packs"]
+    rounds = TAKEOVER_ROUNDS if n == 1_000 else 1
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+
+    def run() -> None:
+        for r in range(rounds):
+            for side in sides if r % 2 == 0 else sides[::-1]:
+                runs[side].append(_takeover(s3, etcd, n, side, old))
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    info: dict[str, Any] = {"blocks": n, "old_writer": old, "rounds": rounds}
+    for side, got in runs.items():
+        info[f"{side}_s"] = round(statistics.median(r["s"] for r in got), 3)
+        info[f"{side}_gets"] = int(statistics.median(r["gets"] for r in got))
+        info[f"{side}_lists"] = int(statistics.median(r["lists"] for r in got))
+    info["target_s"] = TAKEOVER_S
     benchmark.extra_info.update(info)
     print(f"\ntakeover on etcd + S3 (moto) after {n} single writes: {info}")
-    if reads == "parallel":
-        assert took[0] <= TAKEOVER_S, info
+    assert info["packs_s"] <= TAKEOVER_S, info
+
+
+ACK_ROUNDS = 7
+ACK_WRITES = 300
+ACK_RATIO = 1.15
+
+
+def test_single_write_ack_with_packs(benchmark: Any, s3: MotoS3Server) -> None:
+    """Packs are put off the write path: single writes' ack latency with packs vs without,
+    interleaved rounds of ACK_WRITES `write` calls (each waits for its ack), a log per round;
+    judged on the median of per-round ratios of the median latencies."""
+    config = _s3_config(s3)
+    base = Path(os.environ.get("WP_BENCH_DIR", "."))
+    medians: dict[str, list[float]] = {"packs": [], "nopacks": []}
+    with tempfile.TemporaryDirectory(dir=base, prefix=".bench-ack-") as d:
+        client = connect(d, config)
+        try:
+            packer = client.transport.engines["node-0"].storage.packer
+
+            def one(side: str, r: int) -> None:
+                packer.pack_blocks = PACK_BLOCKS if side == "packs" else 0
+                writer = client.create_log(f"ack-{side}-{r}").open_writer(idempotent=True)
+                lat = []
+                for i in range(ACK_WRITES):
+                    t = time.perf_counter()
+                    writer.write(b"x" * 100, idempotency_id=f"{i}")
+                    lat.append(time.perf_counter() - t)
+                writer.close()
+                medians[side].append(statistics.median(lat))
+
+            def run() -> None:
+                for r in range(ACK_ROUNDS):
+                    for side in ("packs", "nopacks") if r % 2 else ("nopacks", "packs"):
+                        one(side, r)
+
+            benchmark.pedantic(run, rounds=1, iterations=1)
+        finally:
+            client.close()
+    ratios = [a / b for a, b in zip(medians["packs"], medians["nopacks"], strict=True)]
+    info = {
+        "ack_p50_ms_packs": round(statistics.median(medians["packs"]) * 1e3, 2),
+        "ack_p50_ms_nopacks": round(statistics.median(medians["nopacks"]) * 1e3, 2),
+        "ratio": round(statistics.median(ratios), 3),
+        "target_ratio": ACK_RATIO,
+    }
+    benchmark.extra_info.update(info)
+    print(f"\nsingle-write ack on S3 (moto), packs vs none: {info}")
+    assert info["ratio"] <= ACK_RATIO, info
