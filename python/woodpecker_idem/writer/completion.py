@@ -109,6 +109,7 @@ class SegmentCompletion:
     ):
         self._pipeline = pipeline
         self._background = background
+        self._uncounted: list[SegmentMeta] = []  # completed by the takeover, bytes not counted
         self._meta = meta
         self._transport = transport
         self._dedup = dedup
@@ -128,7 +129,7 @@ class SegmentCompletion:
             if seg.state in (SegmentState.ACTIVE, SegmentState.COMPLETED):
                 segments[i] = done = self._recover_with_retries(seg)
                 self._completed(done.segment_id, done.last_entry_id)
-                self._count_later(done)
+                self._uncounted.append(done)  # counted once the writer is open
         with self._pipeline.lock:
             self._pipeline.segments.last_completed = log_end(segments)
 
@@ -163,6 +164,13 @@ class SegmentCompletion:
             Backoff(RETRY_INITIAL_S, RETRY_MAX_S, budget_s=self._timeout_s),
             on_retry,
         )
+
+    def count_taken_over(self) -> None:
+        """The writer is open: count the bytes of the segments its takeover completed (in the
+        background, not competing with the takeover's own reads)."""
+        uncounted, self._uncounted = self._uncounted, []
+        for done in uncounted:
+            self._count_later(done)
 
     def _count_later(self, done: SegmentMeta) -> None:
         """A segment recovery completed records 0 bytes (its writer left it): count them on a

@@ -163,6 +163,7 @@ class Pipeline:
         with self.lock:
             self.segments.open_locked()
         self._ticker = Ticker(self, self._dispatch, self._scheduler, self._maint)
+        self._completion.count_taken_over()
         track(self)  # closed at interpreter exit if still open
 
     def _poke(self) -> None:
