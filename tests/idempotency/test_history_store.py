@@ -161,7 +161,7 @@ def test_stored_read_of_an_open_segment_follows_the_quorum_not_the_reader(
 
     # a reader that trusts what one node holds (the LAC rule dropped) shows entries 8 and 9:
     # the checker still judges the stored entries, and names the reader
-    def visible_last(self, seg):
+    def visible_last(self, seg, need=None):
         return max(
             self._transport.last_add_confirmed(n, seg.log_id, seg.segment_id)[0] for n in seg.nodes
         )
@@ -189,7 +189,7 @@ def test_stored_read_sees_a_lost_entry_the_reader_hides(tmp_path: Path, monkeypa
     assert h.check_log(log, 60_000, 1000).ok
     # a reader that stops one entry short hides nothing from the checker
     real = LogReader._visible_last
-    monkeypatch.setattr(LogReader, "_visible_last", lambda self, seg: real(self, seg) - 1)
+    monkeypatch.setattr(LogReader, "_visible_last", lambda self, seg, need=None: real(self, seg) - 1)
     verdict = h.check_log(log, 60_000, 1000)
     assert verdict.kinds == {READER}, verdict.summary()
     assert "skipped 1 committed entries, first 0:4" in verdict.summary()
