@@ -189,7 +189,9 @@ def test_stored_read_sees_a_lost_entry_the_reader_hides(tmp_path: Path, monkeypa
     assert h.check_log(log, 60_000, 1000).ok
     # a reader that stops one entry short hides nothing from the checker
     real = LogReader._visible_last
-    monkeypatch.setattr(LogReader, "_visible_last", lambda self, seg, need=None: real(self, seg) - 1)
+    monkeypatch.setattr(
+        LogReader, "_visible_last", lambda self, seg, need=None: real(self, seg) - 1
+    )
     verdict = h.check_log(log, 60_000, 1000)
     assert verdict.kinds == {READER}, verdict.summary()
     assert "skipped 1 committed entries, first 0:4" in verdict.summary()
