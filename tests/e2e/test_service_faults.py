@@ -237,7 +237,7 @@ def test_with_a_short_ttl_writes_resume_once_enough_nodes_are_registered_again(t
     lapse out of the registry, so no segment can be placed (two live of es=3) and writes fail
     clearly; one restarted registers again, the next segment goes on the three live nodes and
     writes resume without the other."""
-    ttl = ("--registry-ttl", "2")
+    ttl = ("--registry-ttl", "5")  # renewed every 1.7 s: a busy machine keeps it
     nodes = _start([LogStoreNode(f"n{i}", tmp_path / "data", args=ttl) for i in range(4)])
     by_id = {n.node_id: n for n in nodes}
     try:

@@ -202,7 +202,7 @@ def test_a_killed_node_leaves_the_registry_after_its_ttl_and_new_segments_avoid_
     again and is placed on again."""
     cfg = {**SERVICE, **meta_config}
     node_cfg = {"storage.fsync": "never", **meta_config}
-    ttl = ("--registry-ttl", "2")
+    ttl = ("--registry-ttl", "5")  # renewed every 1.7 s: a busy machine keeps it
     nodes = [LogStoreNode(f"n{i}", tmp_path / "data", node_cfg, args=ttl) for i in range(4)]
     try:
         for node in nodes:
