@@ -158,7 +158,7 @@ def _serve(tmp_path: Path, port_file: Path) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # no preexec_fn: the node sets its own SIGINT handler (see tests/support/nodeserver.py)
     )
 
 

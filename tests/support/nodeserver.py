@@ -57,8 +57,10 @@ class LogStoreNode(ServerProcess):
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
-            # SIGINT may be ignored by whoever started the tests: not for the node
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            # No preexec_fn resetting SIGINT (whoever started the tests may ignore it): the node
+            # sets its own SIGINT handler (cli/node.py), and Python code run between fork and
+            # exec can deadlock the child of a process with threads (grpc's): restarts of killed
+            # nodes hung on a busy machine.
         )  # fmt: skip
         log.close()
         if not self.wait_ready(lambda: port_file.exists()):
