@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 pyo3::import_exception!(woodpecker_idem.errors, InvalidArgumentError);
 pyo3::import_exception!(woodpecker_idem.errors, InvalidTypeError);
 pyo3::import_exception!(woodpecker_idem.errors, SnapshotCorruptError);
+pyo3::import_exception!(woodpecker_idem.errors, CorruptEntryError);
 
 /// An allocation the caller asked for (e.g. `max_keys` far beyond memory) could not be made.
 pub fn out_of_memory(what: &str) -> PyErr {

@@ -8,6 +8,7 @@
 
 mod args;
 mod arrow_keys;
+mod codec;
 mod entry;
 mod errors;
 mod fileput;
@@ -70,6 +71,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py::payload_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(py::first_bad_payloads, m)?)?;
     m.add_function(wrap_pyfunction!(py::count_records, m)?)?;
+    m.add_function(wrap_pyfunction!(py::decompress_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(py::frame_codec, m)?)?;
     m.add_function(wrap_pyfunction!(py::concat, m)?)?;
     m.add_function(wrap_pyfunction!(py::put_file, m)?)?;
     py::register_segfile(m)?;

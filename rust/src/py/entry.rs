@@ -4,8 +4,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 
 use crate::args;
+use crate::codec::{self, Codec};
 use crate::entry::{self, EntryFields};
-use crate::errors::{type_name, InvalidArgumentError, InvalidTypeError};
+use crate::errors::{type_name, CorruptEntryError, InvalidArgumentError, InvalidTypeError};
 
 /// Encode one LogEntry as a record (`length | crc32c | entry`); see `proto/logstore.proto`.
 #[pyfunction]
@@ -120,9 +121,11 @@ pub fn first_bad_payloads(
 /// row or an int64 column (one per row of the whole list: each write's queueing time); `keys`
 /// (N*16 bytes for the whole list) gives each row its idempotency key, `properties` (a list of
 /// N dicts or None) its properties. Returns `(frame, records)`: every writer's encoding, one call
-/// and one `bytes` per run of entries instead of one per row.
+/// and one `bytes` per run of entries instead of one per row. `compression` (0 none, 1 lz4,
+/// 2 zstd: `append.compression`) compresses the whole frame into one compressed unit in the same
+/// call, without the GIL (`codec.rs`).
 #[pyfunction]
-#[pyo3(signature = (segment_id, first_entry_id, timestamp_ms, payloads, start, end, keys=None, status=None, properties=None))]
+#[pyo3(signature = (segment_id, first_entry_id, timestamp_ms, payloads, start, end, keys=None, status=None, properties=None, compression=0))]
 #[allow(clippy::too_many_arguments)]
 pub fn encode_frame<'py>(
     py: Python<'py>,
@@ -135,7 +138,9 @@ pub fn encode_frame<'py>(
     keys: Option<&Bound<'py, PyAny>>,
     status: Option<&Bound<'py, PyAny>>,
     properties: Option<&Bound<'py, PyAny>>,
+    compression: u8,
 ) -> PyResult<(Bound<'py, PyBytes>, usize)> {
+    let codec = Codec::from_u8(compression).map_err(InvalidArgumentError::new_err)?;
     let n = payloads.len();
     if start > end || end > n {
         return Err(InvalidArgumentError::new_err(format!(
@@ -259,18 +264,54 @@ pub fn encode_frame<'py>(
             },
         );
     }
-    Ok((PyBytes::new(py, &frame), rows.len()))
+    if codec == Codec::None || rows.is_empty() {
+        return Ok((PyBytes::new(py, &frame), rows.len()));
+    }
+    let count = rows.len() as u32;
+    drop(rows); // the payloads are in the frame; the compression runs without the GIL
+    let unit = py
+        .detach(|| codec::compress(codec, &frame, count))
+        .map_err(InvalidArgumentError::new_err)?;
+    Ok((PyBytes::new(py, &unit), count as usize))
 }
 
-/// Number of records in a frame; the lengths must tile it exactly.
+/// Number of entries in a frame (plain records and compressed units); the lengths must tile it
+/// exactly and each compressed unit pass its CRC. Nothing is decompressed: a node counts what
+/// it stores as sent.
 #[pyfunction]
 pub fn count_records(frame: &Bound<'_, PyAny>) -> PyResult<usize> {
     let data = args::bytes_like(frame, "frame")?;
-    entry::count_records(data.as_slice()).map_err(|pos| {
-        InvalidArgumentError::new_err(format!(
-            "frame: record at byte {pos} is truncated or runs past the end"
-        ))
-    })
+    codec::count_entries(data.as_slice())
+        .map_err(|why| InvalidArgumentError::new_err(format!("frame: {why}")))
+}
+
+/// The plain records of a stored frame: `frame` itself when it holds no compressed unit, else a
+/// new `bytes` with every unit decompressed (without the GIL). A damaged unit (CRC), an unknown
+/// codec or a unit that does not decompress to its records raises `CorruptEntryError` naming
+/// `where`, the byte and why.
+#[pyfunction]
+pub fn decompress_frame<'py>(
+    py: Python<'py>,
+    frame: &Bound<'py, PyAny>,
+    r#where: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    let data = args::bytes_like(frame, "frame")?;
+    let slice = data.as_slice();
+    match py.detach(|| codec::decompress_frame(slice)) {
+        Ok(std::borrow::Cow::Borrowed(_)) => Ok(frame.clone()), // no unit: nothing to copy
+        Ok(std::borrow::Cow::Owned(raw)) => Ok(PyBytes::new(py, &raw).into_any()),
+        Err(why) => Err(CorruptEntryError::new_err(format!("{where}: {why}"))),
+    }
+}
+
+/// The codec number of a frame's first unit (0 when it starts with a plain record): what a
+/// batch or block header records for it.
+#[pyfunction]
+pub fn frame_codec(frame: &Bound<'_, PyAny>) -> PyResult<u8> {
+    let data = args::bytes_like(frame, "frame")?;
+    codec::frame_codec(data.as_slice())
+        .map(|c| c as u8)
+        .map_err(CorruptEntryError::new_err)
 }
 
 /// The parts (a list or tuple of bytes-likes) laid end to end in one new `bytes`, copied with the

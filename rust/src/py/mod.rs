@@ -17,7 +17,8 @@ mod window_entry;
 
 pub use arrow::register as register_arrow;
 pub use entry::{
-    concat, count_records, encode_entry, encode_frame, first_bad_payloads, payload_bytes,
+    concat, count_records, decompress_frame, encode_entry, encode_frame, first_bad_payloads,
+    frame_codec, payload_bytes,
 };
 pub use fileput::put_file;
 pub use keypipe::PyKeyPipe;

@@ -41,7 +41,7 @@ type ReadResult<'py> = (
     Vec<Bound<'py, PyBytes>>,
     u64,
     i64,
-    Option<(u64, i64, &'static str)>,
+    Option<(u64, i64, String)>,
 );
 
 /// Entries of `spans` (`(offset, first, lo, hi)`) in order: `(entries, resume_offset,
