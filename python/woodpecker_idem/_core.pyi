@@ -281,6 +281,7 @@ def encode_frame(
     keys: Buffer | None = None,
     status: Buffer | None = None,
     properties: list[dict[str, str] | None] | None = None,
+    compression: int = 0,
 ) -> tuple[bytes, int]:
     """One frame (records as `encode_entry`, end to end, entry ids counting up from
     `first_entry_id`) of the rows `start..end` of `payloads`: every writer's encoding, one call
@@ -293,9 +294,13 @@ def encode_frame(
         status: One byte per row of the range, as `DedupWindow.reserve_many` gives: rows whose
             byte is not 0 (duplicates) are skipped.
         properties: One `dict[str, str]` or None per row of the whole list.
+        compression: 0 none, 1 lz4, 2 zstd (`append.compression`): the frame is returned as one
+            compressed unit (a header no record starts with, the entry count, a CRC32C of the
+            compressed bytes), compressed in the same call without the GIL.
 
     Raises:
-        InvalidArgumentError: the range is outside `payloads`, or a column does not match it.
+        InvalidArgumentError: the range is outside `payloads`, a column does not match it, or
+            `compression` is no codec.
         InvalidTypeError: a payload is not bytes, or properties are not `dict[str, str]`.
     """
 
@@ -326,10 +331,29 @@ def concat(parts: list[_B] | tuple[_B, ...]) -> bytes:
     """
 
 def count_records(frame: Buffer) -> int:
-    """Number of records in a frame (records back to back), without parsing the entries.
+    """Number of entries in a frame (records and compressed units back to back), without parsing
+    or decompressing anything: a compressed unit's header gives its count, its CRC is checked.
 
     Raises:
-        InvalidArgumentError: naming `frame`, when a record is truncated or runs past the end.
+        InvalidArgumentError: naming `frame`, when a record or unit is truncated, runs past the
+            end, fails its CRC or names an unknown codec.
+    """
+
+def decompress_frame(frame: _B, where: str) -> _B | bytes:
+    """The plain records of a stored frame: `frame` itself when it holds no compressed unit,
+    else a new `bytes` with each unit decompressed in its place (without the GIL).
+
+    Raises:
+        CorruptEntryError: naming `where`, the byte and why, when a unit fails its CRC, names an
+            unknown codec, does not decompress, or does not hold its header's records.
+    """
+
+def frame_codec(frame: Buffer) -> int:
+    """The codec number of a frame's first unit (0 when it starts with a plain record), as a
+    batch or block header records it.
+
+    Raises:
+        CorruptEntryError: the unit names an unknown codec.
     """
 
 def put_file(

@@ -253,6 +253,14 @@ KEYS: tuple[Key, ...] = (
     _int("append.timeout_ms", 10_000, 1, 3_600_000, "per AppendOp: time to reach the ack quorum"),
     _int("append.max_retries", 3, 0, 100, "per AppendOp: resends to a node before giving up"),
     _size("append.max_entry_bytes", 16 * MiB, 1, 256 * MiB, "larger payloads are refused"),
+    Key(
+        "append.compression",
+        "choice",
+        "none",
+        "compress each batch frame once, natively, in the writer (stored as sent; readers and "
+        "the window rebuild decompress): none, lz4 (fast) or zstd (smaller)",
+        choices=("none", "lz4", "zstd"),
+    ),
     _size("segment.max_size_bytes", 256 * MiB, KiB, 64 * GiB, "roll the segment at this size"),
     _secs("segment.max_interval_s", 600, 7 * _DAY_S, "roll the segment after this age"),
     _int("segment.max_entries", 1_000_000, 1, 2**32 - 1, "roll after this many entries"),

@@ -5,6 +5,7 @@ SQLite). Only this module knows every layer: the packages below it do not import
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -228,10 +229,16 @@ def open_writer(
     idempotent: bool,
     window_duration_s: float | None = None,
     window_max_keys: int | None = None,
+    compression: str | None = None,
 ) -> LogWriter | IdempotentLogWriter:
     """A log's writer: one write pipeline, with the dedup window as its stage when `idempotent`
-    (the window options are checked before the log is taken over), else with none."""
+    (the window options are checked before the log is taken over), else with none. A
+    `compression` given is checked as `append.compression` is (before the takeover too)."""
     ctx = handle.client.context(handle.log_id, handle.name)
+    if compression is not None:
+        ctx = dataclasses.replace(
+            ctx, config=ctx.config.with_overrides({"append.compression": compression})
+        )
     if not idempotent:
         return LogWriter(ctx)
     stage = WindowStage(

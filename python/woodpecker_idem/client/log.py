@@ -37,6 +37,7 @@ class WriterFactory(Protocol):
         idempotent: bool,
         window_duration_s: float | None = None,
         window_max_keys: int | None = None,
+        compression: str | None = None,
     ) -> LogWriter | IdempotentLogWriter: ...
 
 
@@ -57,7 +58,9 @@ class LogHandle:
         return f"LogHandle(name={self.name!r}, log_id={self.log_id})"
 
     @overload
-    def open_writer(self, idempotent: Literal[False] = False) -> LogWriter: ...
+    def open_writer(
+        self, idempotent: Literal[False] = False, *, compression: str | None = None
+    ) -> LogWriter: ...
     @overload
     def open_writer(
         self,
@@ -65,6 +68,7 @@ class LogHandle:
         *,
         window_duration_s: float | None = None,
         window_max_keys: int | None = None,
+        compression: str | None = None,
     ) -> IdempotentLogWriter: ...
     @overload
     def open_writer(
@@ -73,6 +77,7 @@ class LogHandle:
         *,
         window_duration_s: float | None = None,
         window_max_keys: int | None = None,
+        compression: str | None = None,
     ) -> LogWriter | IdempotentLogWriter: ...
     def open_writer(
         self,
@@ -80,6 +85,7 @@ class LogHandle:
         *,
         window_duration_s: float | None = None,
         window_max_keys: int | None = None,
+        compression: str | None = None,
     ) -> LogWriter | IdempotentLogWriter:
         """Take the log over (epoch bump), complete what earlier writers left, open a segment.
 
@@ -87,6 +93,8 @@ class LogHandle:
         `window_duration_s` and `window_max_keys` size that window (None: from the config). They
         are named parameters so a misspelt option is a `TypeError` at the call; given to a plain
         writer they raise `InvalidArgumentError` naming them (a plain writer has no window).
+        `compression` (`none`, `lz4`, `zstd`; None: the config's `append.compression`) is this
+        writer's batch compression: what it writes is read back the same whatever it was.
         """
         self.client.check_open()
         bool_arg(idempotent, "idempotent")
@@ -105,7 +113,11 @@ class LogHandle:
                     "(open_writer(idempotent=True, ...)); a plain writer has no dedup window"
                 )
         writer = self.client.writers(
-            self, idempotent, window_duration_s=window_duration_s, window_max_keys=window_max_keys
+            self,
+            idempotent,
+            window_duration_s=window_duration_s,
+            window_max_keys=window_max_keys,
+            compression=compression,
         )
         return self.client.track(writer, self)
 

@@ -3,6 +3,12 @@
 A record is `length u32 | crc32c u32 | LogEntry bytes`; a frame is records back to back. The writer
 builds each record once (`_core.encode_entry`), so a resend is byte-identical and a node stores a
 frame without parsing the entries in it. A block object is a 32-byte header and one frame.
+
+With `append.compression` the writer sends a run's frame as one compressed unit (`rust/src/
+codec.rs`: a header no record can start with, the entry count, and a CRC32C of the compressed
+bytes), stored exactly as sent; `split_frame` decompresses (natively) whatever it splits, so every
+reader of stored frames sees plain records. A block holding compressed units is version 2, its
+header's `kind` field carrying the codec in its high byte; version 1 blocks (plain) stay readable.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from .._core import concat, crc32c
+from .._core import concat, crc32c, decompress_frame, frame_codec
 from .._proto.logstore_pb2 import BlockIndex, LogEntry, SegmentFooter
 from ..errors import CorruptEntryError
 
@@ -18,7 +24,9 @@ RECORD_HEADER = struct.Struct("<II")
 BLOCK_HEADER = struct.Struct("<4sHHqIq")  # magic, version, kind, first_entry_id, count, lac
 BLOCK_HEADER_SIZE = BLOCK_HEADER.size + 4  # + header crc32c
 BLOCK_MAGIC = b"WPBK"
-BLOCK_VERSION = 1
+BLOCK_VERSION = 1  # a plain frame
+BLOCK_VERSION_COMPRESSED = 2  # kind = kind | codec << 8
+CODECS = {"none": 0, "lz4": 1, "zstd": 2}  # append.compression, as unit and header numbers
 FOOTER_MAGIC = b"WPFT"
 
 KIND_DATA = 0
@@ -31,8 +39,13 @@ def encode_record(entry_bytes: bytes) -> bytes:
     return RECORD_HEADER.pack(len(entry_bytes), crc32c(entry_bytes)) + entry_bytes
 
 
+UNIT_MARK = 0xFFFFFFFF  # a compressed unit's first four bytes: no record is that long
+
+
 def split_frame(frame: bytes | memoryview, where: str) -> list[memoryview]:
-    """The records of a frame (each with its header), checking lengths but not parsing entries."""
+    """The records of a frame (each with its header), checking lengths but not parsing entries.
+    A frame holding a compressed unit is decompressed (natively, once) first; a damaged unit or
+    an unknown codec raises `CorruptEntryError`. A plain frame is walked here without a copy."""
     view = memoryview(frame)
     records = []
     pos = 0
@@ -41,6 +54,8 @@ def split_frame(frame: bytes | memoryview, where: str) -> list[memoryview]:
         if end - pos < RECORD_HEADER.size:
             raise CorruptEntryError(f"{where}: truncated record header at byte {pos}")
         length, _ = RECORD_HEADER.unpack_from(view, pos)
+        if length == UNIT_MARK:
+            return split_frame(decompress_frame(bytes(view), where), where)
         stop = pos + RECORD_HEADER.size + length
         if stop > end:
             raise CorruptEntryError(f"{where}: record at byte {pos} runs past the end ({length} B)")
@@ -78,7 +93,9 @@ class BlockHeader:
 
 
 def encode_block(kind: int, first_entry_id: int, count: int, lac: int, frame: bytes) -> bytes:
-    header = BLOCK_HEADER.pack(BLOCK_MAGIC, BLOCK_VERSION, kind, first_entry_id, count, lac)
+    codec = frame_codec(frame)
+    version, kind = (BLOCK_VERSION_COMPRESSED, kind | codec << 8) if codec else (BLOCK_VERSION, kind)
+    header = BLOCK_HEADER.pack(BLOCK_MAGIC, version, kind, first_entry_id, count, lac)
     return concat((header, struct.pack("<I", crc32c(header)), frame))
 
 
@@ -89,7 +106,14 @@ def decode_block_header(data: bytes, where: str) -> BlockHeader:
     (crc,) = struct.unpack_from("<I", data, BLOCK_HEADER.size)
     if magic != BLOCK_MAGIC or crc32c(data[: BLOCK_HEADER.size]) != crc:
         raise CorruptEntryError(f"{where}: bad block header")
-    if version != BLOCK_VERSION:
+    if version == BLOCK_VERSION_COMPRESSED:
+        kind, codec = kind & 0xFF, kind >> 8
+        if codec not in CODECS.values():
+            raise CorruptEntryError(
+                f"{where}: unknown compression codec {codec} in the block header (this version "
+                "reads none, lz4, zstd)"
+            )
+    elif version != BLOCK_VERSION:
         raise CorruptEntryError(f"{where}: unsupported block version {version}")
     if kind not in (KIND_DATA, KIND_FENCE, KIND_RECOVERY):
         raise CorruptEntryError(f"{where}: unknown block kind {kind}")

@@ -5,7 +5,8 @@ Layout under the node's directory (the same per-store namespace its object store
 segment), `fence` (empty marker), `fence-at` (the data file's length L when fenced) and `footer`
 (lastEntryId). A batch is a 36-byte header (magic, first entry id, count, frame length, LAC,
 CRC32C of the header) and the frame exactly as the writer built it (records of
-`length | crc32c | LogEntry bytes`).
+`length | crc32c | LogEntry bytes`, or the writer's compressed unit of them: the header's flags
+then carry the codec, `append.compression`; reads decompress natively).
 
 Why fencing is as strong as create-if-absent block keys (docs/architecture.md, "Fencing"):
 
@@ -75,7 +76,7 @@ import shutil
 import struct
 import threading
 
-from .._core import SegmentAppender, crc32c, put_file, segfile_read, segfile_scan
+from .._core import SegmentAppender, crc32c, frame_codec, put_file, segfile_read, segfile_scan
 from ..errors import (
     CorruptEntryError,
     SegmentDamagedError,
@@ -107,8 +108,8 @@ _temp_seq = itertools.count()
 log = logging.getLogger(__name__)
 
 
-def encode_batch_header(first: int, count: int, frame_len: int, lac: int) -> bytes:
-    header = BATCH.pack(BATCH_MAGIC, BATCH_VERSION, 0, first, count, frame_len, lac)
+def encode_batch_header(first: int, count: int, frame_len: int, lac: int, codec: int = 0) -> bytes:
+    header = BATCH.pack(BATCH_MAGIC, BATCH_VERSION, codec, first, count, frame_len, lac)
     return header + struct.pack("<I", crc32c(header))
 
 
@@ -463,7 +464,7 @@ class _FileHandle(SegmentHandle):
 
     def append(self, first: int, count: int, lac: int, frame: bytes, recovery: bool) -> int:
         file = RECOVERY if recovery else DATA
-        header = encode_batch_header(first, count, len(frame), lac)
+        header = encode_batch_header(first, count, len(frame), lac, frame_codec(frame))
         fence = None if recovery else self._fence
         # recovery copies are synced before their ack in every mode: a takeover is rare, and the
         # footer written after them vouches for them

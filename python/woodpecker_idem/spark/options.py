@@ -35,6 +35,7 @@ WRITE_OPTIONS = (
     "idempotent",
     "txnAppId",
     "txnVersion",
+    "compression",
 )
 # Spark's own: a stream's checkpoint
 SPARK_OPTIONS = ("checkpointLocation",)
@@ -45,6 +46,7 @@ ALL_OPTIONS = tuple(dict.fromkeys((*WRITE_OPTIONS, *BATCH_READ_OPTIONS, *STREAM_
 # config's default suits a service's steady stream. The ring is reserved as address space and
 # its pages are touched as keys land: a window holds ~45 bytes of memory per key it holds.
 SINK_WINDOW_MAX_KEYS = 4_194_304
+COMPRESSIONS = ("none", "lz4", "zstd")  # the `compression` option: append.compression
 # The sink's AddEntries batch (entries) unless append.max_batch_entries says otherwise, with room
 # for four in flight unless append.max_inflight_entries says otherwise. A task hands its rows over
 # by the thousand, and every batch waits for its fsync before its ack (on the embedded store):
@@ -95,6 +97,16 @@ class SinkOptions:
         if name is None:
             raise InvalidArgumentError('option "log" is required: the log group name')
         settings = _bulk_batches(load_config(get("config"), overrides=_config_options(options)))
+        compression = get("compression")
+        if compression is not None:
+            # the writers' append.compression: every writer a task opens (kept, taken over, plain)
+            # is opened from these settings
+            if compression.lower() not in COMPRESSIONS:
+                raise InvalidArgumentError(
+                    f'option "compression" must be one of {", ".join(COMPRESSIONS)}, '
+                    f"not {compression!r}"
+                )
+            settings = settings.with_overrides({"append.compression": compression.lower()})
         data_dir = get("dataDir")
         if data_dir is None:
             _check_shared(settings)

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .._core import KeyPipe, encode_frame
+from ..logstore.blocks import CODECS
 from ..errors import ConditionFailedError, WoodpeckerError, WriteTimeoutError
 from ..types import UNCONDITIONAL, ExpectedLast, LogMessageId, WriteManyResult, WriteResult
 from .dedup import Dedup
@@ -268,6 +269,8 @@ class Accumulator:
         self._batch_entries = append.max_batch_entries
         self._batch_bytes = append.max_batch_bytes
         self._linger_s = append.linger_ms / 1000
+        # append.compression: each run's frame is compressed in the call that encodes it
+        self._codec = CODECS[append.compression]
         self._admit_rows = (
             min(ADMIT_AT, self._batch_entries) if dedup.keyed else self._batch_entries
         )
@@ -543,7 +546,16 @@ class Accumulator:
             segs = ents = b""
             if keys is None:
                 frame, count = encode_frame(
-                    segment_id, first, times, payloads, start, end, None, None, lane.properties
+                    segment_id,
+                    first,
+                    times,
+                    payloads,
+                    start,
+                    end,
+                    None,
+                    None,
+                    lane.properties,
+                    self._codec,
                 )
             else:  # reserves the new keys' ids: the run must be enqueued
                 status, segs, ents = self._dedup.reserve_locked(
@@ -554,7 +566,16 @@ class Accumulator:
                 )
                 mixed = status if status.count(0) != rows else None
                 frame, count = encode_frame(
-                    segment_id, first, times, payloads, start, end, keys, mixed, lane.properties
+                    segment_id,
+                    first,
+                    times,
+                    payloads,
+                    start,
+                    end,
+                    keys,
+                    mixed,
+                    lane.properties,
+                    self._codec,
                 )
         except Exception as exc:  # noqa: BLE001 - the lane's rows end with it
             if lane.raises:
