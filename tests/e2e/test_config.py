@@ -42,6 +42,7 @@ def test_defaults_match_the_design_table() -> None:
         "append.timeout_ms": 10_000,
         "append.max_retries": 3,
         "append.max_entry_bytes": 16 * MiB,
+        "append.compression": "none",
         "segment.max_size_bytes": 256 * MiB,
         "segment.max_interval_s": 600,
         "segment.max_entries": 1_000_000,

@@ -94,7 +94,9 @@ class BlockHeader:
 
 def encode_block(kind: int, first_entry_id: int, count: int, lac: int, frame: bytes) -> bytes:
     codec = frame_codec(frame)
-    version, kind = (BLOCK_VERSION_COMPRESSED, kind | codec << 8) if codec else (BLOCK_VERSION, kind)
+    version, kind = (
+        (BLOCK_VERSION_COMPRESSED, kind | codec << 8) if codec else (BLOCK_VERSION, kind)
+    )
     header = BLOCK_HEADER.pack(BLOCK_MAGIC, version, kind, first_entry_id, count, lac)
     return concat((header, struct.pack("<I", crc32c(header)), frame))
 

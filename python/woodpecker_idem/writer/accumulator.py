@@ -34,8 +34,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .._core import KeyPipe, encode_frame
-from ..logstore.blocks import CODECS
 from ..errors import ConditionFailedError, WoodpeckerError, WriteTimeoutError
+from ..logstore.blocks import CODECS
 from ..types import UNCONDITIONAL, ExpectedLast, LogMessageId, WriteManyResult, WriteResult
 from .dedup import Dedup
 from .lifecycle import HOLD_INTERRUPTS, WriterState
