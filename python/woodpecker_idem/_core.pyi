@@ -40,6 +40,8 @@ __all__ = [
     "content_keys",
     "content_keys_arrow",
     "count_records",
+    "decompress_frame",
+    "frame_codec",
     "crc32c",
     "decode_entries",
     "decode_messages",
