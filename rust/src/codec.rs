@@ -54,16 +54,44 @@ fn le_u32(b: &[u8]) -> u32 {
     u32::from_le_bytes([b[0], b[1], b[2], b[3]])
 }
 
-/// The compressed unit of `raw` (a frame of `count` plain records), or `raw` itself with
-/// `Codec::None`.
-pub fn compress(codec: Codec, raw: &[u8], count: u32) -> Result<Vec<u8>, String> {
+/// The most records, and about the most raw bytes, one compressed unit holds: a reader taking a
+/// few hundred entries out of a run of 10,000 decompresses only the units holding them (the
+/// others are skipped by their header's count), at little cost in ratio.
+pub const UNIT_MAX_RECORDS: u32 = 256;
+pub const UNIT_MAX_RAW: usize = 64 << 10;
+
+/// The compressed units of `raw` (a frame of plain records), each of up to `UNIT_MAX_RECORDS`
+/// records and about `UNIT_MAX_RAW` bytes, end to end; or `raw` itself with `Codec::None`.
+pub fn compress(codec: Codec, raw: &[u8]) -> Result<Vec<u8>, String> {
+    if codec == Codec::None {
+        return Ok(raw.to_vec());
+    }
+    let mut out = Vec::with_capacity(raw.len() / 2 + UNIT_HEADER_LEN);
+    let (mut start, mut pos, mut count) = (0usize, 0usize, 0u32);
+    while pos < raw.len() {
+        let len = raw
+            .get(pos..pos + RECORD_HEADER_LEN)
+            .map(|h| le_u32(h) as usize)
+            .filter(|&len| pos + RECORD_HEADER_LEN + len <= raw.len())
+            .ok_or_else(|| format!("record at byte {pos} is truncated"))?;
+        pos += RECORD_HEADER_LEN + len;
+        count += 1;
+        if count == UNIT_MAX_RECORDS || pos - start >= UNIT_MAX_RAW || pos == raw.len() {
+            compress_unit(codec, &raw[start..pos], count, &mut out)?;
+            (start, count) = (pos, 0);
+        }
+    }
+    Ok(out)
+}
+
+/// Append the compressed unit of `raw` (`count` plain records) to `out`.
+fn compress_unit(codec: Codec, raw: &[u8], count: u32, out: &mut Vec<u8>) -> Result<(), String> {
     let body = match codec {
-        Codec::None => return Ok(raw.to_vec()),
+        Codec::None => return Err("codec none has no unit".into()),
         Codec::Lz4 => lz4_flex::block::compress(raw),
         Codec::Zstd => zstd::bulk::compress(raw, ZSTD_LEVEL).map_err(|e| format!("zstd: {e}"))?,
     };
     let raw_len = u32::try_from(raw.len()).map_err(|_| "frame over 4 GiB".to_string())?;
-    let mut out = Vec::with_capacity(UNIT_HEADER_LEN + body.len());
     out.extend_from_slice(&UNIT_MARK.to_le_bytes());
     out.extend_from_slice(&[codec as u8, 0, 0, 0]);
     out.extend_from_slice(&count.to_le_bytes());
@@ -71,7 +99,7 @@ pub fn compress(codec: Codec, raw: &[u8], count: u32) -> Result<Vec<u8>, String>
     out.extend_from_slice(&(body.len() as u32).to_le_bytes());
     out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
     out.extend_from_slice(&body);
-    Ok(out)
+    Ok(())
 }
 
 /// A compressed unit's header fields.
@@ -152,6 +180,65 @@ pub fn frame_codec(frame: &[u8]) -> Result<Codec, String> {
     }
 }
 
+/// Where the unit or record at `pos` ends and how many entries it holds, from its header alone
+/// (nothing checked beyond its bounds).
+pub fn next_unit(frame: &[u8], pos: usize) -> Result<(usize, u32), String> {
+    if is_unit(frame, pos) {
+        let u = unit_header(frame, pos)?;
+        return Ok((pos + UNIT_HEADER_LEN + u.stored_len as usize, u.count));
+    }
+    let len = frame
+        .get(pos..pos + RECORD_HEADER_LEN)
+        .map(|h| le_u32(h) as usize)
+        .ok_or_else(|| format!("record at byte {pos} is truncated"))?;
+    let end = pos
+        .checked_add(RECORD_HEADER_LEN + len)
+        .filter(|&e| e <= frame.len())
+        .ok_or_else(|| format!("record at byte {pos} runs past the end"))?;
+    Ok((end, 1))
+}
+
+/// Whether a unit (not a plain record) starts at `pos`.
+pub fn unit_at(frame: &[u8], pos: usize) -> bool {
+    is_unit(frame, pos)
+}
+
+/// Append the records of the compressed unit at `pos` to `out`: its CRC checked first, then
+/// decompressed, then its output checked to be exactly its header's `count` records. Returns
+/// where the unit ends.
+pub fn decompress_unit(frame: &[u8], pos: usize, out: &mut Vec<u8>) -> Result<usize, String> {
+    let u = unit_header(frame, pos)?;
+    let body = &frame[pos + UNIT_HEADER_LEN..pos + UNIT_HEADER_LEN + u.stored_len as usize];
+    if crc32c::crc32c(body) != u.crc {
+        return Err(format!(
+            "compressed unit at byte {pos}: checksum mismatch (damaged)"
+        ));
+    }
+    let at = out.len();
+    let raw_len = u.raw_len as usize;
+    let name = u.codec.name();
+    out.resize(at + raw_len, 0);
+    let n = match u.codec {
+        Codec::Lz4 => lz4_flex::block::decompress_into(body, &mut out[at..])
+            .map_err(|e| format!("compressed unit at byte {pos} ({name}): {e}"))?,
+        Codec::Zstd => zstd::bulk::decompress_to_buffer(body, &mut out[at..])
+            .map_err(|e| format!("compressed unit at byte {pos} ({name}): {e}"))?,
+        Codec::None => unreachable!("unit_header refuses codec 0"),
+    };
+    if n != raw_len {
+        return Err(format!(
+            "compressed unit at byte {pos} ({name}): {n} bytes, header says {raw_len}"
+        ));
+    }
+    match crate::entry::count_records(&out[at..]) {
+        Ok(n) if n == u.count as usize => Ok(pos + UNIT_HEADER_LEN + u.stored_len as usize),
+        _ => Err(format!(
+            "compressed unit at byte {pos} ({name}) does not hold its {} records",
+            u.count
+        )),
+    }
+}
+
 /// The plain records of a frame: borrowed when it holds no compressed unit, else every unit
 /// decompressed in place of itself. A unit whose CRC fails, that does not decompress, or whose
 /// output is not its header's `raw_len` bytes of exactly `count` records is refused (an error
@@ -161,68 +248,19 @@ pub fn decompress_frame(frame: &[u8]) -> Result<Cow<'_, [u8]>, String> {
     let mut out: Option<Vec<u8>> = None;
     while pos < frame.len() {
         if !is_unit(frame, pos) {
-            let len = frame
-                .get(pos..pos + RECORD_HEADER_LEN)
-                .map(|h| le_u32(h) as usize)
-                .ok_or_else(|| format!("record at byte {pos} is truncated"))?;
-            let end = pos
-                .checked_add(RECORD_HEADER_LEN + len)
-                .filter(|&e| e <= frame.len())
-                .ok_or_else(|| format!("record at byte {pos} runs past the end"))?;
+            let (end, _) = next_unit(frame, pos)?;
             if let Some(out) = out.as_mut() {
                 out.extend_from_slice(&frame[pos..end]);
             }
             pos = end;
             continue;
         }
-        let u = unit_header(frame, pos)?;
-        let body = &frame[pos + UNIT_HEADER_LEN..pos + UNIT_HEADER_LEN + u.stored_len as usize];
-        if crc32c::crc32c(body) != u.crc {
-            return Err(format!(
-                "compressed unit at byte {pos}: checksum mismatch (damaged)"
-            ));
-        }
         let out = out.get_or_insert_with(|| {
             let mut v = Vec::with_capacity(frame.len() * 4);
             v.extend_from_slice(&frame[..pos]);
             v
         });
-        let at = out.len();
-        let raw_len = u.raw_len as usize;
-        let name = u.codec.name();
-        match u.codec {
-            Codec::Lz4 => {
-                out.resize(at + raw_len, 0);
-                let n = lz4_flex::block::decompress_into(body, &mut out[at..])
-                    .map_err(|e| format!("compressed unit at byte {pos} ({name}): {e}"))?;
-                if n != raw_len {
-                    return Err(format!(
-                        "compressed unit at byte {pos} ({name}): {n} bytes, header says {raw_len}"
-                    ));
-                }
-            }
-            Codec::Zstd => {
-                out.resize(at + raw_len, 0);
-                let n = zstd::bulk::decompress_to_buffer(body, &mut out[at..])
-                    .map_err(|e| format!("compressed unit at byte {pos} ({name}): {e}"))?;
-                if n != raw_len {
-                    return Err(format!(
-                        "compressed unit at byte {pos} ({name}): {n} bytes, header says {raw_len}"
-                    ));
-                }
-            }
-            Codec::None => unreachable!("unit_header refuses codec 0"),
-        }
-        match crate::entry::count_records(&out[at..]) {
-            Ok(n) if n == u.count as usize => {}
-            _ => {
-                return Err(format!(
-                    "compressed unit at byte {pos} ({name}) does not hold its {} records",
-                    u.count
-                ))
-            }
-        }
-        pos += UNIT_HEADER_LEN + u.stored_len as usize;
+        pos = decompress_unit(frame, pos, out)?;
     }
     Ok(match out {
         Some(v) => Cow::Owned(v),
@@ -258,7 +296,7 @@ mod tests {
     fn round_trip_each_codec_and_concatenated_units() {
         let raw = frame(50);
         for codec in [Codec::Lz4, Codec::Zstd] {
-            let unit = compress(codec, &raw, 50).unwrap();
+            let unit = compress(codec, &raw).unwrap();
             assert!(unit.len() < raw.len() / 2, "{codec:?}: {} B", unit.len());
             assert_eq!(frame_codec(&unit), Ok(codec));
             assert_eq!(count_entries(&unit), Ok(50));
@@ -274,10 +312,28 @@ mod tests {
         assert_eq!(frame_codec(&raw), Ok(Codec::None));
     }
 
+    /// A long run becomes several units, each of at most `UNIT_MAX_RECORDS` records, counted
+    /// and decompressed as the whole frame.
+    #[test]
+    fn long_runs_split_into_units() {
+        let raw = frame(1000);
+        let units = compress(Codec::Zstd, &raw).unwrap();
+        let (mut pos, mut counts) = (0, Vec::new());
+        while pos < units.len() {
+            let (end, n) = next_unit(&units, pos).unwrap();
+            assert!(unit_at(&units, pos));
+            counts.push(n);
+            pos = end;
+        }
+        assert_eq!(counts, vec![256, 256, 256, 232]);
+        assert_eq!(count_entries(&units), Ok(1000));
+        assert_eq!(&*decompress_frame(&units).unwrap(), &raw[..]);
+    }
+
     #[test]
     fn damage_and_unknown_codecs_are_refused() {
         let raw = frame(20);
-        let mut unit = compress(Codec::Zstd, &raw, 20).unwrap();
+        let mut unit = compress(Codec::Zstd, &raw).unwrap();
         let last = unit.len() - 3;
         unit[last] ^= 0x40;
         assert!(decompress_frame(&unit)
@@ -286,12 +342,13 @@ mod tests {
         assert!(count_entries(&unit)
             .unwrap_err()
             .contains("checksum mismatch"));
-        let mut odd = compress(Codec::Lz4, &raw, 20).unwrap();
+        let mut odd = compress(Codec::Lz4, &raw).unwrap();
         odd[4] = 9;
         let err = decompress_frame(&odd).unwrap_err();
         assert!(err.contains("unknown compression codec 9"), "{err}");
         // a unit whose count lies is refused after decompression
-        let mut liar = compress(Codec::Lz4, &raw, 21).unwrap();
+        let mut liar = compress(Codec::Lz4, &raw).unwrap();
+        liar[8] = 21; // the header's count, one more than the unit holds
         assert!(decompress_frame(&liar).unwrap_err().contains("21 records"));
         liar.truncate(30);
         assert!(count_entries(&liar)

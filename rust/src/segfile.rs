@@ -283,21 +283,11 @@ pub fn read(path: &Path, spans: &[Span]) -> io::Result<Result<ReadOk, Bad>> {
                     }
                     return Err(e);
                 }
-                let raw = if h.codec == 0 && !frame.starts_with(&[0xff; 4]) {
-                    std::borrow::Cow::Borrowed(&frame[..])
-                } else {
-                    // the flags say compressed (or a unit is there): decompress, refusing a
-                    // damaged unit or an unknown codec by name
-                    if let Err(why) = crate::codec::Codec::from_u8(h.codec) {
-                        return Ok(Err(bad(&why, eid)));
-                    }
-                    match crate::codec::decompress_frame(&frame) {
-                        Ok(raw) => raw,
-                        Err(why) => return Ok(Err(bad(&why, eid))),
-                    }
-                };
-                if let Err(id) = take_records(&raw, h.first, end, eid, hi, &mut out) {
-                    return Ok(Err(bad(id.1, id.0)));
+                if let Err(why) = crate::codec::Codec::from_u8(h.codec) {
+                    return Ok(Err(bad(&why, eid))); // a newer writer's codec: refused by name
+                }
+                if let Err((id, why)) = take_records(&frame, h.first, end, eid, hi, &mut out) {
+                    return Ok(Err(bad(&why, id)));
                 }
             }
             at = next;
@@ -317,7 +307,8 @@ pub fn read(path: &Path, spans: &[Span]) -> io::Result<Result<ReadOk, Bad>> {
 }
 
 /// Append the entries `lo..=hi` of a batch's frame (entries `first..end`) to `out`, CRC-checked;
-/// on failure the entry id and why.
+/// on failure the entry id and why. A compressed unit (`codec.rs`) holding none of them is
+/// skipped by its header's count; one holding some is decompressed (its CRC checked first).
 fn take_records(
     frame: &[u8],
     first: i64,
@@ -325,23 +316,36 @@ fn take_records(
     lo: i64,
     hi: i64,
     out: &mut Entries,
-) -> Result<(), (i64, &'static str)> {
+) -> Result<(), (i64, String)> {
     let mut pos = 0usize;
     let mut id = first;
+    let mut raw = Vec::new();
     while id <= hi && id < end {
+        if crate::codec::unit_at(frame, pos) {
+            let (next, count) = crate::codec::next_unit(frame, pos).map_err(|why| (id, why))?;
+            let count = i64::from(count);
+            if id + count > lo {
+                raw.clear();
+                crate::codec::decompress_unit(frame, pos, &mut raw).map_err(|why| (id, why))?;
+                take_records(&raw, id, id + count, lo, hi, out)?; // plain records now
+            }
+            id += count;
+            pos = next;
+            continue;
+        }
         if frame.len() - pos < RECORD_HEADER_LEN {
-            return Err((id, "truncated"));
+            return Err((id, "truncated".into()));
         }
         let len = le_u32(&frame[pos..]) as usize;
         let crc = le_u32(&frame[pos + 4..]);
         pos += RECORD_HEADER_LEN;
         if frame.len() - pos < len {
-            return Err((id, "truncated"));
+            return Err((id, "truncated".into()));
         }
         if id >= lo {
             let data = &frame[pos..pos + len];
             if crc32c::crc32c(data) != crc {
-                return Err((id, "checksum mismatch"));
+                return Err((id, "checksum mismatch".into()));
             }
             out.push(data);
         }
@@ -577,17 +581,17 @@ mod tests {
         use crate::codec::{compress, Codec};
         let path = scratch("compressed");
         let a = Appender::open(&path).unwrap();
-        let rows: Vec<Vec<u8>> = (0..40)
+        let rows: Vec<Vec<u8>> = (0..600)
             .map(|i| format!("row {i} row row row").into_bytes())
             .collect();
         let raw: Vec<u8> = rows.iter().flat_map(|p| record(p)).collect();
-        let unit = compress(Codec::Zstd, &raw, 40).unwrap();
+        let unit = compress(Codec::Zstd, &raw).unwrap(); // 3 units: 256, 256, 88 rows
         let (h0, f0) = batch(0, &[b"plain"]);
         a.append(&h0, &f0).unwrap();
         let h = BatchHeader {
             codec: Codec::Zstd as u8,
             first: 1,
-            count: 40,
+            count: 600,
             frame_len: unit.len() as u32,
             lac: 0,
         };
@@ -596,9 +600,9 @@ mod tests {
         let s = scan(&path, 0, size, false).unwrap();
         assert_eq!(
             (s.runs, s.end, s.corrupt_at),
-            (vec![(0, 40, 0)], size, None)
+            (vec![(0, 600, 0)], size, None)
         );
-        let (got, _, _) = read(&path, &[(0, 0, 0, 40)]).unwrap().unwrap();
+        let (got, _, _) = read(&path, &[(0, 0, 0, 600)]).unwrap().unwrap();
         let got: Vec<&[u8]> = got.iter().collect();
         assert_eq!(got[0], b"plain");
         assert_eq!(
@@ -611,6 +615,10 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let bad = read(&path, &[(at, 1, 5, 6)]).unwrap().unwrap_err();
         assert!(bad.why.contains("checksum mismatch"), "{}", bad.why);
+        // entries of the undamaged units are still read: their unit is found by the counts in
+        // the headers before it, and only it is decompressed
+        let (got, _, _) = read(&path, &[(at, 1, 300, 310)]).unwrap().unwrap();
+        assert_eq!(got.iter().next(), Some(&rows[299][..]));
         assert_eq!(scan(&path, 0, size, false).unwrap().corrupt_at, Some(at));
     }
 }

@@ -267,12 +267,12 @@ pub fn encode_frame<'py>(
     if codec == Codec::None || rows.is_empty() {
         return Ok((PyBytes::new(py, &frame), rows.len()));
     }
-    let count = rows.len() as u32;
+    let count = rows.len();
     drop(rows); // the payloads are in the frame; the compression runs without the GIL
-    let unit = py
-        .detach(|| codec::compress(codec, &frame, count))
+    let units = py
+        .detach(|| codec::compress(codec, &frame))
         .map_err(InvalidArgumentError::new_err)?;
-    Ok((PyBytes::new(py, &unit), count as usize))
+    Ok((PyBytes::new(py, &units), count))
 }
 
 /// Number of entries in a frame (plain records and compressed units); the lengths must tile it
