@@ -296,9 +296,10 @@ def encode_frame(
         status: One byte per row of the range, as `DedupWindow.reserve_many` gives: rows whose
             byte is not 0 (duplicates) are skipped.
         properties: One `dict[str, str]` or None per row of the whole list.
-        compression: 0 none, 1 lz4, 2 zstd (`append.compression`): the frame is returned as one
-            compressed unit (a header no record starts with, the entry count, a CRC32C of the
-            compressed bytes), compressed in the same call without the GIL.
+        compression: 0 none, 1 lz4, 2 zstd (`append.compression`): the frame is returned as
+            compressed units of up to 256 records / about 64 KiB each (a header no record starts
+            with, the entry count, a CRC32C of the compressed bytes), compressed in the same call
+            without the GIL.
 
     Raises:
         InvalidArgumentError: the range is outside `payloads`, a column does not match it, or

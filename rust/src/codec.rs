@@ -1,5 +1,6 @@
-//! Batch compression (`append.compression`): a run's frame compressed whole, once, by the writer,
-//! into a *compressed unit* that travels and is stored exactly as sent.
+//! Batch compression (`append.compression`): a run's frame compressed once, by the writer, into
+//! *compressed units* (of up to `UNIT_MAX_RECORDS` records each) that travel and are stored
+//! exactly as sent.
 //!
 //! A frame is a sequence of units laid end to end: a plain record (`length u32 | crc32c u32 |
 //! LogEntry`, `entry.rs`) or a compressed unit

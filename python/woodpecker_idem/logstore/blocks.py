@@ -4,9 +4,9 @@ A record is `length u32 | crc32c u32 | LogEntry bytes`; a frame is records back 
 builds each record once (`_core.encode_entry`), so a resend is byte-identical and a node stores a
 frame without parsing the entries in it. A block object is a 32-byte header and one frame.
 
-With `append.compression` the writer sends a run's frame as one compressed unit (`rust/src/
-codec.rs`: a header no record can start with, the entry count, and a CRC32C of the compressed
-bytes), stored exactly as sent; `split_frame` decompresses (natively) whatever it splits, so every
+With `append.compression` the writer sends a run's frame as compressed units (`rust/src/
+codec.rs`: each a header no record can start with, its entry count, and a CRC32C of the
+compressed bytes), stored exactly as sent; `split_frame` decompresses (natively) whatever it splits, so every
 reader of stored frames sees plain records. A block holding compressed units is version 2, its
 header's `kind` field carrying the codec in its high byte; version 1 blocks (plain) stay readable.
 """
