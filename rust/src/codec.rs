@@ -30,6 +30,15 @@ pub enum Codec {
 /// zstd level 3 (its default): most of level 19's ratio on log rows at a fraction of the time.
 const ZSTD_LEVEL: i32 = 3;
 
+thread_local! {
+    // One zstd context per thread, kept: a run is compressed and read as units of ~64 KiB, and a
+    // context made per unit (what `zstd::bulk::compress` does) is set up and freed per 64 KiB.
+    static ZSTD_CCTX: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+    static ZSTD_DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 impl Codec {
     pub fn from_u8(v: u8) -> Result<Self, String> {
         match v {
@@ -90,7 +99,15 @@ fn compress_unit(codec: Codec, raw: &[u8], count: u32, out: &mut Vec<u8>) -> Res
     let body = match codec {
         Codec::None => return Err("codec none has no unit".into()),
         Codec::Lz4 => lz4_flex::block::compress(raw),
-        Codec::Zstd => zstd::bulk::compress(raw, ZSTD_LEVEL).map_err(|e| format!("zstd: {e}"))?,
+        Codec::Zstd => ZSTD_CCTX
+            .with(|c| {
+                let mut c = c.borrow_mut();
+                if c.is_none() {
+                    *c = Some(zstd::bulk::Compressor::new(ZSTD_LEVEL)?);
+                }
+                c.as_mut().map_or(Ok(Vec::new()), |c| c.compress(raw))
+            })
+            .map_err(|e| format!("zstd: {e}"))?,
     };
     let raw_len = u32::try_from(raw.len()).map_err(|_| "frame over 4 GiB".to_string())?;
     out.extend_from_slice(&UNIT_MARK.to_le_bytes());
@@ -222,7 +239,15 @@ pub fn decompress_unit(frame: &[u8], pos: usize, out: &mut Vec<u8>) -> Result<us
     let n = match u.codec {
         Codec::Lz4 => lz4_flex::block::decompress_into(body, &mut out[at..])
             .map_err(|e| format!("compressed unit at byte {pos} ({name}): {e}"))?,
-        Codec::Zstd => zstd::bulk::decompress_to_buffer(body, &mut out[at..])
+        Codec::Zstd => ZSTD_DCTX
+            .with(|d| {
+                let mut d = d.borrow_mut();
+                if d.is_none() {
+                    *d = Some(zstd::bulk::Decompressor::new()?);
+                }
+                d.as_mut()
+                    .map_or(Ok(0), |d| d.decompress_to_buffer(body, &mut out[at..]))
+            })
             .map_err(|e| format!("compressed unit at byte {pos} ({name}): {e}"))?,
         Codec::None => unreachable!("unit_header refuses codec 0"),
     };
