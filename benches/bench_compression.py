@@ -4,15 +4,15 @@ writes, reads and the window rebuild, for none, lz4 and zstd.
     .venv/bin/python -m pytest benches/bench_compression.py \
         --benchmark-json=bench-results/compression.json -p no:cacheprovider -s
 
-Two kinds of rows, N of each (default 100,000; `WP_BENCH_COMPRESSION_N`): 100 B rows
-(`order {i}` padded with dots, as benches/bench_spark.py's `source`) and realistic rows (the
-canonical JSON of bench_spark.py's 10-column `realistic` orders, ~280 B, built here without
-Spark). Each round writes a fresh log per codec (embedded, es=1, a local directory, segments of
-100,000 entries) with an idempotent writer, `write_many` in calls of 10,000 rows with an explicit
-id each; then reads it to the end with a new client's reader, then reopens the idempotent writer
-(its close's snapshot deleted first: the window is rebuilt from every stored frame). The codecs take turns inside each
-round (interleaved), ROUNDS rounds, medians. Bytes per row: the segment files' bytes (batch
-headers, record headers, entry fields, the 16-byte key: everything stored) over N.
+Two kinds of rows, N of each (default 100,000; `WP_BENCH_COMPRESSION_N`): 100 B rows (`order {i}`
+padded with dots, as benches/bench_spark.py's `source`) and realistic rows (the canonical JSON of
+bench_spark.py's 10-column `realistic` orders, ~280 B, built here without Spark). Each round writes
+a fresh log per codec (embedded, es=1, a local directory, segments of 100,000 entries) with an
+idempotent writer, `write_many` in calls of 10,000 rows with an explicit id each; then reads it to
+the end with a new client's reader, then reopens the idempotent writer (its close's snapshot deleted
+first: the window is rebuilt from every stored frame). The codecs take turns inside each round
+(interleaved), ROUNDS rounds, medians. Bytes per row: the segment files' bytes (batch headers,
+record headers, entry fields, the 16-byte key: everything stored) over N.
 Targets (asserted): zstd stores the realistic rows in <= 1/3 of the uncompressed bytes; reads and
 the rebuild of zstd and lz4 logs are within 1.2x of the uncompressed log's time (medians of the
 per-round ratios).

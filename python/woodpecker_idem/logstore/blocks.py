@@ -4,11 +4,11 @@ A record is `length u32 | crc32c u32 | LogEntry bytes`; a frame is records back 
 builds each record once (`_core.encode_entry`), so a resend is byte-identical and a node stores a
 frame without parsing the entries in it. A block object is a 32-byte header and one frame.
 
-With `append.compression` the writer sends a run's frame as compressed units (`rust/src/
-codec.rs`: each a header no record can start with, its entry count, and a CRC32C of the
-compressed bytes), stored exactly as sent; `split_frame` decompresses (natively) whatever it splits, so every
-reader of stored frames sees plain records. A block holding compressed units is version 2, its
-header's `kind` field carrying the codec in its high byte; version 1 blocks (plain) stay readable.
+With `append.compression` the writer sends a run's frame as compressed units (`rust/src/ codec.rs`:
+each a header no record can start with, its entry count, and a CRC32C of the compressed bytes),
+stored exactly as sent; `split_frame` decompresses (natively) whatever it splits, so every reader of
+stored frames sees plain records. A block holding compressed units is version 2, its header's `kind`
+field carrying the codec in its high byte; version 1 blocks (plain) stay readable.
 """
 
 from __future__ import annotations
@@ -86,6 +86,7 @@ class BlockHeader:
     first_entry_id: int
     count: int
     lac: int
+    codec: int = 0  # append.compression's number: 0 for a plain frame
 
     @property
     def last_entry_id(self) -> int:
@@ -108,6 +109,7 @@ def decode_block_header(data: bytes, where: str) -> BlockHeader:
     (crc,) = struct.unpack_from("<I", data, BLOCK_HEADER.size)
     if magic != BLOCK_MAGIC or crc32c(data[: BLOCK_HEADER.size]) != crc:
         raise CorruptEntryError(f"{where}: bad block header")
+    codec = 0
     if version == BLOCK_VERSION_COMPRESSED:
         kind, codec = kind & 0xFF, kind >> 8
         if codec not in CODECS.values():
@@ -119,7 +121,7 @@ def decode_block_header(data: bytes, where: str) -> BlockHeader:
         raise CorruptEntryError(f"{where}: unsupported block version {version}")
     if kind not in (KIND_DATA, KIND_FENCE, KIND_RECOVERY):
         raise CorruptEntryError(f"{where}: unknown block kind {kind}")
-    return BlockHeader(kind, first, count, lac)
+    return BlockHeader(kind, first, count, lac, codec)
 
 
 def block_records(data: bytes, header: BlockHeader, where: str) -> list[memoryview]:

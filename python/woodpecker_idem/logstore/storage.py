@@ -209,16 +209,27 @@ class ObjectSegmentStorage(SegmentStorage):
                 if missing_ok:
                     return None
                 raise CorruptEntryError(f"{where}: block listed but missing")
-            hit = [data, decode_block_header(data, where), None]
+            # [block bytes, header, records, bytes counted against cache_limit]
+            hit = [data, decode_block_header(data, where), None, len(data)]
             with self._cache_lock:
                 self._cache[key] = hit
                 self._cache_bytes += len(data)
-                while self._cache_bytes > self.cache_limit and len(self._cache) > 1:
-                    _, old = self._cache.popitem(last=False)
-                    self._cache_bytes -= len(old[0])
+                self._evict_locked()
         if records and hit[2] is None:
             hit[2] = block_records(hit[0], hit[1], where)
+            if hit[1].codec:  # the records view a decompressed copy: it counts as well
+                extra = sum(len(r) for r in hit[2])
+                with self._cache_lock:
+                    if self._cache.get(key) is hit:
+                        hit[3] += extra
+                        self._cache_bytes += extra
+                        self._evict_locked()
         return hit[1], hit[2]
+
+    def _evict_locked(self) -> None:
+        while self._cache_bytes > self.cache_limit and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._cache_bytes -= old[3]
 
     def blocks(
         self,
@@ -303,7 +314,7 @@ class ObjectSegmentStorage(SegmentStorage):
         self.store.delete_prefix(segment_prefix(log_id, segment_id))
         with self._cache_lock:
             for key in [k for k in self._cache if k[:2] == (log_id, segment_id)]:
-                self._cache_bytes -= len(self._cache.pop(key)[0])
+                self._cache_bytes -= self._cache.pop(key)[3]
             for key in [k for k in self._packed if k[:2] == (log_id, segment_id)]:
                 self._packed_bytes -= len(self._packed.pop(key))
 
