@@ -32,6 +32,7 @@ from woodpecker_idem.logstore.blocks import (
 )
 from woodpecker_idem.logstore.engine import LogStoreEngine
 from woodpecker_idem.logstore.segment_files import BATCH, BATCH_HEADER_SIZE
+from woodpecker_idem.logstore.storage import ObjectSegmentStorage
 from woodpecker_idem.logstore.transport import InProcessTransport
 from woodpecker_idem.objectstore.local import LocalObjectStore
 from woodpecker_idem.testing.history import History
@@ -353,3 +354,20 @@ def test_threads_writing_small_compressed_batches_are_judged_by_the_history(envs
     verdict = history.check_log(log, int(WINDOW_S * 1000), MAX_KEYS)
     assert verdict.ok, verdict.summary()
     assert verdict.keyed_entries == 400
+
+
+def test_a_compressed_blocks_decompressed_records_count_against_the_block_cache(tmp_path):
+    """The block cache holds a compressed block's decompressed records once they are split: their
+    bytes count against `cache_limit` next to the block's stored bytes."""
+    store = LocalObjectStore(tmp_path / "blocks", fsync=False)
+    engine = LogStoreEngine(store, "node-0")
+    payloads = [row(i) for i in range(200)]
+    plain, _ = encode_frame(0, 0, 1_700_000_000_000, payloads, 0, 200)
+    units, _ = encode_frame(0, 0, 1_700_000_000_000, payloads, 0, 200, None, None, None, 2)
+    engine.add_entries(1, 0, 0, units)
+    fresh = LogStoreEngine(store, "node-0")  # reads the block from the store
+    assert len(fresh.read(1, 0, 0, 200)) == 200
+    (blk,) = (tmp_path / "blocks").rglob("*.blk")
+    cache = fresh.storage
+    assert isinstance(cache, ObjectSegmentStorage)
+    assert cache._cache_bytes == blk.stat().st_size + len(plain)

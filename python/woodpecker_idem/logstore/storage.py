@@ -216,9 +216,10 @@ class ObjectSegmentStorage(SegmentStorage):
                 self._cache_bytes += len(data)
                 self._evict_locked()
         if records and hit[2] is None:
-            hit[2] = block_records(hit[0], hit[1], where)
+            split = block_records(hit[0], hit[1], where)
+            hit[2] = split
             if hit[1].codec:  # the records view a decompressed copy: it counts as well
-                extra = sum(len(r) for r in hit[2])
+                extra = sum(len(r) for r in split)
                 with self._cache_lock:
                     if self._cache.get(key) is hit:
                         hit[3] += extra
