@@ -14,8 +14,11 @@ first: the window is rebuilt from every stored frame). The codecs take turns ins
 (interleaved), ROUNDS rounds, medians. Bytes per row: the segment files' bytes (batch headers,
 record headers, entry fields, the 16-byte key: everything stored) over N.
 Targets (asserted): zstd stores the realistic rows in <= 1/3 of the uncompressed bytes; reads and
-the rebuild of zstd and lz4 logs are within 1.2x of the uncompressed log's time (medians of the
-per-round ratios).
+the rebuild of zstd and lz4 logs take within 1.2x of the uncompressed log's time, judged on
+process CPU seconds (all threads; medians of the per-round ratios): a 100,000-row rebuild takes
+~0.1 s, and on the shared 2-core machine (load 10-15) its wall time swung 5x from round to round
+in one run, while the CPU it costs does not depend on the neighbours. Wall-time ratios are
+reported next to them.
 """
 
 from __future__ import annotations
@@ -76,11 +79,12 @@ def rows_realistic(n: int) -> list[bytes]:
     return out
 
 
-def timed(action: Callable[[], object]) -> float:
+def timed(action: Callable[[], object]) -> tuple[float, float]:
+    """Wall seconds and process CPU seconds (every thread: the in-process node's reads too)."""
     gc.collect()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     action()
-    return time.perf_counter() - t
+    return time.perf_counter() - t, time.process_time() - c
 
 
 def one_log(root: Path, codec: str, rows: list[bytes], ids: list[str]) -> dict[str, float]:
@@ -95,7 +99,7 @@ def one_log(root: Path, codec: str, rows: list[bytes], ids: list[str]) -> dict[s
             for at in range(0, len(rows), CHUNK):
                 w.write_many(rows[at : at + CHUNK], ids[at : at + CHUNK])
 
-        write_s = timed(write)
+        write_s, write_cpu = timed(write)
         w.close()
     finally:
         client.close()
@@ -108,13 +112,21 @@ def one_log(root: Path, codec: str, rows: list[bytes], ids: list[str]) -> dict[s
     client = wp.connect(root, cfg)
     try:
         log = client.open_log("c")
-        read_s = timed(lambda: sum(1 for _ in log.open_reader()))
+        read_s, read_cpu = timed(lambda: sum(1 for _ in log.open_reader()))
         holder: list[Any] = []
-        rebuild_s = timed(lambda: holder.append(log.open_writer(idempotent=True)))
+        rebuild_s, rebuild_cpu = timed(lambda: holder.append(log.open_writer(idempotent=True)))
         holder[0].close()
     finally:
         client.close()
-    return {"write_s": write_s, "read_s": read_s, "rebuild_s": rebuild_s, "bytes": stored}
+    return {
+        "write_s": write_s,
+        "read_s": read_s,
+        "rebuild_s": rebuild_s,
+        "write_cpu": write_cpu,
+        "read_cpu": read_cpu,
+        "rebuild_cpu": rebuild_cpu,
+        "bytes": stored,
+    }
 
 
 @pytest.mark.timeout(3600)
@@ -171,12 +183,14 @@ def test_compression_bytes_and_speed(kind: str, benchmark: Any) -> None:
             f"{read:,.0f} rows/s, rebuild {rebuild:,.0f} rows/s"
         )
         if codec != "none":
-            for what in ("bytes", "read_s", "rebuild_s", "write_s"):
+            for what in ("bytes", "read_s", "rebuild_s", "write_s", "read_cpu", "rebuild_cpu"):
                 info[f"{codec}_{what}_ratio"] = round(ratio(codec, what), 3)
+            info[f"{codec}_write_cpu_ratio"] = round(ratio(codec, "write_cpu"), 3)
             line += (
-                f"; vs none: bytes {ratio(codec, 'bytes'):.3f}x, read time "
-                f"{ratio(codec, 'read_s'):.2f}x, rebuild time {ratio(codec, 'rebuild_s'):.2f}x, "
-                f"write time {ratio(codec, 'write_s'):.2f}x"
+                f"; vs none: bytes {ratio(codec, 'bytes'):.3f}x, read CPU "
+                f"{ratio(codec, 'read_cpu'):.2f}x (wall {ratio(codec, 'read_s'):.2f}x), rebuild "
+                f"CPU {ratio(codec, 'rebuild_cpu'):.2f}x (wall {ratio(codec, 'rebuild_s'):.2f}x), "
+                f"write CPU {ratio(codec, 'write_cpu'):.2f}x (wall {ratio(codec, 'write_s'):.2f}x)"
             )
         lines.append(line)
     print("\n".join(lines))
@@ -184,5 +198,5 @@ def test_compression_bytes_and_speed(kind: str, benchmark: Any) -> None:
     if kind == "realistic":
         assert ratio("zstd", "bytes") <= 1 / 3, info
     for codec in ("lz4", "zstd"):
-        assert ratio(codec, "read_s") <= 1.2, (codec, info)
-        assert ratio(codec, "rebuild_s") <= 1.2, (codec, info)
+        assert ratio(codec, "read_cpu") <= 1.2, (codec, info)
+        assert ratio(codec, "rebuild_cpu") <= 1.2, (codec, info)
