@@ -395,3 +395,66 @@ def test_verify_checks_a_compressed_log_and_names_its_damage(envs, capsys):
     assert len(corrupt) == 1 and "checksum mismatch" in corrupt[0], out
     assert "/data@" in corrupt[0], out
     env.client = env._connect()  # the fixture closes it
+
+
+def test_recovery_copies_compressed_entries_to_a_replica_that_missed_them(tmp_path):
+    """es=3, aq=2: the second half of a zstd writer's rows reaches node-0 only (node-1's and
+    node-2's adds hang); the writer is abandoned and another client takes the log over. Recovery
+    keeps the entries it finds, read from node-0 (decompressed), and copies them to one more
+    node to reach aq: node-1 then holds exactly node-0's entries."""
+    import time
+
+    from woodpecker_idem.testing import FaultInjectingTransport
+
+    cfg = {"quorum.es": 3, "segment.max_entries": 10_000, **QUIET}
+    old = wp.connect(tmp_path, cfg)
+    faults = FaultInjectingTransport(old.transport)
+    old.transport = faults
+    stall, gate = threading.Event(), threading.Event()
+    inner_add = faults.add_entries
+
+    def add_entries(node_id, *args, **kwargs):
+        # hang (a failing node would be dropped from the segment) until the test is over
+        if node_id != "node-0" and stall.is_set():
+            gate.wait(60)
+        return inner_add(node_id, *args, **kwargs)
+
+    faults.add_entries = add_entries  # type: ignore[method-assign]
+    try:
+        w = old.create_log("r").open_writer(idempotent=True, compression="zstd")
+        write_rows(w, 0, 100)
+        stall.set()
+
+        # one run, sent as one batch to every node at once, never acknowledged: on node-0 alone
+        def unacknowledged() -> None:
+            with pytest.raises(WoodpeckerError):  # fenced by the takeover
+                write_rows(w, 100, 100, 100)
+
+        late = threading.Thread(target=unacknowledged, daemon=True)
+        late.start()
+        new = wp.connect(tmp_path, cfg)
+        try:
+            log = new.open_log("r")
+            seg = new.meta.list_segments(log.log_id)[0]
+
+            def held(node: str) -> list[bytes]:
+                return new.transport.raw_read(node, log.log_id, seg.segment_id, 0, 1000)
+
+            deadline = time.monotonic() + 60
+            while len(held("node-0")) < 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(held("node-0")) == 200
+            assert len(held("node-1")) == 100
+            log.open_writer(idempotent=True).close()  # fences, recovers segment 0
+            assert held("node-1") == held("node-0")
+            assert [m.payload for m in log.open_reader()] == [row(i) for i in range(200)]
+        finally:
+            new.close()
+    finally:
+        gate.set()
+        try:
+            old.close()
+        except WoodpeckerError:
+            pass  # its writer was fenced by the takeover
+        late.join(60)  # its call ends with the writer (an exception in a thread of its own)
+        assert not late.is_alive()
