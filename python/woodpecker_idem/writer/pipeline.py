@@ -405,6 +405,7 @@ def open_pipeline(ctx: LogContext, dedup: Dedup) -> Pipeline:
     step that fails stops what the earlier ones started."""
     pipeline = Pipeline(ctx, dedup)
     try:
+        dedup.prepare()
         pipeline.take_over()
         dedup.rebuild(pipeline.epoch)
         pipeline.open()
