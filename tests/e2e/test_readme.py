@@ -34,6 +34,38 @@ def test_setup_commands_are_the_scripts_ci_runs() -> None:
     assert "./scripts/test" in (ROOT / ".ci" / "run").read_text()
 
 
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading + "\n") + len(heading) + 1
+    end = text.find("\n## ", start)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def test_the_readme_quotes_each_figure_once_with_its_run() -> None:
+    """Issue 32 item 6: one table of figures, each row linking to the run and the command behind
+    it in benches/README.md (the link test below checks that the section exists), each figure one
+    number: the spread between runs and their history belong in benches/README.md."""
+    text = README.read_text()
+    table = [
+        line
+        for line in _section(text, "## What to expect: latency and throughput").splitlines()
+        if line.startswith("| ") and not line.startswith("| call |")
+    ]
+    assert len(table) >= 5, "the figures table is missing"
+    for row in table:
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        assert len(cells) == 3, f"not a row of call | figure | run: {row}"
+        _call, figure, run = cells
+        assert "](benches/README.md#" in run, f"no link to its run: {row}"
+        assert not re.search(r"\d\s?[-–]\s?\d", figure), f"a range, not a figure: {row}"
+
+
+def test_the_readme_stays_a_guide() -> None:
+    """The README is read as a guide (what it is, how to start, what to expect, where to read
+    more); reference material goes to docs/ (issue 32 item 6: it had grown to 6,700 words)."""
+    words = len(README.read_text().split())
+    assert words <= 2500, f"README.md has {words} words; move reference material to docs/"
+
+
 # --- links: every relative link in the README and docs/ resolves inside the repository --------
 
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
