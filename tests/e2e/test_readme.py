@@ -21,7 +21,10 @@ def test_config_table_is_generated_from_keys() -> None:
     text = OPERATIONS.read_text()
     start = text.index("<!-- config-table:start -->") + len("<!-- config-table:start -->")
     end = text.index("<!-- config-table:end -->")
-    assert text[start:end].strip() == config_table_markdown().strip()
+    assert text[start:end].strip() == config_table_markdown().strip(), (
+        "docs/operations.md's config table is stale: paste the output of python -c 'from "
+        "woodpecker_idem.config import config_table_markdown as t; print(t())' between its markers"
+    )
 
 
 def test_setup_commands_are_the_scripts_ci_runs() -> None:
