@@ -1,4 +1,4 @@
-"""Configuration: one table of keys (README.md) and a frozen `Config` built from it.
+"""Configuration: one table of keys (docs/operations.md) and a frozen `Config` built from it.
 
 Why one table: defaults, validation, environment parsing, error messages and the docs all read
 `KEYS`, so a key cannot be documented one way and validated another. Units are in the key names
