@@ -17,6 +17,7 @@ from .placement import new_ensemble
 from .scheduler import Scheduler
 from .senders import NodeCalls, NodeSender
 from .tails import Tails
+from .uploads import SegmentUploads
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +26,16 @@ log = logging.getLogger(__name__)
 #: on moto: ~100 s). They get this many times the deadline of a write's add, so the deadline
 #: catches a node that hangs without failing a takeover that is merely slow.
 SCAN_DEADLINE_FACTOR = 10
+#: How long a closing client waits for its pending uploads (staged storage) before it drops them.
+UPLOAD_DRAIN_S = 5.0
 
 
 class Ensemble:
     """See the module doc. `transport` reaches the nodes; `registry`, when given, is the metadata
     store whose node registry the directory reads (else the transport's nodes are the directory),
     and `on_nodes` learns the registered node processes' addresses; `deadline_s` bounds every node
-    call."""
+    call. `staged`: the nodes keep segments as staged storage, and completed segments are
+    uploaded (`uploads`) before they are SEALED."""
 
     def __init__(
         self,
@@ -41,6 +45,7 @@ class Ensemble:
         registry: MetadataStore | None = None,
         on_nodes: Callable[[Mapping[str, str]], None] | None = None,
         name: str = "client",
+        staged: bool = False,
     ):
         self.transport = transport  # the nodes without deadlines: only the senders call it
         self.deadline_s = deadline_s
@@ -55,6 +60,10 @@ class Ensemble:
         # every synchronous node call (readers, recoveries, the rebuild) goes through the senders
         self.calls: LogStoreTransport = NodeCalls(
             lambda: self.transport, self.sender, deadline_s * SCAN_DEADLINE_FACTOR
+        )
+        # staged storage (`storage.type: staged`): completed segments are SEALED once uploaded
+        self.uploads: SegmentUploads | None = (
+            SegmentUploads(self.calls, self.scheduler, self.directory.live) if staged else None
         )
 
     def calls_through(self, transport: LogStoreTransport) -> LogStoreTransport:
@@ -138,6 +147,8 @@ class Ensemble:
                 return
             self._closed = True
             senders = list(self._senders.values())
+        if self.uploads is not None:  # a segment left COMPLETED waits for the next takeover
+            self.uploads.wait_idle(min(timeout, UPLOAD_DRAIN_S))
         self.scheduler.close(timeout)
         for sender in senders:
             sender.close(timeout)

@@ -34,6 +34,7 @@ from ..errors import (
     by_code,
 )
 from .engine import LogStoreEngine
+from .storage import SealedSegment
 from .transport import LogStoreTransport
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,10 @@ CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+
+# Calls whose deadline is this many times `timeout_s`: an upload puts a whole segment to object
+# storage (a 256 MiB segment takes longer than a write's add ever may)
+SLOW_CALLS = {"seal_segment": 10}
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,20 @@ def _read_req(log_id: int, segment_id: int, first: int, n: int) -> Any:
 def _empty(call: Callable[..., None], *args: Any) -> Any:
     call(*args)
     return pb.Empty()
+
+
+def _sealed(sealed: SealedSegment) -> Any:
+    return pb.SealSegmentResponse(
+        block_keys=sealed.block_keys,
+        footer_key=sealed.footer_key,
+        footer=pb.SegmentFooter(
+            last_entry_id=sealed.last_entry_id,
+            blocks=[
+                pb.BlockIndex(block=n, first_entry_id=first, last_entry_id=last)
+                for n, first, last in sealed.blocks
+            ],
+        ),
+    )
 
 
 def _last(pair: tuple[int, int]) -> Any:
@@ -127,6 +146,21 @@ RPCS: dict[str, Rpc] = {
         _segment_req,
         lambda r: r.last_entry_id if r.HasField("last_entry_id") else None,
         lambda e, q: pb.CompletedEndResponse(last_entry_id=e.completed_end(q.log_id, q.segment_id)),
+    ),
+    "seal_segment": Rpc(
+        "SealSegment",
+        pb.SealSegmentRequest,
+        pb.SealSegmentResponse,
+        lambda log_id, segment_id, last: pb.SealSegmentRequest(
+            log_id=log_id, segment_id=segment_id, last_entry_id=last
+        ),
+        lambda r: SealedSegment(
+            tuple(r.block_keys),
+            r.footer_key,
+            r.footer.last_entry_id,
+            tuple((b.block, b.first_entry_id, b.last_entry_id) for b in r.footer.blocks),
+        ),
+        lambda e, q: _sealed(e.seal_segment(q.log_id, q.segment_id, q.last_entry_id)),
     ),
     "read": Rpc(
         "Read",
@@ -260,7 +294,8 @@ class GrpcTransport(LogStoreTransport):
         rpc = RPCS[method]
         request = rpc.to_request(*args)
         try:
-            response = self._call(node_id, method)(request, timeout=self.timeout_s)
+            timeout = self.timeout_s * SLOW_CALLS.get(method, 1)
+            response = self._call(node_id, method)(request, timeout=timeout)
         except self._grpc.RpcError as exc:
             raise self._error(node_id, method, exc) from None
         return rpc.from_response(response)
@@ -290,6 +325,9 @@ class GrpcTransport(LogStoreTransport):
 
     def completed_end(self, node_id, log_id, segment_id):
         return self._invoke(node_id, "completed_end", log_id, segment_id)
+
+    def seal_segment(self, node_id, log_id, segment_id, last_entry_id):
+        return self._invoke(node_id, "seal_segment", log_id, segment_id, last_entry_id)
 
     def read(self, node_id, log_id, segment_id, from_entry_id, max_entries):
         return self._invoke(node_id, "read", log_id, segment_id, from_entry_id, max_entries)
