@@ -66,9 +66,7 @@ def test_the_drift_check_sees_a_call_or_an_rpc_too_many() -> None:
     assert drift(Wider, rpcs) == ["purge_node: no RPC PurgeNode"]
     assert drift(LogStoreTransport, rpcs - {"DeleteLog"}) == ["delete_log: no RPC DeleteLog"]
     assert drift(LogStoreTransport, rpcs | {"Compact"}) == ["RPC Compact: no transport call"]
-    assert drift(LogStoreTransport, rpcs - {"SealSegment"}) == [
-        "seal_segment: no RPC SealSegment"
-    ]
+    assert drift(LogStoreTransport, rpcs - {"SealSegment"}) == ["seal_segment: no RPC SealSegment"]
 
 
 def test_each_calls_parameters_are_fields_of_its_request() -> None:

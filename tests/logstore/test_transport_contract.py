@@ -23,10 +23,10 @@ from woodpecker_idem.errors import (
     StorageUnavailableError,
     by_code,
 )
+from woodpecker_idem.logstore import staged as staged_module
 from woodpecker_idem.logstore.blocks import decode_entry
 from woodpecker_idem.logstore.engine import LogStoreEngine
 from woodpecker_idem.logstore.remote import GrpcTransport, LogStoreServer
-from woodpecker_idem.logstore import staged as staged_module
 from woodpecker_idem.logstore.segment_files import FileSegmentStorage, segment_storage
 from woodpecker_idem.logstore.staged import StagedSegmentStorage
 from woodpecker_idem.logstore.transport import InProcessTransport, LogStoreTransport
