@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -61,6 +62,12 @@ class SegmentUploads:
         self._idle = threading.Condition(self._lock)
         self.uploaded = 0  # segments this client sealed
         self.failed_attempts = 0
+        # the attempt under way: ((log, segment), node), for operators and tests
+        self.in_flight: tuple[tuple[int, int], str] | None = None
+        # the latest failed attempts: ((log, segment), node, error), oldest first
+        self.failures: deque[tuple[tuple[int, int], str, str]] = deque(maxlen=1000)
+        # the sealed segments and the node each was uploaded through, latest last
+        self.sealed_by: deque[tuple[tuple[int, int], str]] = deque(maxlen=1000)
 
     def submit(self, meta: MetadataStore, seg: SegmentMeta) -> None:
         """Upload `seg` (COMPLETED) and record it SEALED, in the background."""
@@ -115,11 +122,18 @@ class SegmentUploads:
                 self._forget(key)  # sealed by another client, truncated or deleted
                 return
             node = self._node(up, seg)
-            sealed = self._calls.seal_segment(node, seg.log_id, seg.segment_id, seg.last_entry_id)
+            self.in_flight = (key, node)
+            try:
+                sealed = self._calls.seal_segment(
+                    node, seg.log_id, seg.segment_id, seg.last_entry_id
+                )
+            finally:
+                self.in_flight = None
             self._record_sealed(up.meta, seg)
         except Exception as exc:  # noqa: BLE001 - every failure is tried again, on another node
             self.failed_attempts += 1
             up.errors[node] = f"{type(exc).__name__}: {exc}"
+            self.failures.append((key, node, up.errors[node]))
             up.turn += 1
             delay = up.backoff.next_delay()
             log.warning(
@@ -137,6 +151,7 @@ class SegmentUploads:
             timer.at(time.monotonic() + delay)
             return
         self.uploaded += 1
+        self.sealed_by.append((key, node))
         log.info(
             "segment %s/%s: uploaded through %s (%d blocks), SEALED",
             up.log_id,

@@ -135,8 +135,10 @@ class StagedSegmentStorage(SegmentStorage):
 
     # --- dropping local copies -------------------------------------------------------------------
 
-    def completed_local(self) -> list[tuple[int, int]]:
-        """(log, segment) of the local copies that are completed (a footer) and not dropped."""
+    def local_copies(self) -> list[tuple[int, int]]:
+        """(log, segment) of the local copies not dropped, completed here or not (a node that
+        was down when its segment completed keeps a copy without a footer, as stale once the
+        segment is SEALED as any other)."""
         out: list[tuple[int, int]] = []
         root = self.local.root
         try:
@@ -149,9 +151,7 @@ class StagedSegmentStorage(SegmentStorage):
             except FileNotFoundError:
                 continue  # the log was deleted meanwhile
             for seg in segments:
-                footer = os.path.join(seg.path, "footer")
-                mark = os.path.join(seg.path, SEALED_MARK)
-                if os.path.exists(footer) and not os.path.exists(mark):
+                if not os.path.exists(os.path.join(seg.path, SEALED_MARK)):
                     out.append((int(log_dir.name), int(seg.name)))
         return sorted(out)
 
@@ -199,8 +199,9 @@ class StagedSegmentStorage(SegmentStorage):
 
 
 class LocalCopies:
-    """A node's sweeper of local copies: every `interval_s`, each completed local copy whose
-    segment `is_sealed` (the metadata says SEALED) is dropped (`drop`: the engine's `drop_local`)
+    """A node's sweeper of local copies: every `interval_s`, each local copy whose segment
+    `is_sealed` (the metadata says SEALED: its end is final, and it is in object storage) is
+    dropped (`drop`: the engine's `drop_local`)
     once it was seen sealed for `grace_s`, so readers that were reading it locally finish first.
     A failed check or drop (metadata or object storage down) is retried at the next round."""
 
@@ -236,7 +237,7 @@ class LocalCopies:
         """One round; returns how many copies it dropped."""
         now = time.monotonic()
         dropped = 0
-        local = set(self._storage.completed_local())
+        local = set(self._storage.local_copies())
         for key in list(self._sealed_since):
             if key not in local:
                 del self._sealed_since[key]
