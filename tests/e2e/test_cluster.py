@@ -114,3 +114,19 @@ def test_the_spark_pipeline_runs_on_a_service_cluster_with_one_option(tmp_path: 
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_cluster_up_with_staged_storage_writes_a_staged_config(tmp_path: Path):
+    """`cluster up --storage staged`: the config the nodes and clients share names staged storage
+    and a node-local directory under the cluster's (each node's files below it, by node id)."""
+    from woodpecker_idem.cli import cluster
+    from woodpecker_idem.config import load_config
+
+    state = {"etcd": {"endpoint": "127.0.0.1:1"}, "s3": {"endpoint": "http://127.0.0.1:2"}}
+    path = tmp_path / "woodpecker.yaml"
+    path.write_text(cluster._config(state, tmp_path, "staged"))
+    cfg = load_config(path)
+    assert cfg.storage.type == "staged"
+    assert cfg.storage.staged_dir == str(tmp_path / "staged")
+    path.write_text(cluster._config(state, tmp_path))
+    assert load_config(path).storage.type == "object"

@@ -164,19 +164,25 @@ def _s3_frozen(tmp_path: Path, s3, threads: int, per_phase: int) -> None:
                 acked = stream.acked_now()
                 stream.until_acked(acked + per_phase, "writes go on while S3 is frozen")
 
-                def completed_in_freeze() -> list:
+                failed_before = len(uploads.failures)
+
+                def done_in_freeze() -> list:
                     return [
                         s
                         for s in log.segments()
-                        if s.state is SegmentState.COMPLETED and s.segment_id not in done_before
+                        if s.state is not SegmentState.ACTIVE and s.segment_id not in done_before
                     ]
 
-                _until(lambda: len(completed_in_freeze()) >= 2, "segments complete in the freeze")
+                _until(lambda: len(done_in_freeze()) >= 2, "segments complete in the freeze")
                 assert uploads.pending(), "no upload waits for S3"
-                # not SEALED, and kept locally, while no upload can finish
-                for seg in completed_in_freeze():
+                # an upload met the frozen S3 and failed, and the next attempt began
+                _until(lambda: len(uploads.failures) > failed_before, "an upload failed on S3")
+                # a segment completed in the freeze cannot be in S3: it is not SEALED, and each
+                # node keeps its local copy
+                for seg in done_in_freeze():
+                    assert seg.state is SegmentState.COMPLETED, seg
                     kept = f"*/*/{log.log_id}/{seg.segment_id}/data"
-                    assert list((tmp_path / "staged").glob(kept)), seg
+                    assert len(list((tmp_path / "staged").glob(kept))) == 3, seg
             finally:
                 s3.thaw()
             thawed_ns = time.monotonic_ns()

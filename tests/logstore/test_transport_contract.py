@@ -371,3 +371,14 @@ def test_a_node_on_object_storage_refuses_seal_segment_by_name(transport):
     transport.add_entries(NODE, LOG, SEG, 0, frame(0, 1))
     with pytest.raises(InvalidArgumentError, match="staged"):
         transport.seal_segment(NODE, LOG, SEG, 1)
+
+
+def test_a_node_completed_short_of_the_end_refuses_to_seal_and_writes_nothing(staged):
+    """Completed at 5 while its last batch was on the way: it holds 0..3 only, and must not
+    upload a copy that ends early (another node's upload would then meet other blocks)."""
+    transport, storage = staged
+    transport.add_entries(NODE, LOG, SEG, 0, frame(0, 3))
+    transport.complete(NODE, LOG, SEG, 5)
+    with pytest.raises(SegmentFencedError, match="another node"):
+        transport.seal_segment(NODE, LOG, SEG, 5)
+    assert storage.sealed_store.list(f"{LOG}/") == []

@@ -284,7 +284,9 @@ class LogStoreEngine:
         seg = self._segment(log_id, segment_id)
         with seg.lock:
             self._ensure(seg, refresh=seg.completed_last is None)
-            if seg.completed_last is None and seg.contig < last_entry_id:
+            # a node completed at the end may still lack its last entries (completed while its
+            # last batch was on the way): its copy is not the segment's
+            if seg.contig < last_entry_id:
                 raise SegmentFencedError(
                     f"{seg.handle.where} holds entries up to {seg.contig} only, not up to "
                     f"{last_entry_id}: seal it through another node of its ensemble"

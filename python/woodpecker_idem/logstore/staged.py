@@ -108,12 +108,12 @@ class StagedSegmentStorage(SegmentStorage):
                     put()
             if entry > last:
                 break
-        if records:
-            put()
-        if entry <= last:
+        if entry <= last:  # before the last block: a short copy must not put a block it lacks
             raise CorruptEntryError(
                 f"{where}: the local copy ends at entry {entry - 1}, not at {last}"
             )
+        if records:
+            put()
         other = handle.complete(last, blocks)
         if other is not None and other != last:
             raise EntryConflictError(
