@@ -15,6 +15,7 @@ dropped its copy.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -288,3 +289,79 @@ def _answers(calls, node_id: str) -> bool:
     except NodeUnavailableError:
         return False
     return True
+
+
+FULL = re.compile(r"fault disk-full: (\d+) appends refused")
+
+
+def test_a_node_whose_disk_fills_up_is_dropped_and_replaced_and_nothing_is_lost(
+    tmp_path, s3, caplog
+):
+    """Four staged nodes, es=3; the disk of n0 (in the first segment's ensemble) fills up after
+    40 appends (`logstore serve --fault disk-full-after:40`, testing only): the writer gets a
+    clear error naming the node and the full disk, drops n0 from the segment, goes on at aq=2,
+    and places the next segment on the others; every segment still ends SEALED."""
+    config = _config(tmp_path, s3)
+    nodes = _start(
+        [
+            LogStoreNode(
+                f"n{i}",
+                tmp_path / "data",
+                config,
+                args=("--fault", "disk-full-after:40") if i == 0 else (),
+            )
+            for i in range(4)
+        ]
+    )
+    stopped = False
+    try:
+        client = wp.connect(tmp_path / "data", config)
+        try:
+            live = client.ensemble.directory.live
+            _until(lambda: live() == ["n0", "n1", "n2", "n3"], "every node registered")
+            log = client.open_log("disk-full", create=True)
+            writer = log.open_writer(idempotent=True)
+            history = History(client.clock)
+            stream = Stream(writer, history, threads=2)
+            assert "n0" in log.segments()[0].nodes  # the fault meets this stream's writes
+            stream.until_acked(300, "writes through the full disk")
+            stream.stop()
+            writer.close()
+            dropped = [
+                r.getMessage()
+                for r in caplog.records
+                if "node n0 dropped" in r.getMessage()
+                and "No space left on device" in r.getMessage()
+            ]
+            assert dropped, "no clear error named n0's full disk"
+            segments = log.segments()
+            assert any("n0" not in s.nodes for s in segments), "n0 was never replaced"
+            _all_sealed_and_dropped(tmp_path, client, log)
+            _judge(history, log)
+        finally:
+            client.close()
+        for node in nodes:
+            node.stop()  # SIGTERM: the node reports its count as it exits
+        stopped = True
+        refused = [int(c) for c in FULL.findall(nodes[0].output())]
+        assert refused and refused[0] > 0, nodes[0].output()[-2000:]
+    finally:
+        if not stopped:
+            for node in nodes:
+                node.stop()
+
+
+def test_the_disk_full_fault_takes_a_count():
+    from woodpecker_idem.logstore.remote import DiskFull, DropReplies, parse_fault
+
+    assert isinstance(parse_fault("drop-replies:0.5"), DropReplies)
+    full = parse_fault("disk-full-after:2")
+    assert isinstance(full, DiskFull)
+    full.check("a")
+    full.check("a")
+    with pytest.raises(OSError, match="No space left"):
+        full.check("a")
+    assert full.failed == 1
+    for bad in ("disk-full-after:x", "disk-full-after:-1", "disk-full", "freeze:1"):
+        with pytest.raises(wp.InvalidArgumentError, match="disk-full-after"):
+            parse_fault(bad)

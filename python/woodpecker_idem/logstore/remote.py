@@ -16,6 +16,7 @@ One channel per node per client (gRPC multiplexes every call of every writer ove
 
 from __future__ import annotations
 
+import errno
 import logging
 import random
 import threading
@@ -387,6 +388,47 @@ class DropReplies:
                 return False
             self.dropped += 1
             return True
+
+
+class DiskFull:
+    """A testing-only fault (`logstore serve --fault disk-full-after:N`, a hidden option): the
+    node's local segment files take N appends, then every append fails with ENOSPC, as on a
+    disk that filled up (the file that met it refuses later appends, as after a real failed
+    write). The client sees a retriable `StorageUnavailableError` from that node and drops it
+    from the segment; `failed` counts the appends refused so far."""
+
+    def __init__(self, after: int):
+        if after < 0:
+            raise InvalidArgumentError(f"disk-full-after takes a count >= 0, got {after}")
+        self.after = after
+        self._lock = threading.Lock()
+        self.appends = 0
+        self.failed = 0
+
+    def check(self, path: str) -> None:
+        """Before an append to `path`: raises ENOSPC once `after` appends went through."""
+        with self._lock:
+            if self.appends < self.after:
+                self.appends += 1
+                return
+            self.failed += 1
+        raise OSError(errno.ENOSPC, "No space left on device (testing fault)", path)
+
+
+def parse_fault(text: str, seed: str = "") -> DropReplies | DiskFull:
+    """`--fault` of `logstore serve`: drop-replies:RATE or disk-full-after:N."""
+    kind, _, arg = text.partition(":")
+    if kind == "disk-full-after":
+        try:
+            return DiskFull(int(arg))
+        except ValueError:
+            pass
+    elif kind == "drop-replies":
+        return DropReplies.parse(text, seed)
+    raise InvalidArgumentError(
+        f"--fault {text!r}: the faults are drop-replies:RATE (RATE within 0..1) and "
+        "disk-full-after:N (N appends, then ENOSPC)"
+    )
 
 
 class LogStoreServer:
