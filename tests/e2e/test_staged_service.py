@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from nodeserver import LogStoreNode
 from slowprofile import size
-from test_service_faults import Stream, _judge, _start
+from test_service_faults import Stream, _judge, _start, _until_answers
 
 import woodpecker_idem as wp
 from woodpecker_idem._core import encode_entry
@@ -216,7 +216,10 @@ def test_s3_frozen_during_many_segment_uploads_under_four_threads(tmp_path, s3):
     _s3_frozen(tmp_path, s3, threads=4, per_phase=size(1500, 300))
 
 
-def test_a_node_killed_mid_upload_leaves_the_segment_to_be_sealed_through_another(tmp_path, s3):
+def _killed_mid_upload(tmp_path: Path, s3, threads: int, cycles: int) -> None:
+    """Each cycle freezes S3 (an upload that starts now stays in flight), SIGKILLs the node the
+    upload in flight goes through, thaws S3, waits for that segment to be sealed through another
+    node, and restarts the victim."""
     config = _config(tmp_path, s3)
     nodes = _nodes(tmp_path, config, args=LONG_TTL)
     by_id = {n.node_id: n for n in nodes}
@@ -228,27 +231,33 @@ def test_a_node_killed_mid_upload_leaves_the_segment_to_be_sealed_through_anothe
             log = client.open_log("killed-mid-upload", create=True)
             writer = log.open_writer(idempotent=True)
             history = History(client.clock)
-            stream = Stream(writer, history, threads=2)
-            stream.until_acked(30, "writes before the freeze")
-            s3.freeze()  # an upload that starts now stays in flight: the kill lands inside it
-            try:
-                _until(lambda: uploads.in_flight is not None, "an upload in flight")
-                in_flight = uploads.in_flight
-                assert in_flight is not None
-                key, victim = in_flight
-                by_id[victim].kill()
-            finally:
-                s3.thaw()
-            _until(lambda: any(k == key and n != victim for k, n in uploads.sealed_by), "sealed")
-            # the kill landed inside the call: it failed on the lost connection (no answer of
-            # the node's: an upload S3 failed would carry the node's own error), and only it
-            ended = [e for k, n, e in uploads.failures if k == key and n == victim]
-            assert ended and "seal_segment failed: UNAVAILABLE" in ended[0], ended
-            assert (key, victim) not in uploads.sealed_by
-            stream.until_acked(stream.acked_now() + 30, "writes after the kill")
+            stream = Stream(writer, history, threads=threads)
+            for _ in range(cycles):
+                stream.until_acked(stream.acked_now() + 30, "writes before the freeze")
+                s3.freeze()  # an upload that starts now stays in flight: the kill lands in it
+                try:
+                    _until(lambda: uploads.in_flight is not None, "an upload in flight")
+                    in_flight = uploads.in_flight
+                    assert in_flight is not None
+                    key, victim = in_flight
+                    by_id[victim].kill()
+                finally:
+                    s3.thaw()
+
+                def sealed_elsewhere(key=key, victim=victim) -> bool:
+                    return any(k == key and n != victim for k, n in uploads.sealed_by)
+
+                _until(sealed_elsewhere, "the segment sealed through another node")
+                # the kill landed inside the call: it failed on the lost connection (no answer
+                # of the node's: an upload S3 failed carries the node's own error)
+                ended = [e for k, n, e in uploads.failures if k == key and n == victim]
+                assert ended and "seal_segment failed: UNAVAILABLE" in ended[0], ended
+                assert (key, victim) not in uploads.sealed_by
+                stream.until_acked(stream.acked_now() + 30, "writes after the kill")
+                by_id[victim].start()  # its stale copy is dropped once it sees it SEALED
+                _until_answers(client, victim)  # the checker reads every replica
             stream.stop()
             writer.close()
-            by_id[victim].start()  # its stale copy is dropped once it sees the segment SEALED
             _all_sealed_and_dropped(tmp_path, client, log)
             _judge(history, log)
         finally:
@@ -256,6 +265,16 @@ def test_a_node_killed_mid_upload_leaves_the_segment_to_be_sealed_through_anothe
     finally:
         for node in nodes:
             node.stop()
+
+
+def test_a_node_killed_mid_upload_leaves_the_segment_to_be_sealed_through_another(tmp_path, s3):
+    _killed_mid_upload(tmp_path, s3, threads=2, cycles=1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_nodes_killed_mid_upload_again_and_again_under_four_threads(tmp_path, s3):
+    _killed_mid_upload(tmp_path, s3, threads=4, cycles=size(6, 2))
 
 
 def test_a_restarted_staged_node_still_refuses_a_fenced_writer(tmp_path, s3):
