@@ -185,6 +185,7 @@ def connect(
             registry=meta,
             on_nodes=remote.set_nodes,
             staged=cfg.storage.type == "staged",
+            sealed_store=_sealed_store(cfg, objects),
         )
         ensemble.directory.live()  # the nodes known before the first call (then watched)
         return WoodpeckerClient(
@@ -208,7 +209,12 @@ def connect(
         transport = InProcessTransport(engines)
         for node_id in engines:
             meta.register_node(NodeInfo(node_id, f"inproc://{node_id}"))
-    ensemble = Ensemble(transport, deadline_s=deadline_s, staged=cfg.storage.type == "staged")
+    ensemble = Ensemble(
+        transport,
+        deadline_s=deadline_s,
+        staged=cfg.storage.type == "staged",
+        sealed_store=_sealed_store(cfg, objects),
+    )
     return WoodpeckerClient(cfg, root, clock or SYSTEM_CLOCK, meta, objects, ensemble, open_writer)
 
 
@@ -221,6 +227,11 @@ def _engine(cfg: Config, objects: ObjectStore, node_id: str) -> LogStoreEngine:
         sync_interval_ms=policy.batch_ms if policy.mode == "batch" else 0,
     )
     return LogStoreEngine(storage, node_id)
+
+
+def _sealed_store(cfg: Config, objects: ObjectStore) -> ObjectStore | None:
+    """Staged storage: where uploaded segments live (every node's, and the client's reads)."""
+    return objects.child(SEALED_PREFIX) if cfg.storage.type == "staged" else None
 
 
 def _staged_engine(

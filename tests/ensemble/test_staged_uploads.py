@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 import woodpecker_idem as wp
 from woodpecker_idem.logstore.staged import StagedSegmentStorage
 from woodpecker_idem.types import SegmentState
@@ -127,5 +129,35 @@ def test_failing_uploads_hold_no_write_leave_segments_completed_and_are_retried(
         for seg in log.segments():
             _until(lambda s=seg: not _local_files(data, log.log_id, s.segment_id), "copies gone")
         assert _payloads(log, 90) == [b"e%d" % i for i in range(90)]
+    finally:
+        client.close()
+
+
+def test_a_sealed_segment_is_read_from_object_storage_with_every_node_down(tmp_path: Path):
+    """Once uploaded, a segment is read from its sealed copy when no node of its ensemble can
+    serve it (readers and the window rebuild read through the same calls); the open segment,
+    not uploaded, fails as its nodes do."""
+    from woodpecker_idem.ensemble.sealed import SealedFallback
+    from woodpecker_idem.errors import NodeUnavailableError
+    from woodpecker_idem.testing import FaultInjectingTransport
+
+    client = wp.connect(tmp_path / "data", {**STAGED, "storage.staged_grace_s": 3600})
+    try:
+        log = client.open_log("all-down", create=True)
+        writer = log.open_writer()
+        for i in range(45):
+            writer.write(b"e%d" % i)
+        writer.close()
+        _until(lambda: all(s.state is SegmentState.SEALED for s in log.segments()), "SEALED")
+        faults = FaultInjectingTransport(client.transport)
+        client.transport = faults
+        for node in faults.node_ids:
+            faults.fail_node(node)
+        assert _payloads(log, 45) == [b"e%d" % i for i in range(45)]
+        calls = client.ensemble.calls
+        assert isinstance(calls, SealedFallback) and client.ensemble.sealed_reads > 0
+        seg = log.segments()[-1]
+        with pytest.raises(NodeUnavailableError):  # a segment not in object storage
+            calls.read(seg.nodes[0], log.log_id, seg.segment_id + 1, 0, 1)
     finally:
         client.close()

@@ -11,10 +11,12 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from ..errors import NodeUnavailableError, WoodpeckerError
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
+from ..objectstore.base import ObjectStore
 from ..types import SegmentState
 from .members import REFRESH_S, NodeDirectory
 from .placement import new_ensemble
 from .scheduler import Scheduler
+from .sealed import SealedFallback
 from .senders import NodeCalls, NodeSender
 from .tails import Tails
 from .uploads import SegmentUploads
@@ -35,7 +37,8 @@ class Ensemble:
     store whose node registry the directory reads (else the transport's nodes are the directory),
     and `on_nodes` learns the registered node processes' addresses; `deadline_s` bounds every node
     call. `staged`: the nodes keep segments as staged storage, and completed segments are
-    uploaded (`uploads`) before they are SEALED."""
+    uploaded (`uploads`) before they are SEALED; `sealed_store` (staged: the store's `sealed/`
+    objects) serves the reads of uploaded segments that no node can serve (`SealedFallback`)."""
 
     def __init__(
         self,
@@ -46,6 +49,7 @@ class Ensemble:
         on_nodes: Callable[[Mapping[str, str]], None] | None = None,
         name: str = "client",
         staged: bool = False,
+        sealed_store: ObjectStore | None = None,
     ):
         self.transport = transport  # the nodes without deadlines: only the senders call it
         self.deadline_s = deadline_s
@@ -58,8 +62,11 @@ class Ensemble:
         if registry is not None:  # the registry is watched: nodes joining, leaving, moving
             self.scheduler.timer(self._watch, "nodes").poke()
         # every synchronous node call (readers, recoveries, the rebuild) goes through the senders
-        self.calls: LogStoreTransport = NodeCalls(
-            lambda: self.transport, self.sender, deadline_s * SCAN_DEADLINE_FACTOR
+        # staged storage: reads a node cannot serve come from the sealed copy, once uploaded
+        self._sealed = SealedFallback.engine(sealed_store) if sealed_store is not None else None
+        self.sealed_reads = 0  # reads no node served, served from object storage
+        self.calls: LogStoreTransport = self._fallback(
+            NodeCalls(lambda: self.transport, self.sender, deadline_s * SCAN_DEADLINE_FACTOR)
         )
         # staged storage (`storage.type: staged`): completed segments are SEALED once uploaded
         self.uploads: SegmentUploads | None = (
@@ -69,7 +76,18 @@ class Ensemble:
     def calls_through(self, transport: LogStoreTransport) -> LogStoreTransport:
         """`transport`'s calls made on the senders, with the deadline (as `calls` makes the
         ensemble's transport of the moment)."""
-        return NodeCalls(lambda: transport, self.sender, self.deadline_s * SCAN_DEADLINE_FACTOR)
+        return self._fallback(
+            NodeCalls(lambda: transport, self.sender, self.deadline_s * SCAN_DEADLINE_FACTOR)
+        )
+
+    def _fallback(self, calls: LogStoreTransport) -> LogStoreTransport:
+        if self._sealed is None:
+            return calls
+        return SealedFallback(calls, self._sealed, self._served_sealed)
+
+    def _served_sealed(self) -> None:
+        with self._lock:
+            self.sealed_reads += 1
 
     def _watch(self) -> float:
         """On the timer thread: read the registry again, off it (a metadata call may block)."""
@@ -152,4 +170,6 @@ class Ensemble:
         self.scheduler.close(timeout)
         for sender in senders:
             sender.close(timeout)
+        if self._sealed is not None:
+            self._sealed.close()
         self.transport.close()
