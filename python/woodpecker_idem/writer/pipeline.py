@@ -121,6 +121,7 @@ class Pipeline:
             self,
             meta=self._meta,
             transport=ctx.calls,
+            uploads=ctx.ensemble.uploads,
             dedup=dedup,
             maint=self._maint,
             stopping=self._stopping,
