@@ -1,4 +1,4 @@
-"""Configuration: one table of keys (README.md) and a frozen `Config` built from it.
+"""Configuration: one table of keys (docs/operations.md) and a frozen `Config` built from it.
 
 Why one table: defaults, validation, environment parsing, error messages and the docs all read
 `KEYS`, so a key cannot be documented one way and validated another. Units are in the key names
@@ -169,15 +169,6 @@ def _choice_hint(value: object, choices: tuple[Any, ...]) -> str:
 _SSE_NAMES = {"sse-s3": "AES256", "sse-kms": "aws:kms"}
 
 
-def _check_storage_type(value: object) -> None:
-    if value == "staged":  # a mode of the design, refused by name until it is built
-        raise _Invalid(
-            "'object': staged storage (active segments on a node's disk, uploaded when sealed) "
-            "is still to come with service mode; use 'object' (the default: the nodes, in "
-            "process or `logstore serve` processes, keep segments in the object store)"
-        )
-
-
 def _check_sse(value: str | None) -> None:
     if isinstance(value, str) and value.lower() in _SSE_NAMES:
         raise _Invalid(
@@ -303,9 +294,23 @@ KEYS: tuple[Key, ...] = (
         "storage.type",
         "choice",
         "object",
-        "LogStore mode (staged storage, a part of service mode, is not built yet)",
-        choices=("object",),
-        check=_check_storage_type,
+        "LogStore mode: object (nodes keep segments in the object store) or staged (a node keeps "
+        "the segments it holds on its local disk, storage.staged_dir, and uploads each one to "
+        "the object store when it completes; the segment is SEALED once uploaded)",
+        choices=("object", "staged"),
+    ),
+    _opt(
+        "storage.staged_dir",
+        "staged: a node's local directory for the segments it holds (node N under "
+        "<staged_dir>/<store id>/N); required by `logstore serve`; null in process: "
+        "<data_dir>/staged",
+    ),
+    _secs(
+        "storage.staged_grace_s",
+        60,
+        _DAY_S,
+        "staged: how long a node keeps its local copy of a segment once it is SEALED (readers "
+        "reading it there finish); then it is read from the object store",
     ),
     Key(
         "storage.fsync",
@@ -811,6 +816,7 @@ _BACKEND_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
             "objectstore.retry_budget_s",
         ),
     },
+    "storage.type": {"staged": ("storage.staged_dir", "storage.staged_grace_s")},
     "quorum.nodes": {
         "registry": ("quorum.tls_ca_cert", "quorum.tls_client_cert", "quorum.tls_client_key"),
     },

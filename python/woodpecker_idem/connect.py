@@ -16,14 +16,16 @@ from .client.log import LogHandle
 from .clock import SYSTEM_CLOCK, Clock
 from .config import Config, load_config, parse_fsync
 from .ensemble import Ensemble
-from .errors import InvalidArgumentError, InvalidTypeError, StorageReadOnlyError
+from .errors import ConfigError, InvalidArgumentError, InvalidTypeError, StorageReadOnlyError
 from .idempotency.stage import WindowStage
 from .logstore.engine import LogStoreEngine
-from .logstore.segment_files import segment_storage
+from .logstore.segment_files import FileSegmentStorage, segment_storage
+from .logstore.staged import SEALED_PREFIX, StagedSegmentStorage
 from .logstore.transport import InProcessTransport, LogStoreTransport
 from .meta import MetadataStore, NodeInfo, open_metadata_store
 from .objectstore import ObjectStore, open_object_store
 from .objectstore.owner import check_binding, claim_root, objects_location
+from .types import SegmentState
 from .writer.api import IdempotentLogWriter, LogWriter
 
 DEFAULT_DATA_DIR = "./woodpecker-data"
@@ -160,7 +162,7 @@ def connect(
 
     `transport` replaces the in-process LogStore nodes (tests inject faults this way).
     """
-    cfg = _config(config)  # refuses what is not available yet (storage.type: staged)
+    cfg = _config(config)
     root = _data_dir(DEFAULT_DATA_DIR if data_dir is None else data_dir)
     try:
         meta, objects = _open_stores(cfg, root)
@@ -178,14 +180,27 @@ def connect(
         if q.tls_ca_cert is not None or q.tls_client_cert is not None:
             tls = Tls(q.tls_ca_cert, q.tls_client_cert, q.tls_client_key)
         remote = GrpcTransport({}, timeout_s=deadline_s, tls=tls)
-        ensemble = Ensemble(remote, deadline_s=deadline_s, registry=meta, on_nodes=remote.set_nodes)
+        ensemble = Ensemble(
+            remote,
+            deadline_s=deadline_s,
+            registry=meta,
+            on_nodes=remote.set_nodes,
+            staged=cfg.storage.type == "staged",
+            sealed_store=_sealed_store(cfg, objects),
+        )
         ensemble.directory.live()  # the nodes known before the first call (then watched)
         return WoodpeckerClient(
             cfg, root, clock or SYSTEM_CLOCK, meta, objects, ensemble, open_writer
         )
     if transport is None:
         es = cfg.quorum.es
-        if es == 1:
+        if cfg.storage.type == "staged":
+            staged = Path(cfg.storage.staged_dir) if cfg.storage.staged_dir else root / "staged"
+            engines = {
+                f"node-{i}": _staged_engine(cfg, staged, meta, objects, f"node-{i}")
+                for i in range(es)
+            }
+        elif es == 1:
             engines = {"node-0": _engine(cfg, objects, "node-0")}
         else:
             engines = {
@@ -195,7 +210,12 @@ def connect(
         transport = InProcessTransport(engines)
         for node_id in engines:
             meta.register_node(NodeInfo(node_id, f"inproc://{node_id}"))
-    ensemble = Ensemble(transport, deadline_s=deadline_s)
+    ensemble = Ensemble(
+        transport,
+        deadline_s=deadline_s,
+        staged=cfg.storage.type == "staged",
+        sealed_store=_sealed_store(cfg, objects),
+    )
     return WoodpeckerClient(cfg, root, clock or SYSTEM_CLOCK, meta, objects, ensemble, open_writer)
 
 
@@ -210,6 +230,36 @@ def _engine(cfg: Config, objects: ObjectStore, node_id: str) -> LogStoreEngine:
     return LogStoreEngine(storage, node_id)
 
 
+def _sealed_store(cfg: Config, objects: ObjectStore) -> ObjectStore | None:
+    """Staged storage: where uploaded segments live (every node's, and the client's reads)."""
+    return objects.child(SEALED_PREFIX) if cfg.storage.type == "staged" else None
+
+
+def _staged_engine(
+    cfg: Config, staged_dir: Path, meta: MetadataStore, objects: ObjectStore, node_id: str
+) -> LogStoreEngine:
+    """A staged-storage node (`storage.type: staged`): the segments it holds as local files under
+    `staged_dir/{store id}/{node_id}` with the `storage.fsync` policy, sealed ones under
+    `sealed/` of the store's objects (shared by every node: any node reads them), and a sweeper
+    dropping the local copy of a segment once the metadata says SEALED for
+    `storage.staged_grace_s`."""
+    policy = parse_fsync(cfg.storage.fsync)
+    local = FileSegmentStorage(
+        staged_dir / meta.store_id() / node_id,
+        fsync=policy.mode != "never",
+        sync_interval_ms=policy.batch_ms if policy.mode == "batch" else 0,
+    )
+    storage = StagedSegmentStorage(local, objects.child(SEALED_PREFIX))
+    engine = LogStoreEngine(storage, node_id)
+
+    def is_sealed(log_id: int, segment_id: int) -> bool:
+        seg = meta.get_segment(log_id, segment_id)
+        return seg is not None and seg.state is SegmentState.SEALED
+
+    storage.start_sweeper(engine.drop_local, is_sealed, cfg.storage.staged_grace_s)
+    return engine
+
+
 def open_node(
     config: Config | Mapping[str, Any] | str | os.PathLike | None,
     data_dir: str | os.PathLike | None,
@@ -219,9 +269,24 @@ def open_node(
     engine over `nodes/{node_id}/` of the store's objects (where the in-process nodes of an es > 1
     client keep theirs), and the metadata store it registers in. Close both stores when done."""
     cfg = _config(config)
+    if cfg.storage.type == "staged" and not cfg.storage.staged_dir:
+        raise ConfigError(
+            "invalid config storage.staged_dir = None: a LogStore node with storage.type staged "
+            "keeps the segments it holds in a local directory; set storage.staged_dir to one "
+            "on the node's own disk (the node's files go under <staged_dir>/<store id>/<node id>)"
+        )
     root = _data_dir(DEFAULT_DATA_DIR if data_dir is None else data_dir)
     meta, objects = _open_stores(cfg, root)
-    return _engine(cfg, objects.child(f"nodes/{node_id}"), node_id), meta, objects
+    try:
+        if cfg.storage.type == "staged":
+            engine = _staged_engine(cfg, Path(cfg.storage.staged_dir), meta, objects, node_id)
+        else:
+            engine = _engine(cfg, objects.child(f"nodes/{node_id}"), node_id)
+    except BaseException:
+        meta.close()
+        objects.close()
+        raise
+    return engine, meta, objects
 
 
 def open_writer(

@@ -376,6 +376,19 @@ impl SlotIndex {
         debug_assert_eq!(n, self.len);
     }
 
+    /// Index `entries` (hash, slot) into this empty index, grown to hold them. Given in hash
+    /// order (homes ascending: [`sort_by_home`]), each insert walks cells the ones before it have
+    /// just written, so the table fills front to back instead of at a cache miss per key. Any
+    /// order is correct; only the speed depends on it.
+    pub fn fill(&mut self, entries: &[(u64, u32)], hash_of: &impl Fn(u32) -> u64) {
+        debug_assert_eq!(self.len, 0, "fill is for an empty index");
+        let cells = self
+            .reserve_cells(entries.len())
+            .unwrap_or(self.cells.len());
+        self.len = entries.len();
+        self.rebuild(cells, entries.iter().map(|&(h, s)| (s, h)), hash_of);
+    }
+
     /// Room for `additional` more entries (at most `max_len` in all) in one resize (of the size
     /// [`SlotIndex::reserve_cells`] says).
     pub fn try_reserve(
@@ -448,6 +461,48 @@ impl SlotIndex {
         }
     }
 }
+
+/// Sort (hash, slot) pairs by hash, as [`SlotIndex::fill`] wants them: a stable LSD radix sort
+/// on the top [`SORT_BITS`] bits (homes are the high bits of the hash: that alone puts each key
+/// within a few cells of the one before it at millions of keys), then each run that shares those
+/// bits by the whole hash, so equal hashes end up next to each other. Two sequential passes
+/// instead of a comparison sort's n log n.
+pub fn sort_by_home(v: &mut Vec<(u64, u32)>) {
+    const DIGIT: u32 = 11;
+    const BUCKETS: usize = 1 << DIGIT;
+    let mut buf = vec![(0u64, 0u32); v.len()];
+    for pass in 0..SORT_BITS / DIGIT {
+        let shift = 64 - SORT_BITS + pass * DIGIT;
+        let digit = |h: u64| ((h >> shift) as usize) & (BUCKETS - 1);
+        let mut next = vec![0usize; BUCKETS];
+        for &(h, _) in v.iter() {
+            if let Some(c) = next.get_mut(digit(h)) {
+                *c += 1;
+            }
+        }
+        let mut sum = 0;
+        for c in next.iter_mut() {
+            (*c, sum) = (sum, sum + *c);
+        }
+        for &e in v.iter() {
+            if let Some(c) = next.get_mut(digit(e.0)) {
+                if let Some(dst) = buf.get_mut(*c) {
+                    *dst = e;
+                }
+                *c += 1;
+            }
+        }
+        std::mem::swap(v, &mut buf);
+    }
+    for run in v.chunk_by_mut(|a, b| a.0 >> (64 - SORT_BITS) == b.0 >> (64 - SORT_BITS)) {
+        if run.len() > 1 {
+            run.sort_unstable();
+        }
+    }
+}
+
+/// The high hash bits [`sort_by_home`] sorts on by radix (a multiple of its 11-bit digit).
+const SORT_BITS: u32 = 22;
 
 #[cfg(test)]
 mod tests {

@@ -1,4 +1,4 @@
-"""connect() honours the deployment keys it supports and refuses the ones that come later."""
+"""connect() honours the deployment keys it supports and refuses what a deployment lacks."""
 
 from __future__ import annotations
 
@@ -8,9 +8,13 @@ import woodpecker_idem as wp
 from woodpecker_idem.errors import ConfigError
 
 
-def test_staged_storage_is_refused_clearly(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="storage.type"):
-        wp.connect(tmp_path / "a", {"storage.type": "staged"})
+def test_a_staged_node_without_its_local_directory_is_refused_clearly(tmp_path) -> None:
+    from woodpecker_idem.connect import open_node
+
+    with pytest.raises(ConfigError, match="storage.staged_dir") as info:
+        open_node({"storage.type": "staged"}, tmp_path / "a", "n0")
+    assert "local directory" in str(info.value)
+    assert not (tmp_path / "a").exists()  # refused before anything was opened or written
 
 
 @pytest.mark.parametrize(("policy", "fsync"), [("always", True), ("never", False)])

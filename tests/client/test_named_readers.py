@@ -7,17 +7,13 @@ process (support/consumerproc.py)."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from drain import Drain
+from killable import KillableChild
 
 import woodpecker_idem as wp
 from woodpecker_idem.clock import ManualClock
@@ -34,11 +30,6 @@ from woodpecker_idem.types import LogMessageId, SegmentState
 
 S = 1000
 T0 = 1_700_000_000_000
-CONSUMER = Path(__file__).resolve().parent.parent / "support" / "consumerproc.py"
-# the package the tests run (the installed wheel, not python/ of the checkout: it has no _core)
-PYTHONPATH = os.pathsep.join(
-    [str(Path(wp.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
-)
 BOTH = pytest.mark.parametrize("meta_config", ["sqlite", "etcd"], indirect=True)
 
 
@@ -346,58 +337,13 @@ def test_a_reader_of_a_dropped_segment_never_loops_on_a_retriable_error(
 # --- a consumer SIGKILLed at random points -------------------------------------------------------
 
 
-class Consumer:
+def consumer(
+    data_dir: Path, out: Path, commit_every: int, config: dict[str, Any], asynchronous: bool
+) -> KillableChild:
     """support/consumerproc.py in a child process, stopped by PID on every way out."""
-
-    def __init__(
-        self,
-        data_dir: Path,
-        out: Path,
-        commit_every: int,
-        config: dict[str, Any],
-        asynchronous: bool,
-    ):
-        self.out = out
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(CONSUMER),
-                str(data_dir),
-                "orders",
-                "billing",
-                str(out),
-                str(commit_every),
-                "--config",
-                json.dumps(config),
-                *(["--async-commits"] if asynchronous else []),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=dict(os.environ, PYTHONPATH=PYTHONPATH),
-        )
-        self._stderr = Drain(self.proc.stderr)
-
-    def lines(self) -> list[str]:
-        return self.out.read_text().splitlines() if self.out.exists() else []
-
-    def run_until(self, processed: int) -> bool:
-        """Until the child has processed `processed` entries (then SIGKILL: True) or ended by
-        itself (False)."""
-        deadline = time.monotonic() + 120  # a guard against a hang, not a timing claim
-        while self.proc.poll() is None:
-            if sum(ln.startswith("P ") for ln in self.lines()) >= processed:
-                self.stop()
-                return True
-            assert time.monotonic() < deadline, f"consumer stuck: {self._stderr.text()[-2000:]}"
-            time.sleep(0.002)
-        assert self.proc.returncode == 0, self._stderr.text()[-3000:]
-        return False
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(30)
-        self._stderr.close()
+    args = [str(data_dir), "orders", "billing", str(out), str(commit_every)]
+    args += ["--config", json.dumps(config), *(["--async-commits"] if asynchronous else [])]
+    return KillableChild("consumerproc.py", out, args)
 
 
 def _ids(lines: list[str], tag: str) -> list[LogMessageId]:
@@ -412,7 +358,7 @@ def _kill_rounds(
     log = client.create_log("orders")
     all_ids = fill(log, 60 * rounds + 300)
     rng = random.Random(seed)
-    consumers: list[Consumer] = []
+    consumers: list[KillableChild] = []
 
     def first_at_or_after(pos: LogMessageId) -> int:
         return next((i for i, mid in enumerate(all_ids) if mid >= pos), len(all_ids))
@@ -422,7 +368,7 @@ def _kill_rounds(
         done: list[LogMessageId] = []  # what the rounds processed, in order
         for n in range(rounds + 1):
             out = tmp_path / f"round-{n}.txt"
-            c = Consumer(tmp_path, out, rng.choice([1, 7, 50]), config, rng.random() < 0.3)
+            c = consumer(tmp_path, out, rng.choice([1, 7, 50]), config, rng.random() < 0.3)
             consumers.append(c)
             killed = c.run_until(rng.randrange(0, 120)) if n < rounds else c.run_until(10**9)
             lines = c.lines()

@@ -8,11 +8,7 @@ holds each source entry's results exactly once, judged on the entries its nodes 
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -21,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drain import Drain
 from gate import gate
+from killable import KillableChild
 from processorproc import results as child_results
 
 import woodpecker_idem as wp
@@ -47,11 +43,6 @@ from woodpecker_idem.testing import read_stored
 from woodpecker_idem.types import LogMessage, LogMessageId, WriteMessage, WriteResult
 
 T0 = 1_700_000_000_000
-CHILD = Path(__file__).resolve().parent.parent / "support" / "processorproc.py"
-# the package the tests run (the installed wheel, not python/ of the checkout: it has no _core)
-PYTHONPATH = os.pathsep.join(
-    [str(Path(wp.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
-)
 BOTH = pytest.mark.parametrize("meta_config", ["sqlite", "etcd"], indirect=True)
 
 
@@ -529,63 +520,21 @@ def test_a_second_processor_of_the_name_fences_the_first(tmp_path: Path, wp_conn
 # --- a processor SIGKILLed at random points -----------------------------------------------------
 
 
-class Child:
+def processor_child(
+    data_dir: Path,
+    out: Path,
+    commit_every: int,
+    max_in_flight: int,
+    config: dict[str, Any],
+    window_s: float | None,
+    add_delay_ms: int,
+) -> KillableChild:
     """support/processorproc.py in a child process, stopped by PID on every way out."""
-
-    def __init__(
-        self,
-        data_dir: Path,
-        out: Path,
-        commit_every: int,
-        max_in_flight: int,
-        config: dict[str, Any],
-        window_s: float | None,
-        add_delay_ms: int,
-    ):
-        self.out = out
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(CHILD),
-                str(data_dir),
-                "orders",
-                "invoices",
-                "billing",
-                str(out),
-                str(commit_every),
-                str(max_in_flight),
-                "--config",
-                json.dumps(config),
-                *(["--window-s", str(window_s)] if window_s is not None else []),
-                *(["--add-delay-ms", str(add_delay_ms)] if add_delay_ms else []),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=dict(os.environ, PYTHONPATH=PYTHONPATH),
-        )
-        self._stderr = Drain(self.proc.stderr)
-
-    def lines(self) -> list[str]:
-        return self.out.read_text().splitlines() if self.out.exists() else []
-
-    def run_until(self, processed: int) -> bool:
-        """Until fn was called `processed` times (then SIGKILL: True) or the child ended by
-        itself (False)."""
-        deadline = time.monotonic() + 120  # a guard against a hang, not a timing claim
-        while self.proc.poll() is None:
-            if sum(ln.startswith("P ") for ln in self.lines()) >= processed:
-                self.stop()
-                return True
-            assert time.monotonic() < deadline, f"processor stuck: {self._stderr.text()[-2000:]}"
-            time.sleep(0.002)
-        assert self.proc.returncode == 0, self._stderr.text()[-3000:]
-        return False
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(30)
-        self._stderr.close()
+    args = [str(data_dir), "orders", "invoices", "billing", str(out), str(commit_every)]
+    args += [str(max_in_flight), "--config", json.dumps(config)]
+    args += ["--window-s", str(window_s)] if window_s is not None else []
+    args += ["--add-delay-ms", str(add_delay_ms)] if add_delay_ms else []
+    return KillableChild("processorproc.py", out, args)
 
 
 def _kill_rounds(
@@ -602,10 +551,10 @@ def _kill_rounds(
     n = 40 * rounds + 200
     ids = fill(source, n)
     rng = random.Random(seed)
-    children: list[Child] = []
+    children: list[KillableChild] = []
     try:
         for r in range(rounds + 1):
-            child = Child(
+            child = processor_child(
                 tmp_path,
                 tmp_path / f"round-{r}.txt",
                 rng.choice([1, 7, 50, 1000]),

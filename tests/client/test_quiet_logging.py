@@ -1,6 +1,6 @@
 """Quiet logging (issue 22 item 4): the package logger has a NullHandler, so an application that set
 up no logging sees nothing on stderr, even when a writer is fenced; one that did sees the records.
-Also `client.store_id()`, which the README names (issue 22 item 5)."""
+Also `client.store_id()`, which docs/operations.md names (issue 22 item 5)."""
 
 from __future__ import annotations
 

@@ -154,8 +154,8 @@ def test_config_without_data_dir_must_name_shared_stores(
 def test_store_options_before_the_command(
     store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`woodpecker-idem --data-dir DIR logs` (the order of the README) is the same command as
-    `woodpecker-idem logs --data-dir DIR`; issue 29: it was "invalid choice"."""
+    """`woodpecker-idem --data-dir DIR logs` (the order docs/operations.md shows first) is the
+    same command as `woodpecker-idem logs --data-dir DIR`; issue 29: it was "invalid choice"."""
     write_orders(store)
     after = run(capsys, "logs", *store.args, "--json")
     before = run(capsys, *store.args, "logs", "--json")

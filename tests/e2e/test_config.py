@@ -55,6 +55,8 @@ def test_defaults_match_the_design_table() -> None:
         "retention.max_bytes": 0,
         "retention.check_interval_s": 60,
         "storage.type": "object",
+        "storage.staged_dir": None,
+        "storage.staged_grace_s": 60,
         "storage.fsync": "always",
         "objectstore.type": "local",
         "objectstore.path": None,
@@ -249,8 +251,8 @@ def test_with_overrides() -> None:
         ("idempotency.snapshots_kept", 0, "1..100"),
         ("quorum.es", 2, "1, 3, 5"),
         ("quorum.es", "3", "1, 3, 5"),
-        ("storage.type", "disk", "one of object"),
-        ("storage.type", None, "one of object"),
+        ("storage.type", "disk", "one of object, staged"),
+        ("storage.type", None, "one of object, staged"),
         ("storage.fsync", "sometimes", "batch_ms:N"),
         ("storage.fsync", "batch_ms:0", "batch_ms:N"),
         ("storage.fsync", "batch_ms:x", "batch_ms:N"),
@@ -381,18 +383,22 @@ def test_es_default_is_one_with_either_metadata_backend() -> None:
     [
         lambda: load_config(env={"WOODPECKER_STORAGE_TYPE": "staged"}),
         lambda: Config().with_overrides({"storage.type": "staged"}),
-        lambda: check_value("storage.type", "staged"),
     ],
-    ids=["env", "overrides", "check_value"],
+    ids=["env", "overrides"],
 )
-def test_staged_storage_is_refused_by_the_config_naming_service_mode(load) -> None:
-    """Staged storage is a mode of the design that service mode will build: the config refuses
-    it wherever it comes from, saying so and what to use instead (not a connect() much later)."""
+def test_staged_storage_is_a_storage_type_with_its_own_keys(load) -> None:
+    cfg = load()
+    assert cfg.storage.type == "staged"
+    assert check_value("storage.type", "staged") == "staged"
+    staged = cfg.with_overrides({"storage.staged_dir": "/d", "storage.staged_grace_s": 0.5})
+    assert staged.storage.staged_dir == "/d" and staged.storage.staged_grace_s == 0.5
+
+
+def test_the_staged_keys_are_refused_with_object_storage() -> None:
+    """They would do nothing there: the message names the key that picks the mode."""
     with pytest.raises(ConfigError) as info:
-        load()
-    text = str(info.value)
-    assert "storage.type = 'staged'" in text
-    assert "service mode" in text and "use 'object'" in text
+        Config.from_dict({"storage.staged_dir": "/d"})
+    assert "storage.staged_dir" in str(info.value) and "storage.type" in str(info.value)
 
 
 def test_yaml_file(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""The README stays true: its config table is the one generated from config.KEYS, and its two
-set-up commands are the scripts CI runs (the slow profile is the same script with `-m slow`)."""
+"""The README and docs stay true: the config table (docs/operations.md, "Configuration") is the one
+generated from config.KEYS, and the README's two set-up commands are the scripts CI runs (the slow
+profile is the same script with `-m slow`)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,17 @@ from woodpecker_idem.config import config_table_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+OPERATIONS = ROOT / "docs" / "operations.md"  # where the config table lives
 
 
 def test_config_table_is_generated_from_keys() -> None:
-    text = README.read_text()
+    text = OPERATIONS.read_text()
     start = text.index("<!-- config-table:start -->") + len("<!-- config-table:start -->")
     end = text.index("<!-- config-table:end -->")
-    assert text[start:end].strip() == config_table_markdown().strip()
+    assert text[start:end].strip() == config_table_markdown().strip(), (
+        "docs/operations.md's config table is stale: paste the output of python -c 'from "
+        "woodpecker_idem.config import config_table_markdown as t; print(t())' between its markers"
+    )
 
 
 def test_setup_commands_are_the_scripts_ci_runs() -> None:
@@ -30,6 +35,38 @@ def test_setup_commands_are_the_scripts_ci_runs() -> None:
     ]
     assert commands == ["./scripts/demo", "./scripts/test", "./scripts/test -m slow"]
     assert "./scripts/test" in (ROOT / ".ci" / "run").read_text()
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading + "\n") + len(heading) + 1
+    end = text.find("\n## ", start)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def test_the_readme_quotes_each_figure_once_with_its_run() -> None:
+    """Issue 32 item 6: one table of figures, each row linking to the run and the command behind
+    it in benches/README.md (the link test below checks that the section exists), each figure one
+    number: the spread between runs and their history belong in benches/README.md."""
+    text = README.read_text()
+    table = [
+        line
+        for line in _section(text, "## What to expect: latency and throughput").splitlines()
+        if line.startswith("| ") and not line.startswith("| call |")
+    ]
+    assert len(table) >= 5, "the figures table is missing"
+    for row in table:
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        assert len(cells) == 3, f"not a row of call | figure | run: {row}"
+        _call, figure, run = cells
+        assert "](benches/README.md#" in run, f"no link to its run: {row}"
+        assert not re.search(r"\d\s?[-–]\s?\d", figure), f"a range, not a figure: {row}"
+
+
+def test_the_readme_stays_a_guide() -> None:
+    """The README is read as a guide (what it is, how to start, what to expect, where to read
+    more); reference material goes to docs/ (issue 32 item 6: it had grown to 6,700 words)."""
+    words = len(README.read_text().split())
+    assert words <= 2500, f"README.md has {words} words; move reference material to docs/"
 
 
 # --- links: every relative link in the README and docs/ resolves inside the repository --------

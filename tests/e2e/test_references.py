@@ -30,7 +30,7 @@ ELSEWHERE = {
     "wp_bench_naive_snapshot.proto",  # written by benches/bench_core.py at run time
     "user_code.py",  # written by tests/e2e/test_typing.py at run time
     "test_probe.py",  # written by tests/e2e/test_harness.py at run time
-    "job.py",  # the user's own Spark job in the README's spark-submit example
+    "job.py",  # the user's own Spark job in docs/operations.md's spark-submit example
 }
 # files whose text names missing files on purpose (the self-tests of these rules)
 EXAMPLES = {"tests/e2e/test_references.py", "tests/e2e/test_readme.py"}

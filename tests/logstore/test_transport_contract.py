@@ -17,14 +17,18 @@ import pytest
 from woodpecker_idem._core import encode_entry
 from woodpecker_idem.errors import (
     EntryConflictError,
+    InvalidArgumentError,
     NodeUnavailableError,
     SegmentFencedError,
+    StorageUnavailableError,
     by_code,
 )
+from woodpecker_idem.logstore import staged as staged_module
 from woodpecker_idem.logstore.blocks import decode_entry
 from woodpecker_idem.logstore.engine import LogStoreEngine
 from woodpecker_idem.logstore.remote import GrpcTransport, LogStoreServer
-from woodpecker_idem.logstore.segment_files import segment_storage
+from woodpecker_idem.logstore.segment_files import FileSegmentStorage, segment_storage
+from woodpecker_idem.logstore.staged import StagedSegmentStorage
 from woodpecker_idem.logstore.transport import InProcessTransport, LogStoreTransport
 from woodpecker_idem.objectstore.local import LocalObjectStore
 
@@ -250,3 +254,131 @@ def test_a_tls_node_serves_only_clients_that_trust_it_and_show_a_certificate(tmp
         for client in clients.values():
             client.close()
         server.stop(0)
+
+
+# --- staged storage: SealSegment ------------------------------------------------------------------
+
+
+def _staged_engine(tmp_path: Path, node: str = NODE) -> tuple[LogStoreEngine, StagedSegmentStorage]:
+    local = FileSegmentStorage(tmp_path / "staged" / node, fsync=False)
+    storage = StagedSegmentStorage(local, LocalObjectStore(tmp_path / "objects", fsync=False))
+    return LogStoreEngine(storage, node), storage
+
+
+@pytest.fixture(params=["in-process", "grpc"])
+def staged(request, tmp_path: Path) -> Iterator[tuple[LogStoreTransport, StagedSegmentStorage]]:
+    engine, storage = _staged_engine(tmp_path)
+    if request.param == "in-process":
+        yield InProcessTransport({NODE: engine}), storage
+        engine.close()
+        return
+    server = LogStoreServer(engine).start()
+    remote = GrpcTransport({NODE: server.address}, timeout_s=10)
+    try:
+        yield remote, storage
+    finally:
+        remote.close()
+        server.stop(0)
+        engine.close()
+
+
+def _sealed_reader(tmp_path: Path) -> LogStoreEngine:
+    """A node of its own over the sealed objects only: what object storage holds, and nothing
+    any staged node keeps locally."""
+    return LogStoreEngine(LocalObjectStore(tmp_path / "objects", fsync=False), "reader")
+
+
+def test_seal_segment_uploads_blocks_then_the_footer_and_a_retry_changes_nothing(
+    staged, tmp_path: Path, monkeypatch
+):
+    transport, storage = staged
+    monkeypatch.setattr(staged_module, "UPLOAD_BLOCK_ENTRIES", 4)  # several blocks
+    transport.add_entries(NODE, LOG, SEG, 0, frame(0, 5))
+    transport.add_entries(NODE, LOG, SEG, 6, frame(6, 9))
+    sealed = transport.seal_segment(NODE, LOG, SEG, 8)  # the end the client decided
+    assert sealed.last_entry_id == 8
+    assert sealed.block_keys == (f"{LOG}/{SEG}/0.blk", f"{LOG}/{SEG}/1.blk", f"{LOG}/{SEG}/2.blk")
+    assert sealed.footer_key == f"{LOG}/{SEG}/footer"
+    assert sealed.blocks == ((0, 0, 3), (1, 4, 7), (2, 8, 8))
+    assert transport.completed_end(NODE, LOG, SEG) == 8  # completed as Complete does
+    with pytest.raises(SegmentFencedError):
+        transport.add_entries(NODE, LOG, SEG, 10, frame(10, 10))
+    before = {k: storage.sealed_store.get(k) for k in storage.sealed_store.list(f"{LOG}/")}
+    assert transport.seal_segment(NODE, LOG, SEG, 8) == sealed  # a retry: the same objects
+    after = {k: storage.sealed_store.get(k) for k in storage.sealed_store.list(f"{LOG}/")}
+    assert after == before
+    reader = _sealed_reader(tmp_path)
+    assert payloads(reader.read(LOG, SEG, 0, 100)) == [b"payload-%d" % i for i in range(9)]
+
+
+def test_seal_segment_at_another_end_than_the_completed_one_is_a_conflict(staged):
+    transport, _ = staged
+    transport.add_entries(NODE, LOG, SEG, 0, frame(0, 5))
+    transport.complete(NODE, LOG, SEG, 3)
+    with pytest.raises(EntryConflictError) as conflict:
+        transport.seal_segment(NODE, LOG, SEG, 5)
+    assert not conflict.value.retriable
+
+
+def test_a_node_lacking_entries_up_to_the_end_refuses_to_seal_and_writes_nothing(staged):
+    transport, storage = staged
+    transport.add_entries(NODE, LOG, SEG, 0, frame(0, 2))
+    with pytest.raises(SegmentFencedError, match="another node"):
+        transport.seal_segment(NODE, LOG, SEG, 5)
+    assert storage.sealed_store.list(f"{LOG}/") == []
+    assert transport.completed_end(NODE, LOG, SEG) is None  # not completed at an end it lacks
+
+
+def test_a_dropped_local_copy_is_read_from_object_storage(staged):
+    transport, storage = staged
+    transport.add_entries(NODE, LOG, SEG, 0, frame(0, 9))
+    with pytest.raises(StorageUnavailableError):  # not uploaded: the local copy is kept
+        storage.drop_local(LOG, SEG)
+    transport.seal_segment(NODE, LOG, SEG, 9)
+    engine = transport.engines[NODE] if isinstance(transport, InProcessTransport) else None
+    if engine is not None:
+        engine.drop_local(LOG, SEG)
+    else:  # the node process's own call (its sweeper's), made here on the engine it serves
+        storage.drop_local(LOG, SEG)
+    seg_dir = Path(storage.local.segment_dir(LOG, SEG))
+    assert sorted(p.name for p in seg_dir.iterdir()) == ["sealed"]  # the tombstone only
+    assert payloads(transport.raw_read(NODE, LOG, SEG, 0, 100)) == [
+        b"payload-%d" % i for i in range(10)
+    ]
+    assert transport.completed_end(NODE, LOG, SEG) == 9
+    transport.delete_segment(NODE, LOG, SEG)
+    assert storage.sealed_store.list(f"{LOG}/") == [] and not seg_dir.exists()
+
+
+def test_another_nodes_upload_of_the_same_segment_writes_the_same_objects(tmp_path: Path):
+    """Two replicas that got the entries in other batches (a resend, a recovery copy) upload
+    the same bytes: the second upload, after the first stopped halfway (its footer missing),
+    finds every block it puts already there and identical, and completes it."""
+    a, a_storage = _staged_engine(tmp_path, "a")
+    b, _ = _staged_engine(tmp_path, "b")
+    a.add_entries(LOG, SEG, 0, frame(0, 9))
+    for i in range(10):
+        b.add_entries(LOG, SEG, i, frame(i, i))
+    first = a.seal_segment(LOG, SEG, 9)
+    a_storage.sealed_store.delete(first.footer_key)  # a died before its footer
+    second = b.seal_segment(LOG, SEG, 9)
+    assert second == first
+    reader = _sealed_reader(tmp_path)
+    assert payloads(reader.read(LOG, SEG, 0, 100)) == [b"payload-%d" % i for i in range(10)]
+
+
+def test_a_node_on_object_storage_refuses_seal_segment_by_name(transport):
+    transport.add_entries(NODE, LOG, SEG, 0, frame(0, 1))
+    with pytest.raises(InvalidArgumentError, match="staged"):
+        transport.seal_segment(NODE, LOG, SEG, 1)
+
+
+def test_a_node_completed_short_of_the_end_refuses_to_seal_and_writes_nothing(staged):
+    """Completed at 5 while its last batch was on the way: it holds 0..3 only, and must not
+    upload a copy that ends early (another node's upload would then meet other blocks)."""
+    transport, storage = staged
+    transport.add_entries(NODE, LOG, SEG, 0, frame(0, 3))
+    transport.complete(NODE, LOG, SEG, 5)
+    with pytest.raises(SegmentFencedError, match="another node"):
+        transport.seal_segment(NODE, LOG, SEG, 5)
+    assert storage.sealed_store.list(f"{LOG}/") == []

@@ -7,7 +7,8 @@ writes `DIR/woodpecker.yaml` (for `connect(config=...)` and the Spark options) a
 `DIR/cluster.json` (what it started). `status` says which of them still run (`--json`:
 `{"nodes": [{"node_id", "pid", "address"}, ...], "etcd": {"pid", "endpoint"}, "s3": {"pid",
 "endpoint"}}`, each with `"alive"`). `down` stops what `up` started, by PID (SIGTERM, then
-SIGKILL after a few seconds), nodes first.
+SIGKILL after a few seconds), nodes first. `up --storage staged` gives the nodes staged storage
+(`storage.type: staged`, their local segment files under DIR/staged).
 """
 
 from __future__ import annotations
@@ -66,6 +67,15 @@ def add_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
         sub.add_argument("--dir", type=Path, required=True, metavar="DIR", help="the cluster's")
         if verb == "status":
             sub.add_argument("--json", action="store_true", help="print JSON instead of lines")
+        if verb == "up":
+            sub.add_argument(
+                "--storage",
+                choices=("object", "staged"),
+                default="object",
+                help="the nodes' storage.type: object (blocks straight to S3, the default) or "
+                "staged (each node keeps the segments it holds under DIR/staged and uploads "
+                "each one to S3 when it completes)",
+            )
         sub.add_argument("-v", "--verbose", action="store_true", help="log at INFO on stderr")
 
 
@@ -87,7 +97,7 @@ def up(args: argparse.Namespace) -> int:
         _write(root, state)
         state["s3"] = _s3(root)
         _write(root, state)
-        (root / CONFIG).write_text(_config(state))
+        (root / CONFIG).write_text(_config(state, root, getattr(args, "storage", "object")))
         for i in range(NODES):
             state["nodes"].append(_node(root, f"n{i}"))
             _write(root, state)
@@ -185,7 +195,8 @@ def _s3(root: Path) -> dict[str, Any]:
     return {"pid": proc.pid, "endpoint": endpoint}
 
 
-def _config(state: dict[str, Any]) -> str:
+def _config(state: dict[str, Any], root: Path, storage: str = "object") -> str:
+    staged = ["  type: staged", f"  staged_dir: {str(root / 'staged')!r}"]
     return "\n".join(
         [
             "# written by `woodpecker-idem cluster up`: service mode on this machine",
@@ -205,6 +216,7 @@ def _config(state: dict[str, Any]) -> str:
             "  create_bucket: true",
             "storage:",
             "  fsync: batch_ms:5",
+            *(staged if storage == "staged" else []),
             "",
         ]
     )

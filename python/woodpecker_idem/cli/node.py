@@ -7,8 +7,9 @@ node killed without deregistering drops out of the registry, and out of new segm
 TTL runs out; a node restarted with the same id registers again), and on SIGTERM (or SIGINT)
 stops taking calls, lets the calls under way finish (`--grace`), deregisters and exits 0.
 
-`--fault drop-replies:RATE` is a hidden, testing-only option (the fault tests' node that applies
-a write and drops its reply: `logstore/remote.py` `DropReplies`); no deployment sets it.
+`--fault drop-replies:RATE` and `--fault disk-full-after:N` are hidden, testing-only options (the
+fault tests' node that applies a write and drops its reply, and one whose disk fills up after N
+appends: `logstore/remote.py` `DropReplies`, `DiskFull`); no deployment sets them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from pathlib import Path
 
 from ..connect import open_node
 from ..errors import InvalidArgumentError
-from ..logstore.remote import DropReplies, LogStoreServer, Tls
+from ..logstore.engine import LogStoreEngine
+from ..logstore.remote import DiskFull, DropReplies, LogStoreServer, Tls, parse_fault
+from ..logstore.segment_files import FileSegmentStorage
+from ..logstore.staged import StagedSegmentStorage
 from ..meta import NodeInfo
 from ..meta.base import MIN_NODE_TTL_MS
 from .common import add_store_args
@@ -87,6 +91,18 @@ def add_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
     add_store_args(serve, json_output=False)
 
 
+def _fill_disk(engine: LogStoreEngine, fault: DiskFull) -> None:
+    """Put the disk-full fault on the node's local segment files (refused: no local files)."""
+    storage = engine.storage
+    local = storage.local if isinstance(storage, StagedSegmentStorage) else storage
+    if not isinstance(local, FileSegmentStorage):
+        raise InvalidArgumentError(
+            "--fault disk-full-after: this node keeps no local segment files (storage.type "
+            "staged, or objectstore.type local, has them)"
+        )
+    local.write_fault = fault.check
+
+
 def run(args: argparse.Namespace) -> int:
     tls = None
     if args.tls_cert or args.tls_key or args.tls_client_ca:
@@ -99,13 +115,16 @@ def run(args: argparse.Namespace) -> int:
             f"--registry-ttl must be at least {MIN_NODE_TTL_MS / 1000:g} seconds, "
             f"got {args.registry_ttl:g}"
         )
-    fault = None if args.fault is None else DropReplies.parse(args.fault, seed=args.node_id)
+    fault = None if args.fault is None else parse_fault(args.fault, seed=args.node_id)
     engine, meta, objects = open_node(args.config, args.data_dir, args.node_id)
+    if isinstance(fault, DiskFull):
+        _fill_disk(engine, fault)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        server = LogStoreServer(engine, args.listen, tls=tls, fault=fault)
+        drop = fault if isinstance(fault, DropReplies) else None
+        server = LogStoreServer(engine, args.listen, tls=tls, fault=drop)
         try:
             server.start()
             meta.register_node(NodeInfo(args.node_id, server.address, _now_ms()), ttl_ms)
@@ -118,8 +137,10 @@ def run(args: argparse.Namespace) -> int:
             stop.wait()
             server.stop(args.grace)  # drains: calls under way finish, new ones are refused
             meta.unregister_node(args.node_id)
-            if fault is not None:
+            if isinstance(fault, DropReplies):
                 sys.stderr.write(f"fault drop-replies: {fault.dropped} replies dropped\n")
+            elif isinstance(fault, DiskFull):
+                sys.stderr.write(f"fault disk-full: {fault.failed} appends refused\n")
             sys.stderr.write(f"LogStore node {args.node_id} stopped\n")
         finally:
             server.stop(0)

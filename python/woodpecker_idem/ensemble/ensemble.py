@@ -11,12 +11,15 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from ..errors import NodeUnavailableError, WoodpeckerError
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
+from ..objectstore.base import ObjectStore
 from ..types import SegmentState
 from .members import REFRESH_S, NodeDirectory
 from .placement import new_ensemble
 from .scheduler import Scheduler
+from .sealed import SealedFallback
 from .senders import NodeCalls, NodeSender
 from .tails import Tails
+from .uploads import SegmentUploads
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +28,17 @@ log = logging.getLogger(__name__)
 #: on moto: ~100 s). They get this many times the deadline of a write's add, so the deadline
 #: catches a node that hangs without failing a takeover that is merely slow.
 SCAN_DEADLINE_FACTOR = 10
+#: How long a closing client waits for its pending uploads (staged storage) before it drops them.
+UPLOAD_DRAIN_S = 5.0
 
 
 class Ensemble:
     """See the module doc. `transport` reaches the nodes; `registry`, when given, is the metadata
     store whose node registry the directory reads (else the transport's nodes are the directory),
     and `on_nodes` learns the registered node processes' addresses; `deadline_s` bounds every node
-    call."""
+    call. `staged`: the nodes keep segments as staged storage, and completed segments are
+    uploaded (`uploads`) before they are SEALED; `sealed_store` (staged: the store's `sealed/`
+    objects) serves the reads of uploaded segments that no node can serve (`SealedFallback`)."""
 
     def __init__(
         self,
@@ -41,6 +48,8 @@ class Ensemble:
         registry: MetadataStore | None = None,
         on_nodes: Callable[[Mapping[str, str]], None] | None = None,
         name: str = "client",
+        staged: bool = False,
+        sealed_store: ObjectStore | None = None,
     ):
         self.transport = transport  # the nodes without deadlines: only the senders call it
         self.deadline_s = deadline_s
@@ -53,14 +62,32 @@ class Ensemble:
         if registry is not None:  # the registry is watched: nodes joining, leaving, moving
             self.scheduler.timer(self._watch, "nodes").poke()
         # every synchronous node call (readers, recoveries, the rebuild) goes through the senders
-        self.calls: LogStoreTransport = NodeCalls(
-            lambda: self.transport, self.sender, deadline_s * SCAN_DEADLINE_FACTOR
+        # staged storage: reads a node cannot serve come from the sealed copy, once uploaded
+        self._sealed = SealedFallback.engine(sealed_store) if sealed_store is not None else None
+        self.sealed_reads = 0  # reads no node served, served from object storage
+        self.calls: LogStoreTransport = self._fallback(
+            NodeCalls(lambda: self.transport, self.sender, deadline_s * SCAN_DEADLINE_FACTOR)
+        )
+        # staged storage (`storage.type: staged`): completed segments are SEALED once uploaded
+        self.uploads: SegmentUploads | None = (
+            SegmentUploads(self.calls, self.scheduler, self.directory.live) if staged else None
         )
 
     def calls_through(self, transport: LogStoreTransport) -> LogStoreTransport:
         """`transport`'s calls made on the senders, with the deadline (as `calls` makes the
         ensemble's transport of the moment)."""
-        return NodeCalls(lambda: transport, self.sender, self.deadline_s * SCAN_DEADLINE_FACTOR)
+        return self._fallback(
+            NodeCalls(lambda: transport, self.sender, self.deadline_s * SCAN_DEADLINE_FACTOR)
+        )
+
+    def _fallback(self, calls: LogStoreTransport) -> LogStoreTransport:
+        if self._sealed is None:
+            return calls
+        return SealedFallback(calls, self._sealed, self._served_sealed)
+
+    def _served_sealed(self) -> None:
+        with self._lock:
+            self.sealed_reads += 1
 
     def _watch(self) -> float:
         """On the timer thread: read the registry again, off it (a metadata call may block)."""
@@ -138,7 +165,11 @@ class Ensemble:
                 return
             self._closed = True
             senders = list(self._senders.values())
+        if self.uploads is not None:  # a segment left COMPLETED waits for the next takeover
+            self.uploads.wait_idle(min(timeout, UPLOAD_DRAIN_S))
         self.scheduler.close(timeout)
         for sender in senders:
             sender.close(timeout)
+        if self._sealed is not None:
+            self._sealed.close()
         self.transport.close()

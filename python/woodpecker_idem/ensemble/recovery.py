@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import TYPE_CHECKING
 
 from .._core import concat
 from ..errors import (
@@ -25,6 +26,9 @@ from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
 from ..types import SegmentState
 
+if TYPE_CHECKING:
+    from .uploads import SegmentUploads
+
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 1000
@@ -37,6 +41,7 @@ def recover_segment(
     seg: SegmentMeta,
     now_ms: int,
     count_bytes: bool = True,
+    uploads: SegmentUploads | None = None,
 ) -> SegmentMeta:
     """Fence `seg`, copy every entry some responding node holds up to aq copies, and complete it.
 
@@ -45,7 +50,8 @@ def recover_segment(
     (0 for a segment its writer left) and the caller counts them later (`record_size`), off the
     wait of a takeover.
 
-    Returns the segment's record, SEALED with its lastEntryId. Raises `QuorumUnavailableError`
+    Returns the segment's record, SEALED with its lastEntryId (staged storage, `uploads` given:
+    COMPLETED, SEALED once uploaded, see `seal`). Raises `QuorumUnavailableError`
     when fewer than es - aq + 1 nodes answer the fence (try again later), `WriterFencedError` when
     another writer has taken the log over meanwhile.
 
@@ -55,7 +61,8 @@ def recover_segment(
     never read (BookKeeper: once any node is completed, that is lastEntryId).
     """
     if seg.state is not SegmentState.ACTIVE:
-        return seal(meta, epoch, seg, seg.last_entry_id, now_ms)  # its size was recorded then
+        # its size was recorded then
+        return seal(meta, epoch, seg, seg.last_entry_id, now_ms, uploads=uploads)
     needed = seg.es - seg.aq + 1
     replies: dict[str, int] = {}
     ends: dict[str, int] = {}  # nodes completed already, and where
@@ -110,7 +117,7 @@ def recover_segment(
             log.warning(
                 "segment %s/%s: complete on %s failed: %s", seg.log_id, seg.segment_id, node, exc
             )
-    return seal(meta, epoch, seg, last, now_ms, size)
+    return seal(meta, epoch, seg, last, now_ms, size, uploads)
 
 
 def record_size(transport: LogStoreTransport, meta: MetadataStore, seg: SegmentMeta) -> None:
@@ -261,8 +268,12 @@ def seal(
     last_entry_id: int,
     now_ms: int,
     size_bytes: int | None = None,
+    uploads: SegmentUploads | None = None,
 ) -> SegmentMeta:
     """ACTIVE -> COMPLETED (with lastEntryId) -> SEALED (object mode: footers are written).
+
+    Staged storage (`uploads` given): the segment stays COMPLETED and is handed to `uploads`,
+    which records it SEALED once a node of its ensemble has uploaded it to object storage.
 
     `size_bytes`: the segment's bytes as recovery counted them; otherwise the writer's count
     (`seg.size_bytes`) or what the record holds."""
@@ -282,7 +293,9 @@ def seal(
                 ),
             ),
         )
-    if current.state is SegmentState.COMPLETED:
+    if current.state is SegmentState.COMPLETED and uploads is not None:
+        uploads.submit(meta, current)
+    elif current.state is SegmentState.COMPLETED:
         current = meta.update_segment(
             epoch, dataclasses.replace(current, state=SegmentState.SEALED)
         )

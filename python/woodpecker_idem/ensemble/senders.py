@@ -306,6 +306,12 @@ class NodeCalls(LogStoreTransport):
         inner = self._source()
         self._call(node_id, lambda: inner.complete(node_id, log_id, segment_id, last_entry_id))
 
+    def seal_segment(self, node_id, log_id, segment_id, last_entry_id):
+        inner = self._source()
+        return self._call(
+            node_id, lambda: inner.seal_segment(node_id, log_id, segment_id, last_entry_id)
+        )
+
     def completed_end(self, node_id, log_id, segment_id):
         inner = self._source()
         return self._call(node_id, lambda: inner.completed_end(node_id, log_id, segment_id))

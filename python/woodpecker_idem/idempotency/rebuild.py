@@ -92,8 +92,10 @@ def rebuild_window(
     objects: ObjectStore,
     transport: LogStoreTransport,
     now_ms: int,
+    fetched: tuple[str, Snapshot | str | None] | None = None,
 ) -> tuple[RecoveryReport, dict[int, int]]:
     """Fill `window`; returns the report and the watermarks of the segments now covered.
+    `fetched`: the newest snapshot, read already (see `load_newest`).
 
     A key may occur more than once (rewritten after its window expired): `add_committed` keeps
     the occurrence at the later log position, so loading in log order leaves the newest.
@@ -103,7 +105,9 @@ def rebuild_window(
     # the keys of a TRUNCATED segment come from what truncation kept (docs/semantics.md)
     segments = [s for s in meta.list_segments(log_id) if s.state is not SegmentState.ACTIVE]
     ends = {s.segment_id: s.last_entry_id for s in segments}
-    snap, corrupt = load_newest(objects, log_id, lambda s: snapshot_problem(s, epoch, ends))
+    snap, corrupt = load_newest(
+        objects, log_id, lambda s: snapshot_problem(s, epoch, ends), fetched
+    )
     snapshot_s = time.perf_counter() - started
     horizon = now_ms - window.window_ms
     # a segment completed at or before the horizon holds only entries older than the window

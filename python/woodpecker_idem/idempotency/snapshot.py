@@ -63,27 +63,89 @@ def list_snapshots(store: ObjectStore, log_id: int) -> list[str]:
     return sorted(k for k in store.list(prefix) if k[len(prefix) :].startswith("snapshot_"))
 
 
+def read_snapshot(store: ObjectStore, log_id: int, key: str) -> Snapshot | str | None:
+    """The snapshot stored at `key` decoded, or why it cannot be one of log `log_id`'s, or None
+    if it is gone (deleted since it was listed)."""
+    data = store.get(key)
+    if data is None:
+        return None
+    try:
+        snap = decode_snapshot(data)
+    except SnapshotCorruptError as exc:
+        return f"is corrupt: {exc}"
+    if snap.log_id != log_id:
+        return f"belongs to log {snap.log_id}"
+    return snap
+
+
+class SnapshotPrefetch:
+    """The newest snapshot of a log read and decoded on the client's scheduler while the taking-over
+    writer fences and completes the segments before it (both wait on the network; a 1M-key snapshot
+    takes tens of milliseconds to decode). `take()` gives what was read, or None if the read has not
+    started yet: then it never will, and the rebuild reads the snapshot itself.
+
+    The snapshot is judged only at the rebuild, against the metadata as the takeover left it. One
+    written by the old writer after this listing is missed; any valid snapshot is a correct start
+    (the gap after it is replayed), so the rebuild only replays more."""
+
+    def __init__(self, store: ObjectStore, log_id: int, scheduler: Scheduler):
+        self._store = store
+        self._log_id = log_id
+        self._lock = threading.Lock()
+        self._state = "queued"  # -> "running" -> "done"; or "queued" -> "taken"
+        self._done = threading.Event()
+        self._result: tuple[str, Snapshot | str | None] | None = None
+        if not scheduler.submit(("snapshot-prefetch", log_id), self._run):
+            self._state = "taken"  # the scheduler is closing: nothing will run
+
+    def _run(self) -> None:
+        with self._lock:
+            if self._state != "queued":
+                return
+            self._state = "running"
+        try:
+            keys = list_snapshots(self._store, self._log_id)
+            if keys:
+                self._result = (keys[-1], read_snapshot(self._store, self._log_id, keys[-1]))
+        except Exception:  # the rebuild reads again, and reports what fails then
+            log.debug("log %s: snapshot prefetch failed", self._log_id, exc_info=True)
+        finally:
+            with self._lock:
+                self._state = "done"
+            self._done.set()
+
+    def take(self) -> tuple[str, Snapshot | str | None] | None:
+        """(key, what `read_snapshot` gave) for the newest snapshot, or None (none was read)."""
+        with self._lock:
+            if self._state == "queued":
+                self._state = "taken"
+                return None
+        # Running or done: the read is under way on a worker and ends by itself (the store's own
+        # timeouts bound it), so waiting here costs less than reading again.
+        self._done.wait()
+        return self._result
+
+
 def load_newest(
-    store: ObjectStore, log_id: int, problem: Callable[[Snapshot], str | None] | None = None
+    store: ObjectStore,
+    log_id: int,
+    problem: Callable[[Snapshot], str | None] | None = None,
+    fetched: tuple[str, Snapshot | str | None] | None = None,
 ) -> tuple[Snapshot | None, int]:
     """The newest snapshot that decodes (and in which `problem` finds nothing wrong), else an
-    older one. Returns (snapshot, corrupt count): one `problem` refuses counts as corrupt."""
+    older one. Returns (snapshot, corrupt count): one `problem` refuses counts as corrupt.
+    `fetched`: one snapshot read already (by a `SnapshotPrefetch`), not read again."""
     corrupt = 0
     for key in reversed(list_snapshots(store, log_id)):
-        data = store.get(key)
-        if data is None:
+        got = fetched[1] if fetched is not None and fetched[0] == key else None
+        got = got if got is not None else read_snapshot(store, log_id, key)
+        if got is None:
             continue
-        try:
-            snap = decode_snapshot(data)
-        except SnapshotCorruptError as exc:
+        if isinstance(got, str):
             corrupt += 1
-            log.warning("log %s: snapshot %s is corrupt, trying an older one: %s", log_id, key, exc)
+            log.warning("log %s: snapshot %s %s; ignored, trying an older one", log_id, key, got)
             continue
-        if snap.log_id != log_id:
-            corrupt += 1
-            log.warning("log %s: snapshot %s belongs to log %s; ignored", log_id, key, snap.log_id)
-            continue
-        why = problem(snap) if problem is not None else None
+        why = problem(got) if problem is not None else None
         if why is not None:
             corrupt += 1
             log.warning(
@@ -94,7 +156,7 @@ def load_newest(
                 why,
             )
             continue
-        return snap, corrupt
+        return got, corrupt
     return None, corrupt
 
 

@@ -24,7 +24,7 @@ from .._core import SnapshotStream
 from ..errors import EarlyEvictionWarning, WriterFencedError
 from ..writer.dedup import Answer
 from .rebuild import RecoveryReport, open_window, rebuild_window
-from .snapshot import SnapshotSource, Snapshotter
+from .snapshot import SnapshotPrefetch, SnapshotSource, Snapshotter
 
 if TYPE_CHECKING:
     from ..ensemble import LogContext
@@ -68,13 +68,18 @@ class WindowStage:
         self._epoch = -1
         self.report: RecoveryReport | None = None
         self.snapshotter: Snapshotter | None = None
+        self._prefetch: SnapshotPrefetch | None = None
 
     # --- opening ---------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        self._prefetch = SnapshotPrefetch(self._objects, self.log_id, self._scheduler)
 
     def rebuild(self, epoch: int) -> None:
         """Fill the window from the newest valid snapshot and the log after it, then start the
         snapshot thread (its snapshots carry `epoch`)."""
         self._epoch = epoch
+        prefetch, self._prefetch = self._prefetch, None
         report, covered = rebuild_window(
             self.window,
             self.log_id,
@@ -82,6 +87,7 @@ class WindowStage:
             self._objects,
             self._transport,
             self._clock.now_ms(),
+            fetched=None if prefetch is None else prefetch.take(),
         )
         self._watermarks.update(covered)
         self.report = report

@@ -17,10 +17,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .._core import concat, count_records
-from ..errors import EntryConflictError, SegmentFencedError
+from ..errors import EntryConflictError, InvalidArgumentError, SegmentFencedError
 from ..objectstore.base import ObjectStore
 from .blocks import split_frame
-from .storage import ObjectSegmentStorage, Scan, SegmentHandle, SegmentStorage, Span
+from .storage import (
+    ObjectSegmentStorage,
+    Scan,
+    SealedSegment,
+    SegmentHandle,
+    SegmentStorage,
+    Span,
+)
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +267,49 @@ class LogStoreEngine:
                 return
             yield got
             entry += len(got)
+
+    def seal_segment(self, log_id: int, segment_id: int, last_entry_id: int) -> SealedSegment:
+        """Staged storage: complete the segment at `last_entry_id` (as `complete`) and upload it
+        to object storage (`StagedSegmentStorage.upload`); returns once the footer is written.
+        `SegmentFencedError` when this node lacks an entry up to that end (seal it through
+        another node), `EntryConflictError` when it is completed at another end."""
+        from .staged import StagedSegmentStorage
+
+        storage = self.storage
+        if not isinstance(storage, StagedSegmentStorage):
+            raise InvalidArgumentError(
+                f"node {self.node_id}: SealSegment is for staged storage (storage.type: staged); "
+                f"this node stores segments as {type(storage).__name__}"
+            )
+        seg = self._segment(log_id, segment_id)
+        with seg.lock:
+            self._ensure(seg, refresh=seg.completed_last is None)
+            # a node completed at the end may still lack its last entries (completed while its
+            # last batch was on the way): its copy is not the segment's
+            if seg.contig < last_entry_id:
+                raise SegmentFencedError(
+                    f"{seg.handle.where} holds entries up to {seg.contig} only, not up to "
+                    f"{last_entry_id}: seal it through another node of its ensemble"
+                )
+        self.complete(log_id, segment_id, last_entry_id)
+        chunks = self.read_completed(log_id, segment_id) if last_entry_id >= 0 else iter(())
+        return storage.upload(log_id, segment_id, self.node_id, chunks, last_entry_id)
+
+    def drop_local(self, log_id: int, segment_id: int) -> None:
+        """Staged storage: drop this node's local copy of a sealed segment; it is read from
+        object storage from now on (`StagedSegmentStorage.drop_local`)."""
+        from .staged import StagedSegmentStorage
+
+        storage = self.storage
+        if not isinstance(storage, StagedSegmentStorage):
+            raise InvalidArgumentError(f"node {self.node_id}: no local copies to drop")
+        seg = self._segment(log_id, segment_id)
+        with seg.lock:
+            storage.drop_local(log_id, segment_id)
+            seg.handle.close()
+            with self._segments_lock:
+                if self._segments.get((log_id, segment_id)) is seg:
+                    del self._segments[(log_id, segment_id)]
 
     def last_add_confirmed(self, log_id: int, segment_id: int) -> tuple[int, int]:
         """(last contiguous entry id held, highest LAC piggybacked), refreshed from the store."""

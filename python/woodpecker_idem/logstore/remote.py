@@ -16,6 +16,7 @@ One channel per node per client (gRPC multiplexes every call of every writer ove
 
 from __future__ import annotations
 
+import errno
 import logging
 import random
 import threading
@@ -34,6 +35,7 @@ from ..errors import (
     by_code,
 )
 from .engine import LogStoreEngine
+from .storage import SealedSegment
 from .transport import LogStoreTransport
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,10 @@ CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+
+# Calls whose deadline is this many times `timeout_s`: an upload puts a whole segment to object
+# storage (a 256 MiB segment takes longer than a write's add ever may)
+SLOW_CALLS = {"seal_segment": 10}
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,20 @@ def _read_req(log_id: int, segment_id: int, first: int, n: int) -> Any:
 def _empty(call: Callable[..., None], *args: Any) -> Any:
     call(*args)
     return pb.Empty()
+
+
+def _sealed(sealed: SealedSegment) -> Any:
+    return pb.SealSegmentResponse(
+        block_keys=sealed.block_keys,
+        footer_key=sealed.footer_key,
+        footer=pb.SegmentFooter(
+            last_entry_id=sealed.last_entry_id,
+            blocks=[
+                pb.BlockIndex(block=n, first_entry_id=first, last_entry_id=last)
+                for n, first, last in sealed.blocks
+            ],
+        ),
+    )
 
 
 def _last(pair: tuple[int, int]) -> Any:
@@ -127,6 +147,21 @@ RPCS: dict[str, Rpc] = {
         _segment_req,
         lambda r: r.last_entry_id if r.HasField("last_entry_id") else None,
         lambda e, q: pb.CompletedEndResponse(last_entry_id=e.completed_end(q.log_id, q.segment_id)),
+    ),
+    "seal_segment": Rpc(
+        "SealSegment",
+        pb.SealSegmentRequest,
+        pb.SealSegmentResponse,
+        lambda log_id, segment_id, last: pb.SealSegmentRequest(
+            log_id=log_id, segment_id=segment_id, last_entry_id=last
+        ),
+        lambda r: SealedSegment(
+            tuple(r.block_keys),
+            r.footer_key,
+            r.footer.last_entry_id,
+            tuple((b.block, b.first_entry_id, b.last_entry_id) for b in r.footer.blocks),
+        ),
+        lambda e, q: _sealed(e.seal_segment(q.log_id, q.segment_id, q.last_entry_id)),
     ),
     "read": Rpc(
         "Read",
@@ -260,7 +295,8 @@ class GrpcTransport(LogStoreTransport):
         rpc = RPCS[method]
         request = rpc.to_request(*args)
         try:
-            response = self._call(node_id, method)(request, timeout=self.timeout_s)
+            timeout = self.timeout_s * SLOW_CALLS.get(method, 1)
+            response = self._call(node_id, method)(request, timeout=timeout)
         except self._grpc.RpcError as exc:
             raise self._error(node_id, method, exc) from None
         return rpc.from_response(response)
@@ -290,6 +326,9 @@ class GrpcTransport(LogStoreTransport):
 
     def completed_end(self, node_id, log_id, segment_id):
         return self._invoke(node_id, "completed_end", log_id, segment_id)
+
+    def seal_segment(self, node_id, log_id, segment_id, last_entry_id):
+        return self._invoke(node_id, "seal_segment", log_id, segment_id, last_entry_id)
 
     def read(self, node_id, log_id, segment_id, from_entry_id, max_entries):
         return self._invoke(node_id, "read", log_id, segment_id, from_entry_id, max_entries)
@@ -349,6 +388,47 @@ class DropReplies:
                 return False
             self.dropped += 1
             return True
+
+
+class DiskFull:
+    """A testing-only fault (`logstore serve --fault disk-full-after:N`, a hidden option): the
+    node's local segment files take N appends, then every append fails with ENOSPC, as on a
+    disk that filled up (the file that met it refuses later appends, as after a real failed
+    write). The client sees a retriable `StorageUnavailableError` from that node and drops it
+    from the segment; `failed` counts the appends refused so far."""
+
+    def __init__(self, after: int):
+        if after < 0:
+            raise InvalidArgumentError(f"disk-full-after takes a count >= 0, got {after}")
+        self.after = after
+        self._lock = threading.Lock()
+        self.appends = 0
+        self.failed = 0
+
+    def check(self, path: str) -> None:
+        """Before an append to `path`: raises ENOSPC once `after` appends went through."""
+        with self._lock:
+            if self.appends < self.after:
+                self.appends += 1
+                return
+            self.failed += 1
+        raise OSError(errno.ENOSPC, "No space left on device (testing fault)", path)
+
+
+def parse_fault(text: str, seed: str = "") -> DropReplies | DiskFull:
+    """`--fault` of `logstore serve`: drop-replies:RATE or disk-full-after:N."""
+    kind, _, arg = text.partition(":")
+    if kind == "disk-full-after":
+        try:
+            return DiskFull(int(arg))
+        except ValueError:
+            pass
+    elif kind == "drop-replies":
+        return DropReplies.parse(text, seed)
+    raise InvalidArgumentError(
+        f"--fault {text!r}: the faults are drop-replies:RATE (RATE within 0..1) and "
+        "disk-full-after:N (N appends, then ENOSPC)"
+    )
 
 
 class LogStoreServer:

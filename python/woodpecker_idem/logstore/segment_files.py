@@ -75,6 +75,7 @@ import os
 import shutil
 import struct
 import threading
+from collections.abc import Callable
 
 from .._core import SegmentAppender, crc32c, frame_codec, put_file, segfile_read, segfile_scan
 from ..errors import (
@@ -145,6 +146,9 @@ class FileSegmentStorage(SegmentStorage):
         self.syncer = (
             _Syncer(self, sync_interval_ms / 1000) if fsync and sync_interval_ms > 0 else None
         )
+        # testing only (`logstore serve --fault disk-full-after:N`, remote.py `DiskFull`): called
+        # with the file's path before each append, it raises the OSError the disk would
+        self.write_fault: Callable[[str], None] | None = None
         # segment files found damaged (`SegmentDamagedError`), each counted once per process
         self.damaged = 0
         self._damaged_seen: set[tuple[str, int]] = set()
@@ -328,6 +332,8 @@ class _Appender:
         syncer = storage.syncer if defer else None
         sync = storage.fsync and syncer is None
         try:
+            if storage.write_fault is not None:
+                storage.write_fault(self.path)
             result = native.append_sync(header, frame, sync, fence_path)
         except OSError as exc:
             self.failed(f"append failed ({exc})", exc)

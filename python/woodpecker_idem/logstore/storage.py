@@ -88,6 +88,18 @@ class Scan:
 Span = tuple[int, int, int, int]
 
 
+@dataclass(frozen=True)
+class SealedSegment:
+    """A segment uploaded to object storage (staged storage's `SealSegment`): its block keys in
+    entry order, its footer's key (written last: the commit point), its end, and the footer's
+    index, (block number, first entry id, last entry id) per block."""
+
+    block_keys: tuple[str, ...]
+    footer_key: str
+    last_entry_id: int
+    blocks: tuple[tuple[int, int, int], ...] = ()
+
+
 class SegmentHandle(ABC):
     """One segment's storage, as seen by one node in one process."""
 

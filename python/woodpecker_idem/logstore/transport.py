@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from ..errors import NodeUnavailableError
 from .engine import LogStoreEngine
+from .storage import SealedSegment
 
 
 class LogStoreTransport(ABC):
@@ -42,6 +43,15 @@ class LogStoreTransport(ABC):
     @abstractmethod
     def completed_end(self, node_id: str, log_id: int, segment_id: int) -> int | None:
         """The end the node's footer records, or None while the segment is not completed there."""
+
+    @abstractmethod
+    def seal_segment(
+        self, node_id: str, log_id: int, segment_id: int, last_entry_id: int
+    ) -> SealedSegment:
+        """Staged storage: the node completes the segment at `last_entry_id` and uploads it to
+        object storage (blocks, then the footer); returns once all of it is durable there.
+        Idempotent (a retry, or another node's upload, writes the same objects). The node
+        touches no metadata: the client records the segment SEALED after this returns."""
 
     @abstractmethod
     def read(
@@ -102,6 +112,9 @@ class InProcessTransport(LogStoreTransport):
 
     def completed_end(self, node_id, log_id, segment_id):
         return self._engine(node_id).completed_end(log_id, segment_id)
+
+    def seal_segment(self, node_id, log_id, segment_id, last_entry_id):
+        return self._engine(node_id).seal_segment(log_id, segment_id, last_entry_id)
 
     def read(self, node_id, log_id, segment_id, from_entry_id, max_entries):
         return self._engine(node_id).read(log_id, segment_id, from_entry_id, max_entries)

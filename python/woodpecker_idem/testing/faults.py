@@ -89,6 +89,10 @@ class FaultInjectingTransport(LogStoreTransport):
         self._before(node_id, "complete")
         self.inner.complete(node_id, log_id, segment_id, last_entry_id)
 
+    def seal_segment(self, node_id, log_id, segment_id, last_entry_id):
+        self._before(node_id, "seal_segment")
+        return self.inner.seal_segment(node_id, log_id, segment_id, last_entry_id)
+
     def completed_end(self, node_id, log_id, segment_id):
         self._before(node_id, "completed_end")
         return self.inner.completed_end(node_id, log_id, segment_id)

@@ -42,6 +42,7 @@ from .segments import RETRY_INITIAL_S, RETRY_MAX_S, OpenSegment, SegmentStatus, 
 
 if TYPE_CHECKING:
     from ..clock import Clock
+    from ..ensemble.uploads import SegmentUploads
     from ..logstore.transport import LogStoreTransport
     from ..meta import MetadataStore
     from .accumulator import InFlight
@@ -106,9 +107,11 @@ class SegmentCompletion:
         stopping: threading.Event,
         timeout_s: float,
         background: Callable[..., object],
+        uploads: SegmentUploads | None = None,
     ):
         self._pipeline = pipeline
         self._background = background
+        self._uploads = uploads  # staged storage: a segment is SEALED once uploaded
         self._uncounted: list[SegmentMeta] = []  # completed by the takeover, bytes not counted
         self._meta = meta
         self._transport = transport
@@ -147,6 +150,7 @@ class SegmentCompletion:
                 current,
                 pipeline.clock.now_ms(),
                 count_bytes=False,  # counted in the background: the takeover waits for none of it
+                uploads=self._uploads,
             )
 
         def on_retry(exc: BaseException, attempt_no: int) -> None:
@@ -243,6 +247,7 @@ class SegmentCompletion:
                             seg.meta,
                             pipeline.clock.now_ms(),
                             count_bytes=False,
+                            uploads=self._uploads,
                         )
                         check_adopted(self._transport, seg, end.last_entry_id)
                         done = end
@@ -352,6 +357,7 @@ class SegmentCompletion:
             dataclasses.replace(current, size_bytes=seg.size_bytes),
             last,
             pipeline.clock.now_ms(),
+            uploads=self._uploads,
         )
         with pipeline.lock:
             seg.status = SegmentStatus.DONE
@@ -405,6 +411,13 @@ class SegmentCompletion:
             if last.segment_id <= last_opened:
                 return  # one of its own (a failed completion stays for recovery)
             self._meta.check_epoch(self._log_id, self._pipeline.epoch)  # only this epoch made it
-            seal(self._meta, self._pipeline.epoch, last, -1, self._pipeline.clock.now_ms())
+            seal(
+                self._meta,
+                self._pipeline.epoch,
+                last,
+                -1,
+                self._pipeline.clock.now_ms(),
+                uploads=self._uploads,
+            )
         except Exception as exc:  # the next writer's takeover completes it
             log.warning("log %s: empty segment left for recovery: %s", self._log_id, exc)

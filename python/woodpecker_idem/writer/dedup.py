@@ -30,6 +30,10 @@ class Dedup(Protocol):
 
     keyed: bool  # False: the pipeline keeps no key column and never calls the key methods
 
+    def prepare(self) -> None:
+        """Opening, before the takeover: start reading what `rebuild` will need (it must not
+        depend on the takeover's outcome), so the two wait on the network at once."""
+
     def rebuild(self, epoch: int) -> None:
         """Opening, after the takeover completed every earlier segment and before a segment is
         opened or any write accepted: load what the log already holds (the window)."""
@@ -79,6 +83,9 @@ class NoDedup:
     """A plain writer's stage: no keys, no window, nothing to tell."""
 
     keyed = False
+
+    def prepare(self) -> None:
+        pass
 
     def rebuild(self, epoch: int) -> None:
         pass

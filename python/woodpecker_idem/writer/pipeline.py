@@ -121,6 +121,7 @@ class Pipeline:
             self,
             meta=self._meta,
             transport=ctx.calls,
+            uploads=ctx.ensemble.uploads,
             dedup=dedup,
             maint=self._maint,
             stopping=self._stopping,
@@ -405,6 +406,7 @@ def open_pipeline(ctx: LogContext, dedup: Dedup) -> Pipeline:
     step that fails stops what the earlier ones started."""
     pipeline = Pipeline(ctx, dedup)
     try:
+        dedup.prepare()
         pipeline.take_over()
         dedup.rebuild(pipeline.epoch)
         pipeline.open()

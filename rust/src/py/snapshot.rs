@@ -95,10 +95,10 @@ impl PySnapshot {
         let window = window_arg(window)?.get();
         let entries = &self.data.entries;
         Ok(py.detach(|| {
+            let mut window = window.inner.lock();
             window
-                .inner
-                .lock()
-                .add_committed_many(entries.iter().copied())
+                .load_committed(entries)
+                .unwrap_or_else(|| window.add_committed_many(entries.iter().copied()))
         }))
     }
 
@@ -125,7 +125,10 @@ impl PySnapshot {
         let entries = all
             .get(all.len().saturating_sub(max_keys)..)
             .unwrap_or_default();
-        py.detach(|| w.add_committed_many(entries.iter().copied()));
+        py.detach(|| {
+            w.load_committed(entries)
+                .unwrap_or_else(|| w.add_committed_many(entries.iter().copied()))
+        });
         Ok(PyDedupWindow::wrap(w))
     }
 

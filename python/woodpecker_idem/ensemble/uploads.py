@@ -1,0 +1,179 @@
+"""Staged storage, the client's side: a completed segment is COMPLETED until one node of its
+ensemble has uploaded it to object storage (`seal_segment`), and only then SEALED.
+
+An upload is a task on the client's scheduler (one queue for every writer of the client, so at
+most one upload runs at a time and a slow object store holds one of the scheduler's workers,
+never a write, a lease renewal or a repair). The node is the first live one of the segment's
+ensemble, then the next one at each failed attempt (a node killed mid-upload, one that lacks
+entries); a failed attempt is tried again after a backoff, armed on the scheduler's timer (no
+thread waits). Attempts go on until the segment is SEALED (by this client or another: a takeover
+uploads what it finds COMPLETED), deleted or truncated, or the client closes; a segment left
+COMPLETED by a closed client is uploaded by the next writer's takeover. Uploads are idempotent
+(the node writes the same objects), so two clients uploading one segment do no harm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import MetadataConflictError
+from ..logstore.transport import LogStoreTransport
+from ..meta.base import MetadataStore, SegmentMeta
+from ..retry import Backoff
+from ..types import SegmentState
+from .scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+#: The scheduler's queue of every upload of a client (one at a time).
+QUEUE = "uploads"
+RETRY_INITIAL_S = 0.2
+RETRY_MAX_S = 5.0
+
+
+@dataclass
+class _Upload:
+    meta: MetadataStore
+    log_id: int
+    segment_id: int
+    backoff: Backoff = field(default_factory=lambda: Backoff(RETRY_INITIAL_S, RETRY_MAX_S))
+    turn: int = 0  # failed attempts: the node tried next is the turn-th of the live ones
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+class SegmentUploads:
+    """See the module doc. `calls` reaches the nodes (with the ensemble's deadline), `live()`
+    lists the live nodes."""
+
+    def __init__(
+        self, calls: LogStoreTransport, scheduler: Scheduler, live: Callable[[], list[str]]
+    ):
+        self._calls = calls
+        self._scheduler = scheduler
+        self._live = live
+        self._lock = threading.Lock()
+        self._pending: dict[tuple[int, int], _Upload] = {}
+        self._idle = threading.Condition(self._lock)
+        self.uploaded = 0  # segments this client sealed
+        self.failed_attempts = 0
+        # the attempt under way: ((log, segment), node), for operators and tests
+        self.in_flight: tuple[tuple[int, int], str] | None = None
+        # the latest failed attempts: ((log, segment), node, error), oldest first
+        self.failures: deque[tuple[tuple[int, int], str, str]] = deque(maxlen=1000)
+        # the sealed segments and the node each was uploaded through, latest last
+        self.sealed_by: deque[tuple[tuple[int, int], str]] = deque(maxlen=1000)
+
+    def submit(self, meta: MetadataStore, seg: SegmentMeta) -> None:
+        """Upload `seg` (COMPLETED) and record it SEALED, in the background."""
+        key = (seg.log_id, seg.segment_id)
+        with self._lock:
+            if key in self._pending:
+                return  # under way already
+            self._pending[key] = _Upload(meta, seg.log_id, seg.segment_id)
+        if not self._scheduler.submit(QUEUE, self._attempt, key):
+            self._forget(key)  # the client is closing: the next takeover uploads it
+
+    def pending(self) -> list[tuple[int, int]]:
+        """(log, segment) of the uploads not finished yet."""
+        with self._lock:
+            return sorted(self._pending)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait up to `timeout` s until no upload is pending (tests, and close)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def _forget(self, key: tuple[int, int]) -> None:
+        with self._lock:
+            self._pending.pop(key, None)
+            if not self._pending:
+                self._idle.notify_all()
+
+    def _node(self, up: _Upload, seg: SegmentMeta) -> str:
+        """The turn-th node of the segment's ensemble, live ones first (in ensemble order)."""
+        try:
+            live = set(self._live())
+        except Exception:  # noqa: BLE001 - the registry is unreadable: try them in order
+            live = set(seg.nodes)
+        order = [n for n in seg.nodes if n in live] + [n for n in seg.nodes if n not in live]
+        return order[up.turn % len(order)]
+
+    def _attempt(self, key: tuple[int, int]) -> None:
+        with self._lock:
+            up = self._pending.get(key)
+        if up is None:
+            return
+        node = "?"
+        try:
+            seg = up.meta.get_segment(up.log_id, up.segment_id)
+            if seg is None or seg.state is not SegmentState.COMPLETED:
+                self._forget(key)  # sealed by another client, truncated or deleted
+                return
+            node = self._node(up, seg)
+            self.in_flight = (key, node)
+            try:
+                sealed = self._calls.seal_segment(
+                    node, seg.log_id, seg.segment_id, seg.last_entry_id
+                )
+            finally:
+                self.in_flight = None
+            self._record_sealed(up.meta, seg)
+        except Exception as exc:  # noqa: BLE001 - every failure is tried again, on another node
+            self.failed_attempts += 1
+            up.errors[node] = f"{type(exc).__name__}: {exc}"
+            self.failures.append((key, node, up.errors[node]))
+            up.turn += 1
+            delay = up.backoff.next_delay()
+            log.warning(
+                "segment %s/%s: upload through %s failed (attempt %d; again in %.1f s, through "
+                "the next node): %s: %s",
+                up.log_id,
+                up.segment_id,
+                node,
+                up.backoff.attempts,
+                delay,
+                type(exc).__name__,
+                exc,
+            )
+            timer = self._scheduler.timer(lambda: self._again(key), f"upload-{key}")
+            timer.at(time.monotonic() + delay)
+            return
+        self.uploaded += 1
+        self.sealed_by.append((key, node))
+        log.info(
+            "segment %s/%s: uploaded through %s (%d blocks), SEALED",
+            up.log_id,
+            up.segment_id,
+            node,
+            len(sealed.block_keys),
+        )
+        self._forget(key)
+
+    def _again(self, key: tuple[int, int]) -> None:
+        """On the timer thread: queue the next attempt (short: the timer must not block)."""
+        if not self._scheduler.submit(QUEUE, self._attempt, key):
+            self._forget(key)
+
+    @staticmethod
+    def _record_sealed(meta: MetadataStore, seg: SegmentMeta) -> None:
+        """COMPLETED -> SEALED, whichever writer's epoch is current: the upload holds the end the
+        record holds, which no writer changes once COMPLETED."""
+        current: SegmentMeta | None = seg
+        while current is not None and current.state is SegmentState.COMPLETED:
+            try:
+                meta.update_segment(None, dataclasses.replace(current, state=SegmentState.SEALED))
+                return
+            except MetadataConflictError:  # changed meanwhile (its size recorded): look again
+                current = meta.get_segment(seg.log_id, seg.segment_id)

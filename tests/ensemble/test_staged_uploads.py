@@ -1,0 +1,163 @@
+"""Staged storage in one process (`storage.type: staged`, es=3 in-process nodes): a completed
+segment stays COMPLETED until a node of its ensemble uploaded it, then it is SEALED; uploads that
+fail are retried in the background without holding a write; each node drops its local copy once
+the segment is SEALED (and its grace passed), and the entries are then read from object storage.
+The real-process faults (node processes, a frozen S3) are tests/e2e/test_staged_service.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import woodpecker_idem as wp
+from woodpecker_idem.logstore.staged import StagedSegmentStorage
+from woodpecker_idem.types import SegmentState
+
+WAIT_S = 60
+STAGED = {
+    "storage.type": "staged",
+    "quorum.es": 3,
+    "segment.max_entries": 20,  # rolls: several segments completed while writing
+    "storage.fsync": "never",
+    "storage.staged_grace_s": 0.2,
+}
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {WAIT_S} s: {what}"
+        time.sleep(0.02)
+
+
+def _local_files(data: Path, log_id: int, segment_id: int) -> list[str]:
+    """The files the nodes keep of the segment locally (the tombstone of a dropped copy aside)."""
+    return sorted(
+        str(p.relative_to(data))
+        for p in (data / "staged").glob(f"*/*/{log_id}/{segment_id}/*")
+        if p.name != "sealed"
+    )
+
+
+def _payloads(log: wp.LogHandle, n: int) -> list[bytes]:
+    reader = log.open_reader("earliest")
+    try:
+        got = []
+        while len(got) < n:
+            msg = reader.read_next(timeout=WAIT_S)
+            assert msg is not None, f"read {len(got)} of {n}"
+            got.append(msg.payload)
+        return got
+    finally:
+        reader.close()
+
+
+def test_segments_end_sealed_in_object_storage_and_are_read_there_once_local_copies_go(
+    tmp_path: Path,
+):
+    data = tmp_path / "data"
+    client = wp.connect(data, STAGED)
+    try:
+        log = client.open_log("staged", create=True)
+        writer = log.open_writer()
+        for i in range(70):
+            writer.write(b"e%d" % i)
+        writer.close()
+        segments = log.segments()
+        assert len(segments) == 4
+        uploads = client.ensemble.uploads
+        assert uploads is not None
+        _until(lambda: all(s.state is SegmentState.SEALED for s in log.segments()), "SEALED")
+        for seg in log.segments():
+            _until(lambda s=seg: not _local_files(data, log.log_id, s.segment_id), "copies gone")
+        engines = client.transport.engines  # type: ignore[attr-defined]
+        storage = engines["node-0"].storage
+        assert isinstance(storage, StagedSegmentStorage)
+        assert sorted(storage.sealed_store.list(f"{log.log_id}/")) == sorted(
+            f"{log.log_id}/{s.segment_id}/{name}" for s in segments for name in ("0.blk", "footer")
+        )
+        assert _payloads(log, 70) == [b"e%d" % i for i in range(70)]
+    finally:
+        client.close()
+
+
+def test_failing_uploads_hold_no_write_leave_segments_completed_and_are_retried(
+    tmp_path: Path, monkeypatch
+):
+    """Every upload fails while the gate is shut: writes go on through rolls, the completed
+    segments stay COMPLETED with their local copies; once it opens, the retries seal them all,
+    through other nodes as well (the first node's attempt failed), and nothing is lost."""
+    gate = threading.Event()
+    attempts: list[str] = []
+    real = StagedSegmentStorage.upload
+
+    def upload(self, log_id, segment_id, node_id, chunks, last):
+        attempts.append(node_id)
+        if not gate.is_set():
+            raise OSError("object storage unreachable (test gate)")
+        return real(self, log_id, segment_id, node_id, chunks, last)
+
+    monkeypatch.setattr(StagedSegmentStorage, "upload", upload)
+    data = tmp_path / "data"
+    client = wp.connect(data, STAGED)
+    try:
+        log = client.open_log("gated", create=True)
+        writer = log.open_writer(idempotent=True)
+        for i in range(50):
+            writer.write(b"e%d" % i, idempotency_id=f"k{i}")
+        _until(lambda: bool(attempts), "an upload tried and failed")
+        for i in range(50, 90):  # after a failure: writes go on, segments roll
+            writer.write(b"e%d" % i, idempotency_id=f"k{i}")
+
+        def done() -> list:
+            return [s for s in log.segments() if s.state is not SegmentState.ACTIVE]
+
+        _until(lambda: len(done()) >= 4, "four segments completed")
+        # the retries go through the other nodes too (each attempt the next one)
+        _until(lambda: len(set(attempts)) == 3, "uploads tried through every node")
+        time.sleep(0.5)  # past the grace: nothing is dropped while not SEALED
+        assert all(s.state is SegmentState.COMPLETED for s in done()), done()
+        for seg in done():
+            assert len(_local_files(data, log.log_id, seg.segment_id)) >= 3
+        gate.set()
+        writer.close()
+        _until(lambda: all(s.state is SegmentState.SEALED for s in log.segments()), "SEALED")
+        for seg in log.segments():
+            _until(lambda s=seg: not _local_files(data, log.log_id, s.segment_id), "copies gone")
+        assert _payloads(log, 90) == [b"e%d" % i for i in range(90)]
+    finally:
+        client.close()
+
+
+def test_a_sealed_segment_is_read_from_object_storage_with_every_node_down(tmp_path: Path):
+    """Once uploaded, a segment is read from its sealed copy when no node of its ensemble can
+    serve it (readers and the window rebuild read through the same calls); the open segment,
+    not uploaded, fails as its nodes do."""
+    from woodpecker_idem.ensemble.sealed import SealedFallback
+    from woodpecker_idem.errors import NodeUnavailableError
+    from woodpecker_idem.testing import FaultInjectingTransport
+
+    client = wp.connect(tmp_path / "data", {**STAGED, "storage.staged_grace_s": 3600})
+    try:
+        log = client.open_log("all-down", create=True)
+        writer = log.open_writer()
+        for i in range(45):
+            writer.write(b"e%d" % i)
+        writer.close()
+        _until(lambda: all(s.state is SegmentState.SEALED for s in log.segments()), "SEALED")
+        faults = FaultInjectingTransport(client.transport)
+        client.transport = faults
+        for node in faults.node_ids:
+            faults.fail_node(node)
+        assert _payloads(log, 45) == [b"e%d" % i for i in range(45)]
+        calls = client.ensemble.calls
+        assert isinstance(calls, SealedFallback) and client.ensemble.sealed_reads > 0
+        seg = log.segments()[-1]
+        with pytest.raises(NodeUnavailableError):  # a segment not in object storage
+            calls.read(seg.nodes[0], log.log_id, seg.segment_id + 1, 0, 1)
+    finally:
+        client.close()
