@@ -458,3 +458,38 @@ def test_recovery_copies_compressed_entries_to_a_replica_that_missed_them(tmp_pa
             pass  # its writer was fenced by the takeover
         late.join(60)  # its call ends with the writer (an exception in a thread of its own)
         assert not late.is_alive()
+
+
+def test_a_compressed_log_on_staged_storage_reads_back_once_sealed_in_object_storage(tmp_path):
+    """`storage.type: staged`: compressed segments on the nodes' disks are read (decompressed)
+    for their upload, sealed in object storage, and read back from there once the local copies
+    are gone."""
+    import time
+
+    from woodpecker_idem.types import SegmentState
+
+    cfg = {
+        "storage.type": "staged",
+        "quorum.es": 3,
+        "segment.max_entries": 120,
+        "storage.fsync": "never",
+        "storage.staged_grace_s": 0.2,
+        **QUIET,
+    }
+    client = wp.connect(tmp_path / "data", cfg)
+    try:
+        log = client.open_log("staged", create=True)
+        w = log.open_writer(idempotent=True, compression="zstd")
+        ids = write_rows(w, 0, 400)
+        w.close()
+        deadline = time.monotonic() + 60
+        while not all(s.state is SegmentState.SEALED for s in log.segments()):
+            assert time.monotonic() < deadline, [s.state for s in log.segments()]
+            time.sleep(0.02)
+        while list((tmp_path / "data" / "staged").rglob("data")):
+            assert time.monotonic() < deadline, "local copies still there"
+            time.sleep(0.02)
+        got = [(m.payload, m.message_id) for m in log.open_reader()]
+        assert got == [(row(i), ids[i]) for i in range(400)]
+    finally:
+        client.close()
