@@ -844,8 +844,8 @@ impl Window {
 
     /// Load `recs` (commit order) into this new window as committed, in bulk: the records are
     /// copied into the ring as they are, and the index is built in hash order
-    /// ([`SlotIndex::fill`]), which at millions of keys is several times faster than an insert a
-    /// key (each a cache miss in the index and one in the ring). The same window results as from
+    /// ([`SlotIndex::fill`]), which at ten million keys costs 0.6-0.7x the CPU of an insert a key
+    /// (each a cache miss in the index and one in the ring). The same window results as from
     /// [`Window::add_committed_many`]. None, with nothing changed, where that is not so or not
     /// worth it: a window already used, records beyond `max_keys`, too few to gain, or a key
     /// given twice (the one-at-a-time path keeps the newer occurrence).
@@ -901,11 +901,12 @@ const PREFETCH_AHEAD: usize = 8;
 /// Records hashed ahead at a time by [`Window::add_committed_many`] (32 KiB of them).
 const BULK_CHUNK: usize = 1024;
 
-/// Fewer records than this are loaded one at a time ([`Window::load_committed`]): up to about a
-/// million keys the index and the ring stay mostly in the cache and an insert a key (with
-/// prefetching) costs no more than the bulk path's sort (CPU time, 1M keys: 0.065 s one at a
-/// time, 0.075 s in bulk; 10M: 1.18 s and 0.82 s). Unit tests use a smaller one.
-const BULK_LOAD_MIN: usize = if cfg!(test) { 50_000 } else { 2 << 20 };
+/// Fewer records than this are loaded one at a time ([`Window::load_committed`]): until the index
+/// and the ring outgrow the caches an insert a key (with prefetching) costs no more than the bulk
+/// path's sort. CPU time of a snapshot's load, one at a time / in bulk: 1M keys 0.065 / 0.075 s,
+/// 4M 0.33-0.40 / 0.35-0.39 s, 7M 0.71-0.74 / 0.63-0.73 s, 10M 1.18-1.58 / 0.82-0.99 s. Unit tests
+/// use a smaller one.
+const BULK_LOAD_MIN: usize = if cfg!(test) { 50_000 } else { 8 << 20 };
 
 /// Batches at least this long are looked up on several threads.
 pub const GET_MANY_PARALLEL_MIN: usize = 65_536;

@@ -10,26 +10,26 @@ One short test of each kind runs by default; the long ones are `slow`."""
 
 from __future__ import annotations
 
-import itertools
 import re
-import threading
 import time
-from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from etcdserver import EtcdServer
 from nodeserver import LogStoreNode
+from servicestream import (
+    Stream,
+    attempts_between,
+    judge,
+    new_acked,
+    start_all,
+    until,
+    until_answers,
+)
 from slowprofile import size
 
 import woodpecker_idem as wp
-from woodpecker_idem.errors import NodeUnavailableError
 from woodpecker_idem.testing import History
-
-WAIT_S = 120
-WINDOW_MS, MAX_KEYS = 600_000, 100_000
-WRITE_TIMEOUT_S = 5.0  # an outage shows as clear errors, not one write that waits for minutes
 
 SERVICE = {
     "quorum.nodes": "registry",
@@ -45,135 +45,13 @@ CLEAR = {"WriteTimeoutError", "QuorumUnavailableError", "SegmentClosedError"}
 LONG_TTL = ("--registry-ttl", "600")  # a killed node stays placeable (es=3 over three nodes)
 
 
-def _until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {WAIT_S} s: {what}"
-        time.sleep(0.05)
-
-
-def _until_answers(client: wp.WoodpeckerClient, node: str) -> None:
-    """The node serves this client again (the checker reads every replica through it)."""
-
-    def answers() -> bool:
-        try:
-            client.transport.last_add_confirmed(node, 0, 0)
-        except NodeUnavailableError:
-            return False
-        return True
-
-    _until(answers, f"node {node} answers")
-
-
-class Stream:
-    """`threads` threads writing keyed entries through one writer, one write at a time each: a
-    new key per write, every fifth write again a key acknowledged before (a duplicate). A failed
-    write (retriable) is tried again with the same key until acknowledged; every attempt is in
-    `history`. A non-retriable error ends the stream and is raised by `stop()`."""
-
-    def __init__(self, writer: object, history: History, threads: int, name: str = "k"):
-        self._writer = writer
-        self.history = history
-        self._ids = itertools.count()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self.acked = 0
-        self.errors: Counter[str] = Counter()
-        self.fatal: list[BaseException] = []
-        self.last_start_ns = 0  # when the latest attempt began (time.monotonic_ns)
-        self._name = name
-        self._threads = [
-            threading.Thread(target=self._run, name=f"stream-{i}", daemon=True)
-            for i in range(threads)
-        ]
-        for t in self._threads:
-            t.start()
-
-    def _write(self, key: str) -> None:
-        while not self._stop.is_set():
-            with self._lock:
-                self.last_start_ns = time.monotonic_ns()
-            try:
-                self.history.call(
-                    wp.explicit_key(key),
-                    key.encode(),
-                    lambda: self._writer.write(  # type: ignore[attr-defined]
-                        key.encode(), idempotency_id=key, timeout=WRITE_TIMEOUT_S
-                    ),
-                )
-            except wp.WoodpeckerError as exc:
-                with self._lock:
-                    self.errors[type(exc).__name__] += 1
-                if not exc.retriable:
-                    raise
-                time.sleep(0.05)
-                continue
-            with self._lock:
-                self.acked += 1
-            return
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                i = next(self._ids)
-                self._write(f"{self._name}{i}")
-                if i % 5 == 4:
-                    self._write(f"{self._name}{i - 3}")  # acknowledged before: a duplicate
-        except BaseException as exc:  # noqa: BLE001 - raised again by stop()
-            self.fatal.append(exc)
-
-    def acked_now(self) -> int:
-        with self._lock:
-            return self.acked
-
-    def until_acked(self, n: int, what: str) -> None:
-        _until(lambda: self.acked_now() >= n or bool(self.fatal), what)
-        assert not self.fatal, self.fatal
-
-    def stop(self) -> None:
-        """Stop and wait for every thread: each write under way ends (acknowledged or failed)."""
-        self._stop.set()
-        for t in self._threads:
-            t.join(WAIT_S)
-        assert not any(t.is_alive() for t in self._threads), "a write never ended"
-        assert not self.fatal, self.fatal
-
-
-def _attempts_between(history: History, after_ns: int, before_ns: int) -> list:
-    """Attempts that began after `after_ns` and ended before `before_ns`."""
-    return [a for a in history.attempts if a.start.ns > after_ns and a.end.ns < before_ns]
-
-
-def _new_acked(attempts: list) -> list:
-    """The attempts that stored a new entry (a duplicate is answered from the writer's window,
-    without any node: one may be acknowledged in an outage)."""
-    return [a for a in attempts if a.ok and not a.duplicate]
-
-
-def _judge(history: History, log: object) -> None:
-    verdict = history.check_log(log, WINDOW_MS, MAX_KEYS)
-    assert verdict.ok, verdict.summary()
-
-
-def _start(nodes: list[LogStoreNode]) -> list[LogStoreNode]:
-    started: list[LogStoreNode] = []
-    try:
-        for node in nodes:
-            started.append(node.start())
-    except BaseException:
-        for node in started:
-            node.stop()
-        raise
-    return nodes
-
-
 # --- two of three nodes SIGKILLed at aq=2 -------------------------------------------------------
 
 
 def _two_killed(tmp_path: Path, threads: int, per_phase: int, cycles: int) -> None:
     """Each cycle SIGKILLs two of the three nodes (another pair each time), waits for a write
     begun after the kill to fail, restarts one, waits for writes to resume, restarts the other."""
-    nodes = _start([LogStoreNode(f"n{i}", tmp_path / "data", args=LONG_TTL) for i in range(3)])
+    nodes = start_all([LogStoreNode(f"n{i}", tmp_path / "data", args=LONG_TTL) for i in range(3)])
     pairs = [(1, 2), (0, 2), (0, 1)]
     try:
         client = wp.connect(tmp_path / "data", SERVICE)
@@ -195,24 +73,24 @@ def _two_killed(tmp_path: Path, threads: int, per_phase: int, cycles: int) -> No
                     # the outage meets new writes: one begun after the kill fails clearly
                     return any(not a.ok and a.start.ns > killed_ns for a in list(history.attempts))
 
-                _until(failed_after, "a write begun after the kill failed")
+                until(failed_after, "a write begun after the kill failed")
                 errors_in_outages |= set(stream.errors)
                 first.start()
                 outages.append((killed_ns, time.monotonic_ns()))
                 resumed_from = stream.acked_now()
                 stream.until_acked(resumed_from + per_phase, "writes resume with one node back")
                 second.start()
-                _until_answers(client, second.node_id)
+                until_answers(client, second.node_id)
             stream.stop()
             writer.close()
             for killed_ns, restarted_ns in outages:
                 # aq=2 held: nothing new begun while one node was up was acknowledged
-                assert not _new_acked(_attempts_between(history, killed_ns, restarted_ns))
+                assert not new_acked(attempts_between(history, killed_ns, restarted_ns))
                 # the fault met new writes: begun in the outage, acknowledged once one was back
-                met = _new_acked([a for a in history.attempts if a.start.ns > killed_ns])
+                met = new_acked([a for a in history.attempts if a.start.ns > killed_ns])
                 assert [a for a in met if a.end.ns > restarted_ns], "no write of it resumed"
             assert errors_in_outages <= CLEAR, errors_in_outages
-            _judge(history, log)
+            judge(history, log)
         finally:
             client.close()
     finally:
@@ -238,13 +116,13 @@ def test_with_a_short_ttl_writes_resume_once_enough_nodes_are_registered_again(t
     clearly; one restarted registers again, the next segment goes on the three live nodes and
     writes resume without the other."""
     ttl = ("--registry-ttl", "5")  # renewed every 1.7 s: a busy machine keeps it
-    nodes = _start([LogStoreNode(f"n{i}", tmp_path / "data", args=ttl) for i in range(4)])
+    nodes = start_all([LogStoreNode(f"n{i}", tmp_path / "data", args=ttl) for i in range(4)])
     by_id = {n.node_id: n for n in nodes}
     try:
         client = wp.connect(tmp_path / "data", SERVICE)
         try:
             live = client.ensemble.directory.live
-            _until(lambda: live() == ["n0", "n1", "n2", "n3"], "every node registered")
+            until(lambda: live() == ["n0", "n1", "n2", "n3"], "every node registered")
             log = client.open_log("lapsed", create=True)
             writer = log.open_writer(idempotent=True)
             history = History(client.clock)
@@ -254,9 +132,9 @@ def test_with_a_short_ttl_writes_resume_once_enough_nodes_are_registered_again(t
             for node in victims:
                 by_id[node].kill()
             killed_ns = time.monotonic_ns()
-            _until(lambda: not set(victims) & set(live()), "the killed nodes lapse")
+            until(lambda: not set(victims) & set(live()), "the killed nodes lapse")
             failed_from = sum(stream.errors.values())
-            _until(
+            until(
                 lambda: sum(stream.errors.values()) > failed_from,
                 "writes fail while two nodes are gone",
             )
@@ -266,12 +144,12 @@ def test_with_a_short_ttl_writes_resume_once_enough_nodes_are_registered_again(t
             stream.until_acked(resumed_from + 30, "writes resume on the three live nodes")
             stream.stop()
             writer.close()
-            assert not _new_acked(_attempts_between(history, killed_ns, restarted_ns))
+            assert not new_acked(attempts_between(history, killed_ns, restarted_ns))
             after = log.segments()[-1]  # placed once one victim was back
             assert victims[1] not in after.nodes, after
             by_id[victims[1]].start()
-            _until_answers(client, victims[1])
-            _judge(history, log)
+            until_answers(client, victims[1])
+            judge(history, log)
         finally:
             client.close()
     finally:
@@ -286,7 +164,7 @@ DROPPED = re.compile(r"fault drop-replies: (\d+) replies dropped")
 
 def _dropping(tmp_path: Path, rate: float, threads: int, writes: int) -> None:
     fault = ("--fault", f"drop-replies:{rate}")
-    nodes = _start([LogStoreNode(f"n{i}", tmp_path / "data", args=fault) for i in range(3)])
+    nodes = start_all([LogStoreNode(f"n{i}", tmp_path / "data", args=fault) for i in range(3)])
     stopped = False
     try:
         client = wp.connect(tmp_path / "data", SERVICE)
@@ -298,7 +176,7 @@ def _dropping(tmp_path: Path, rate: float, threads: int, writes: int) -> None:
             stream.until_acked(writes, "writes through nodes that drop replies")
             stream.stop()
             writer.close()
-            _judge(history, log)
+            judge(history, log)
             assert sum(a.duplicate for a in history.attempts if a.ok) > 0  # re-writes were seen
         finally:
             client.close()
@@ -337,7 +215,7 @@ def _etcd_restarted(tmp_path: Path, threads: int, per_phase: int, restarts: int)
             "meta.timeout_ms": 2_000,
         }
         node_cfg = {"storage.fsync": "never", **meta}
-        nodes = _start(
+        nodes = start_all(
             [LogStoreNode(f"n{i}", tmp_path / "data", node_cfg, LONG_TTL) for i in range(3)]
         )
         try:
@@ -357,18 +235,18 @@ def _etcd_restarted(tmp_path: Path, threads: int, per_phase: int, restarts: int)
                     def met_the_outage(down_ns: int = down_ns, retries: float = retries) -> bool:
                         # writes begun in the outage ended, and the writer met it on its
                         # metadata path (a roll refused, retried later)
-                        ended = _attempts_between(history, down_ns, time.monotonic_ns())
+                        ended = attempts_between(history, down_ns, time.monotonic_ns())
                         return len(ended) >= 5 and writer.metrics["background_retries"] > retries
 
-                    _until(met_the_outage, "writes in the outage end; the writer meets it")
+                    until(met_the_outage, "writes in the outage end; the writer meets it")
                     etcd.start()  # the same ports and data
                     resumed_from = stream.acked_now()
                     stream.until_acked(resumed_from + per_phase, "writes go on after etcd")
                 stream.stop()
                 writer.close()
                 live = client.ensemble.directory.live
-                _until(lambda: live() == ["n0", "n1", "n2"], "the nodes stay registered")
-                _judge(history, log)
+                until(lambda: live() == ["n0", "n1", "n2"], "the nodes stay registered")
+                judge(history, log)
                 # a segment was placed (its metadata written) after the last outage
                 assert any(seg.created_ms >= down_ms for seg in log.segments())
             finally:

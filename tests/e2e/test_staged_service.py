@@ -18,13 +18,13 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from nodeserver import LogStoreNode
+from servicestream import WAIT_S, Stream, judge, start_all, until, until_answers
 from slowprofile import size
-from test_service_faults import Stream, _judge, _start, _until_answers
 
 import woodpecker_idem as wp
 from woodpecker_idem._core import encode_entry
@@ -33,7 +33,6 @@ from woodpecker_idem.logstore.blocks import encode_record
 from woodpecker_idem.testing import History
 from woodpecker_idem.types import SegmentState
 
-WAIT_S = 120
 LONG_TTL = ("--registry-ttl", "600")  # a killed node stays placeable (es=3 over three nodes)
 
 
@@ -72,14 +71,9 @@ def _config(tmp_path: Path, s3: object) -> dict[str, object]:
 
 
 def _nodes(tmp_path: Path, config: dict[str, object], args: tuple[str, ...] = ()):
-    return _start([LogStoreNode(f"n{i}", tmp_path / "data", config, args=args) for i in range(3)])
-
-
-def _until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {WAIT_S} s: {what}"
-        time.sleep(0.05)
+    return start_all(
+        [LogStoreNode(f"n{i}", tmp_path / "data", config, args=args) for i in range(3)]
+    )
 
 
 def _local_files(tmp_path: Path, log_id: int) -> list[str]:
@@ -93,14 +87,14 @@ def _local_files(tmp_path: Path, log_id: int) -> list[str]:
 
 def _all_sealed_and_dropped(tmp_path: Path, client: wp.WoodpeckerClient, log) -> None:
     """Every segment SEALED, in S3 (its footer), and no node keeps a local file of it."""
-    _until(
+    until(
         lambda: all(s.state is SegmentState.SEALED for s in log.segments()),
         "every segment SEALED",
     )
     sealed = client.objects.child("sealed")
     for seg in log.segments():
         assert sealed.get(f"{log.log_id}/{seg.segment_id}/footer") is not None, seg
-    _until(lambda: not _local_files(tmp_path, log.log_id), "the nodes dropped their copies")
+    until(lambda: not _local_files(tmp_path, log.log_id), "the nodes dropped their copies")
 
 
 def _read_all(log, history: History) -> None:
@@ -134,7 +128,7 @@ def test_staged_segments_end_sealed_in_s3_and_are_read_there_after_the_nodes_dro
             writer.close()
             assert len(log.segments()) >= 3
             _all_sealed_and_dropped(tmp_path, client, log)
-            _judge(history, log)  # the checker's raw reads: from S3 now, through each node
+            judge(history, log)  # the checker's raw reads: from S3 now, through each node
             _read_all(log, history)
         finally:
             client.close()
@@ -174,10 +168,10 @@ def _s3_frozen(tmp_path: Path, s3, threads: int, per_phase: int) -> None:
                         if s.state is not SegmentState.ACTIVE and s.segment_id not in done_before
                     ]
 
-                _until(lambda: len(done_in_freeze()) >= 2, "segments complete in the freeze")
+                until(lambda: len(done_in_freeze()) >= 2, "segments complete in the freeze")
                 assert uploads.pending(), "no upload waits for S3"
                 # an upload met the frozen S3 and failed, and the next attempt began
-                _until(lambda: len(uploads.failures) > failed_before, "an upload failed on S3")
+                until(lambda: len(uploads.failures) > failed_before, "an upload failed on S3")
                 # a segment completed in the freeze cannot be in S3: it is not SEALED, and each
                 # node keeps its local copy
                 for seg in done_in_freeze():
@@ -198,7 +192,7 @@ def _s3_frozen(tmp_path: Path, s3, threads: int, per_phase: int) -> None:
             stream.stop()
             writer.close()
             _all_sealed_and_dropped(tmp_path, client, log)  # the uploads resumed
-            _judge(history, log)
+            judge(history, log)
         finally:
             client.close()
     finally:
@@ -236,7 +230,7 @@ def _killed_mid_upload(tmp_path: Path, s3, threads: int, cycles: int) -> None:
                 stream.until_acked(stream.acked_now() + 30, "writes before the freeze")
                 s3.freeze()  # an upload that starts now stays in flight: the kill lands in it
                 try:
-                    _until(lambda: uploads.in_flight is not None, "an upload in flight")
+                    until(lambda: uploads.in_flight is not None, "an upload in flight")
                     in_flight = uploads.in_flight
                     assert in_flight is not None
                     key, victim = in_flight
@@ -247,7 +241,7 @@ def _killed_mid_upload(tmp_path: Path, s3, threads: int, cycles: int) -> None:
                 def sealed_elsewhere(key=key, victim=victim) -> bool:
                     return any(k == key and n != victim for k, n in uploads.sealed_by)
 
-                _until(sealed_elsewhere, "the segment sealed through another node")
+                until(sealed_elsewhere, "the segment sealed through another node")
                 # the kill landed inside the call: it failed on the lost connection (no answer
                 # of the node's: an upload S3 failed carries the node's own error)
                 ended = [e for k, n, e in uploads.failures if k == key and n == victim]
@@ -255,11 +249,11 @@ def _killed_mid_upload(tmp_path: Path, s3, threads: int, cycles: int) -> None:
                 assert (key, victim) not in uploads.sealed_by
                 stream.until_acked(stream.acked_now() + 30, "writes after the kill")
                 by_id[victim].start()  # its stale copy is dropped once it sees it SEALED
-                _until_answers(client, victim)  # the checker reads every replica
+                until_answers(client, victim)  # the checker reads every replica
             stream.stop()
             writer.close()
             _all_sealed_and_dropped(tmp_path, client, log)
-            _judge(history, log)
+            judge(history, log)
         finally:
             client.close()
     finally:
@@ -290,7 +284,7 @@ def test_a_restarted_staged_node_still_refuses_a_fenced_writer(tmp_path, s3):
             assert calls.fence(node.node_id, 99, 0)[0] == 0
             node.kill()  # SIGKILL: nothing drained
             node.start()
-            _until(lambda: _answers(calls, node.node_id), "the restarted node answers")
+            until(lambda: _answers(calls, node.node_id), "the restarted node answers")
             later = encode_record(encode_entry(0, 1, 1, b"y", None, None))
             with pytest.raises(SegmentFencedError):
                 calls.add_entries(node.node_id, 99, 0, 1, later)
@@ -321,7 +315,7 @@ def test_a_node_whose_disk_fills_up_is_dropped_and_replaced_and_nothing_is_lost(
     clear error naming the node and the full disk, drops n0 from the segment, goes on at aq=2,
     and places the next segment on the others; every segment still ends SEALED."""
     config = _config(tmp_path, s3)
-    nodes = _start(
+    nodes = start_all(
         [
             LogStoreNode(
                 f"n{i}",
@@ -337,7 +331,7 @@ def test_a_node_whose_disk_fills_up_is_dropped_and_replaced_and_nothing_is_lost(
         client = wp.connect(tmp_path / "data", config)
         try:
             live = client.ensemble.directory.live
-            _until(lambda: live() == ["n0", "n1", "n2", "n3"], "every node registered")
+            until(lambda: live() == ["n0", "n1", "n2", "n3"], "every node registered")
             log = client.open_log("disk-full", create=True)
             writer = log.open_writer(idempotent=True)
             history = History(client.clock)
@@ -356,7 +350,7 @@ def test_a_node_whose_disk_fills_up_is_dropped_and_replaced_and_nothing_is_lost(
             segments = log.segments()
             assert any("n0" not in s.nodes for s in segments), "n0 was never replaced"
             _all_sealed_and_dropped(tmp_path, client, log)
-            _judge(history, log)
+            judge(history, log)
         finally:
             client.close()
         for node in nodes:
