@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from serverproc import HOST, ServerProcess
@@ -26,7 +27,7 @@ class LogStoreNode(ServerProcess):
         config: dict[str, object] | None = None,
         args: tuple[str, ...] = (),
     ):
-        super().__init__(start_timeout_s=60.0)
+        super().__init__(start_timeout_s=120.0)  # a start takes seconds; a busy machine slows it
         self.node_id = node_id
         self.data_dir = Path(data_dir)
         self.config = dict(config or {})
@@ -64,9 +65,15 @@ class LogStoreNode(ServerProcess):
         )  # fmt: skip
         log.close()
         if not self.wait_ready(lambda: port_file.exists()):
+            if self.proc.poll() is None:  # still running: its threads' stacks say where it waits
+                os.kill(self.proc.pid, signal.SIGUSR1)
+                time.sleep(2)
+                how = f"still starting after {self.start_timeout_s:g} s; its threads"
+            else:
+                how = f"exited with status {self.proc.returncode}"
             out = self.output()
             self.terminate()
-            raise RuntimeError(f"LogStore node {self.node_id} did not start: {out}")
+            raise RuntimeError(f"LogStore node {self.node_id} did not start ({how}): {out}")
         self.port = int(port_file.read_text())  # a restart listens on the same port
         return self
 

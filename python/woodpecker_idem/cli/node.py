@@ -15,6 +15,7 @@ appends: `logstore/remote.py` `DropReplies`, `DiskFull`); no deployment sets the
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import signal
 import sys
 import threading
@@ -104,6 +105,9 @@ def _fill_disk(engine: LogStoreEngine, fault: DiskFull) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # `kill -USR1 PID` writes every thread's stack to the node's stderr (a node that seems stuck,
+    # e.g. one that never starts serving, says where it waits)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     tls = None
     if args.tls_cert or args.tls_key or args.tls_client_ca:
         if not (args.tls_cert and args.tls_key):
