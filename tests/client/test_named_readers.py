@@ -39,7 +39,10 @@ def fill(handle: wp.LogHandle, n: int, idempotent: bool = False) -> list[LogMess
         ids = [writer.write(b"m%d" % i, idempotency_id=f"k{i}").message_id for i in range(n)]
     else:
         ids = [f.result(20).message_id for f in [writer.write_async(b"m%d" % i) for i in range(n)]]
-    writer.close()
+    # no bound: a close that runs out of time leaves its open segment to the next writer, and a
+    # reader stops at an open segment's confirmed tail (a consumer child then ends early)
+    writer.close(timeout=None)
+    assert all(s.state is not SegmentState.ACTIVE for s in handle.segments())
     return ids
 
 

@@ -218,18 +218,30 @@ def test_a_batch_read_option_on_a_stream_fails_the_query_with_its_message(spark,
         .option("endingOffsets", "latest")
         .load()
     )
-    with pytest.raises(Exception, match='option "endingOffsets" does not apply here') as err:
+
+    def run(attempt: int) -> Exception:
         query = (
             df.writeStream.format("memory")
-            .queryName("ending")
-            .option("checkpointLocation", str(tmp_path / "cp"))
+            .queryName(f"ending{attempt}")
+            .option("checkpointLocation", str(tmp_path / f"cp{attempt}"))
             .start()
         )
         try:
             query.processAllAvailable()
+        except Exception as exc:  # noqa: BLE001 - judged by the caller
+            return exc
         finally:
             query.stop()
-    assert "UnboundLocalError" not in str(err.value)
+        raise AssertionError("the query ran with a batch read's option")
+
+    # Spark gives the stream reader's Python worker a bounded time to start and connect back: on a
+    # machine busy enough it does not (seen at load 10), which says nothing about the reader.
+    for attempt in range(3):
+        err = run(attempt)
+        if "Python worker failed to connect back" not in str(err):
+            break
+    assert 'option "endingOffsets" does not apply here' in str(err), err
+    assert "UnboundLocalError" not in str(err)
 
 
 def test_create_table_using_woodpecker_is_refused_with_what_to_do(spark, tmp_path):  # noqa: F811
