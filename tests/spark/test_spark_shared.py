@@ -156,8 +156,11 @@ def test_a_job_on_etcd_s3_with_a_failure_and_a_duplicate_attempt_is_exactly_once
     assert {p: t["attempt"] for p, t in by_partition.items()} == {0: 0, 1: 0, 2: 1, 3: 0}
     assert by_partition[0]["duplicates"] == COPY_FIRST  # what the copy had written
     assert by_partition[0]["written"] == n0 - COPY_FIRST
-    failed_prefix = by_partition[2]["duplicates"]  # what the failed attempt's sink had written
-    assert 0 < failed_prefix <= FAIL_AFTER
+    # what the failed attempt's sink had written: usually some of its rows, but none if the task
+    # died (inject_failures gives the sink 2 s) before its sink sent any on a busy machine; the
+    # duplicate attempt of partition 0 is the fault this test aims, asserted above
+    failed_prefix = by_partition[2]["duplicates"]
+    assert 0 <= failed_prefix <= FAIL_AFTER
     assert report["rows"] == ROWS and report["written"] == ROWS - COPY_FIRST - failed_prefix
 
     client = connect(tmp_path / "checker", shared)
