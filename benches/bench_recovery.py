@@ -154,3 +154,52 @@ def test_gap_replay_costs_the_same_per_key_whatever_the_window_holds(
         },
     )
     assert ratio <= REPLAY_RATIO
+
+
+BULK_RATIO = 0.9  # a 10M-key snapshot's bulk load against one key at a time, CPU time
+
+
+@pytest.mark.skipif(
+    os.environ.get("WP_BENCH_RECOVERY_10M") != "1", reason="10M keys: WP_BENCH_RECOVERY_10M=1"
+)
+def test_a_large_snapshot_loads_in_bulk(benchmark: Any) -> None:
+    """A 10M-key snapshot: `Snapshot.load_into` a new window (the bulk load: records copied, the
+    index filled in hash order) against the same records added one key at a time
+    (`add_committed_many`), interleaved; CPU time of the call (the thread's: both run on it),
+    medians, so the other work on a shared machine counts less than in wall time."""
+    import hashlib
+    from array import array
+
+    from woodpecker_idem._core import DedupWindow, decode_snapshot, encode_snapshot
+
+    n, hour_ms, t0 = 10_000_000, 3_600_000, 1_700_000_000_000
+    keys = b"".join(hashlib.md5(b"%d" % i).digest() for i in range(n))
+    segs = array("q", (i // 100_000 for i in range(n)))
+    ents = array("q", (i % 100_000 for i in range(n)))
+    stamps = array("q", (t0 + i for i in range(n)))
+    window = DedupWindow(n, hour_ms)
+    window.add_committed_many(keys, segs, ents, stamps)
+    marks = {s: 99_999 for s in range(n // 100_000)}
+    snap = decode_snapshot(encode_snapshot(window, 1, 1, t0 + n, marks))
+    del window
+    cpu: dict[str, list[float]] = {"bulk": [], "one_at_a_time": []}
+    for _ in range(3):
+        for way in cpu:
+            window = DedupWindow(n, hour_ms)
+            gc.collect()
+            t = time.thread_time()
+            if way == "bulk":
+                snap.load_into(window)
+            else:
+                window.add_committed_many(keys, segs, ents, stamps)
+            cpu[way].append(time.thread_time() - t)
+            assert len(window) == n
+            del window
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+    med = {way: statistics.median(v) for way, v in cpu.items()}
+    ratio = med["bulk"] / med["one_at_a_time"]
+    _record(
+        benchmark,
+        {f"{way}_cpu_s": round(s, 3) for way, s in med.items()} | {"ratio": round(ratio, 3)},
+    )
+    assert ratio <= BULK_RATIO

@@ -94,12 +94,15 @@ def test_cluster_up_serves_a_client_at_es3_and_down_stops_every_process(tmp_path
 
 
 @pytest.mark.timeout(900)  # a cluster, a JVM start and three Spark jobs
-def test_the_spark_pipeline_runs_on_a_service_cluster_with_one_option(tmp_path: Path):
+@pytest.mark.parametrize("storage", ["object", pytest.param("staged", marks=pytest.mark.slow)])
+def test_the_spark_pipeline_runs_on_a_service_cluster_with_one_option(tmp_path: Path, storage):
     """The README's Spark job, unchanged, on service mode: `pipeline --config` names the
-    cluster's woodpecker.yaml, and every executor writes through the three node processes."""
+    cluster's woodpecker.yaml, and every executor writes through the three node processes (which
+    keep segments in S3, or, staged, on their disks until each is uploaded)."""
     root = tmp_path / "cluster"
     try:
-        assert _cli("cluster", "up", "--dir", str(root)).returncode == 0
+        up = _cli("cluster", "up", "--dir", str(root), "--storage", storage)
+        assert up.returncode == 0, up.stderr
         job = _cli(
             "pipeline", "--config", str(root / "woodpecker.yaml"), "--orders", "3000",
             "--duplicates", "300", "--data-dir", str(tmp_path / "reports"),
