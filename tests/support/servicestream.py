@@ -1,7 +1,8 @@
 """A stream of keyed writes against service-mode nodes under faults, and what the fault tests
-judge it with (tests/e2e/test_service_faults.py, test_staged_service.py): threads that retry a
-failed key with the same idempotency id, as an application would, every attempt recorded in a
-History; waits with a generous deadline (a guard against a hang, not a timing claim)."""
+judge it with (tests/e2e/test_service_faults.py and tests/e2e/test_staged_service.py): threads
+that retry a failed key with the same idempotency id, as an application would, every attempt
+recorded in a History; waits with a generous deadline (a guard against a hang, not a timing
+claim)."""
 
 from __future__ import annotations
 
