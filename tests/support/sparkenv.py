@@ -49,6 +49,9 @@ def spark() -> Iterator[object]:
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
         .config("spark.buffer.size", "4096")  # rows reach Python workers without waiting
         .config("spark.python.worker.reuse", "true")
+        # how long the JVM waits for a Python worker it started to connect back (15 s by
+        # default): stream readers' workers did not make it at load 10-17
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

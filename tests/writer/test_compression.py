@@ -421,8 +421,16 @@ def test_recovery_copies_compressed_entries_to_a_replica_that_missed_them(tmp_pa
 
     faults.add_entries = add_entries  # type: ignore[method-assign]
     try:
-        w = old.create_log("r").open_writer(idempotent=True, compression="zstd")
+        handle = old.create_log("r")
+        w = handle.open_writer(idempotent=True, compression="zstd")
         write_rows(w, 0, 100)
+        # acknowledged at aq=2: the third node's adds may still be on the way; let them land
+        # before the stall, so every node holds the first 100 and only the next run is partial
+        deadline = time.monotonic() + 60
+        for node in ("node-0", "node-1", "node-2"):
+            while len(faults.raw_read(node, handle.log_id, 0, 0, 1000)) < 100:
+                assert time.monotonic() < deadline, f"{node} never held the first 100"
+                time.sleep(0.05)
         stall.set()
 
         # one run, sent as one batch to every node at once, never acknowledged: on node-0 alone

@@ -178,18 +178,26 @@ def test_lingered_batch_waits_for_the_batch_in_flight(tmp_path, wp_connect):
     client.transport = faults
     handle = client.create_log("hold")
     writer = handle.open_writer()
-    faults.delay("node-0", 300)
+    # the first batch stays in flight until every later write is queued (a fixed delay let it
+    # land first on a busy machine, and the rest went out in many batches)
+    in_flight, held = threading.Event(), threading.Event()
+    inner_add = faults.add_entries
+
+    def add_entries(*args, **kwargs):
+        if not in_flight.is_set():
+            in_flight.set()
+            assert held.wait(60)
+        return inner_add(*args, **kwargs)
+
+    faults.add_entries = add_entries  # type: ignore[method-assign]
     first = writer.write_async(b"first")
-    deadline = time.monotonic() + 5
-    while faults.calls.get("add_entries", 0) < 1:  # its batch is in flight (sleeping 300 ms)
-        assert time.monotonic() < deadline
-        time.sleep(0.001)
-    faults.delay("node-0", 0)
+    assert in_flight.wait(60)
     rest = []
     for i in range(20):  # spread over ~100 ms: many lingers of 1 ms
         rest.append(writer.write_async(b"r%d" % i))
         time.sleep(0.005)
-    results = [f.result(5) for f in [first, *rest]]
+    held.set()
+    results = [f.result(60) for f in [first, *rest]]
     assert faults.calls["add_entries"] == 2, faults.calls
     assert [r.message_id for r in results] == [LogMessageId(0, i) for i in range(21)]
     writer.close()
