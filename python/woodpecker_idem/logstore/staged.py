@@ -64,6 +64,13 @@ class StagedSegmentStorage(SegmentStorage):
     def _mark(self, log_id: int, segment_id: int) -> str:
         return os.path.join(self.local.segment_dir(log_id, segment_id), SEALED_MARK)
 
+    def uncached(self) -> StagedSegmentStorage:
+        """The local files as they are, and the sealed store read without the block cache (no
+        sweeper, no thread: nothing to close)."""
+        view = StagedSegmentStorage(self.local, self.sealed_store)
+        view.sealed = self.sealed.uncached()
+        return view
+
     def dropped(self, log_id: int, segment_id: int) -> bool:
         """True once the local copy was dropped (the segment is read from the sealed store)."""
         return os.path.exists(self._mark(log_id, segment_id))
