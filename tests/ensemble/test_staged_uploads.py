@@ -161,3 +161,69 @@ def test_a_sealed_segment_is_read_from_object_storage_with_every_node_down(tmp_p
             calls.read(seg.nodes[0], log.log_id, seg.segment_id + 1, 0, 1)
     finally:
         client.close()
+
+
+class _HeldPuts:
+    """An object store whose puts wait at `release` once `hold` is set (`held` says one is)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.hold = threading.Event()
+        self.held = threading.Event()
+        self.release = threading.Event()
+
+    def put(self, key, data, *, if_none_match=False):
+        if self.hold.is_set():
+            self.held.set()
+            assert self.release.wait(WAIT_S), "never released"
+        return self.inner.put(key, data, if_none_match=if_none_match)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _storages(client: wp.WoodpeckerClient) -> list[StagedSegmentStorage]:
+    engines = client.transport.engines  # type: ignore[attr-defined]
+    return [engines[n].storage for n in sorted(engines)]
+
+
+def test_retention_that_drops_a_segment_while_it_uploads_leaves_no_object_behind(
+    tmp_path: Path,
+):
+    """Segment 0 completes and its upload waits in a put to object storage; retention drops the
+    segment meanwhile (TRUNCATED, deleted on its nodes). The upload's puts land after the
+    deletion: the node deletes what they wrote once they returned, and nothing of the segment
+    is left under sealed/, nor on a node's disk."""
+    from woodpecker_idem.retention import RetentionPolicy, apply
+
+    clock = wp.ManualClock()
+    data = tmp_path / "data"
+    client = wp.connect(data, STAGED, clock=clock)
+    try:
+        storages = _storages(client)
+        held = _HeldPuts(storages[0].sealed.store)
+        for storage in storages:
+            storage.sealed.store = held
+        held.hold.set()
+        log = client.open_log("dropped", create=True)
+        writer = log.open_writer()
+        for i in range(25):  # segment 0 completes at the roll, and its upload begins
+            writer.write(b"e%d" % i)
+        try:
+            assert held.held.wait(WAIT_S), "the upload never put"
+            seg0 = log.segments()[0]
+            assert seg0.state is SegmentState.COMPLETED
+            clock.advance(3_600_000)  # past the idempotency window and the age bound
+            dropped = apply(log, RetentionPolicy(max_age_ms=60_000))
+            assert [s.segment_id for s in dropped.drop] == [0]
+        finally:
+            held.hold.clear()
+            held.release.set()
+        uploads = client.ensemble.uploads
+        assert uploads is not None and uploads.wait_idle(WAIT_S)
+        assert log.segments()[0].state is SegmentState.TRUNCATED
+        assert storages[0].sealed_store.list(f"{log.log_id}/0/") == []
+        assert not list((data / "staged").glob(f"*/*/{log.log_id}/0"))
+        writer.close()
+    finally:
+        client.close()

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -365,6 +366,65 @@ def test_another_nodes_upload_of_the_same_segment_writes_the_same_objects(tmp_pa
     assert second == first
     reader = _sealed_reader(tmp_path)
     assert payloads(reader.read(LOG, SEG, 0, 100)) == [b"payload-%d" % i for i in range(10)]
+
+
+class _HeldPuts:
+    """An object store whose puts wait at `release` once `hold` is set (`held` says one is)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.hold = threading.Event()
+        self.held = threading.Event()
+        self.release = threading.Event()
+
+    def put(self, key, data, *, if_none_match=False):
+        if self.hold.is_set():
+            self.held.set()
+            assert self.release.wait(WAIT_S), "never released"
+        return self.inner.put(key, data, if_none_match=if_none_match)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_segment_deleted_while_its_upload_runs_leaves_nothing_behind(staged):
+    """The segment is deleted (truncation, retention) while its upload waits in a put: the
+    upload's puts land after the deletion, and the upload deletes the segment again once they
+    returned, local copy and objects, and fails; a later upload finds nothing to upload."""
+    transport, storage = staged
+    held = _HeldPuts(storage.sealed.store)
+    storage.sealed.store = held
+    transport.add_entries(NODE, LOG, SEG, 0, frame(0, 9))
+    held.hold.set()
+    outcome: list[BaseException | object] = []
+    upload = threading.Thread(
+        target=lambda: outcome.append(_call(transport.seal_segment, NODE, LOG, SEG, 9))
+    )
+    upload.start()
+    try:
+        assert held.held.wait(WAIT_S), "the upload never put"
+        transport.delete_segment(NODE, LOG, SEG)
+    finally:
+        held.hold.clear()
+        held.release.set()
+        upload.join(WAIT_S)
+    (error,) = outcome
+    assert isinstance(error, SegmentFencedError) and "deleted while" in str(error), error
+    assert storage.sealed_store.list(f"{LOG}/") == []
+    assert not Path(storage.local.segment_dir(LOG, SEG)).exists()
+    with pytest.raises(SegmentFencedError, match="holds no copy"):
+        transport.seal_segment(NODE, LOG, SEG, 9)
+    # nor an empty one (its end -1 asks for no entry): a footer of a deleted segment would stay
+    with pytest.raises(SegmentFencedError, match="holds no copy"):
+        transport.seal_segment(NODE, LOG, SEG + 1, -1)
+    assert storage.sealed_store.list(f"{LOG}/") == []
+
+
+def _call(fn, *args):
+    try:
+        return fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - the caller judges it
+        return exc
 
 
 def test_a_node_on_object_storage_refuses_seal_segment_by_name(transport):

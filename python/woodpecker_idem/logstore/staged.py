@@ -11,6 +11,14 @@ a completed segment moves to object storage, where any node reads it once its lo
   arrive, and every put is create-if-absent: replicas hold byte-identical entries, so a second
   upload of the same segment, by a retry or by another node of the ensemble after this one died
   mid-upload, writes the same keys with the same bytes and changes nothing.
+- An upload and the deletion of its segment (truncation, retention, a deleted log) exclude each
+  other on a node (`uploading`): a deletion that meets an upload under way marks it, and the
+  upload, once its last put returned, deletes the segment again, local files and objects, and
+  fails; an upload that starts during or after a deletion finds the segment gone and refuses.
+  Deleting after, rather than holding the deletion until the upload ends, keeps a deletion
+  (and the truncation waiting on it) from waiting for an upload S3 holds up for minutes; and
+  aborting the puts at once could not help, since a put under way cannot be called back: only
+  a deletion after the last put leaves nothing under `sealed/`.
 - `drop_local` (the node's `LocalCopies` sweeper, once the metadata says SEALED and a grace period
   passed) leaves a tombstone (`SEALED_MARK`) in the segment's local directory, then removes its
   files. A segment with a tombstone is opened on the sealed store: reads come from object
@@ -25,10 +33,17 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 from .._core import concat
-from ..errors import CorruptEntryError, EntryConflictError, StorageUnavailableError
+from ..errors import (
+    CorruptEntryError,
+    EntryConflictError,
+    SegmentFencedError,
+    StorageUnavailableError,
+)
 from ..objectstore.base import ObjectStore
 from .blocks import decode_footer, encode_record
 from .segment_files import FileSegmentStorage
@@ -57,6 +72,12 @@ class StagedSegmentStorage(SegmentStorage):
         # uploads and reads only: no packs (they serve a takeover of an open object segment)
         self.sealed = ObjectSegmentStorage(sealed, pack_blocks=0)
         self._sweeper: LocalCopies | None = None
+        # uploads against deletions (`uploading`): the uploads under way per segment, those of
+        # them a deletion met, and the deletions under way ((log, None): a whole log's)
+        self._guard = threading.Lock()
+        self._uploading: Counter[tuple[int, int]] = Counter()
+        self._deleted_meanwhile: set[tuple[int, int]] = set()
+        self._deleting: Counter[tuple[int, int | None]] = Counter()
 
     def __repr__(self) -> str:
         return f"StagedSegmentStorage({self.local.root!r}, {self.sealed_store!r})"
@@ -81,6 +102,58 @@ class StagedSegmentStorage(SegmentStorage):
         return self.local.open(log_id, segment_id, node_id)
 
     # --- upload --------------------------------------------------------------------------------
+
+    @contextmanager
+    def uploading(self, log_id: int, segment_id: int) -> Iterator[None]:
+        """Hold an upload of the segment (the engine's whole `seal_segment`) against its deletion
+        (the module doc). Refuses (`SegmentFencedError`) while a deletion of it runs, or when
+        this node holds no copy of it (deleted, or never placed here); when a deletion met the
+        upload, deletes the segment again once the upload is over, and fails."""
+        key = (log_id, segment_id)
+        where = f"{log_id}/{segment_id}"
+        with self._guard:
+            if self._deleting[key] or self._deleting[(log_id, None)]:
+                raise SegmentFencedError(f"{where} is being deleted on this node: not uploaded")
+            self._uploading[key] += 1
+        deleted = False
+        try:
+            if not os.path.isdir(self.local.segment_dir(log_id, segment_id)):
+                raise SegmentFencedError(
+                    f"{where}: this node holds no copy of it (deleted, or never placed here)"
+                )
+            yield
+        finally:
+            with self._guard:
+                self._uploading[key] -= 1
+                deleted = key in self._deleted_meanwhile
+                if not self._uploading[key]:
+                    del self._uploading[key]
+                    self._deleted_meanwhile.discard(key)
+            if deleted:
+                # every put of this upload has returned: what it wrote after the deletion goes
+                self._delete_copies(log_id, segment_id)
+        if deleted:
+            raise SegmentFencedError(
+                f"{where} was deleted while this node uploaded it; what the upload wrote is "
+                "deleted too"
+            )
+
+    @contextmanager
+    def _deletion(self, log_id: int, segment_id: int | None) -> Iterator[None]:
+        """A deletion of a segment (or, `segment_id` None, of a whole log): marks the uploads of
+        it under way, and refuses new ones until it is over (`uploading`)."""
+        with self._guard:
+            self._deleting[(log_id, segment_id)] += 1
+            for key in self._uploading:
+                if key[0] == log_id and segment_id in (None, key[1]):
+                    self._deleted_meanwhile.add(key)
+        try:
+            yield
+        finally:
+            with self._guard:
+                self._deleting[(log_id, segment_id)] -= 1
+                if not self._deleting[(log_id, segment_id)]:
+                    del self._deleting[(log_id, segment_id)]
 
     def upload(
         self, log_id: int, segment_id: int, node_id: str, chunks: Iterable[list[bytes]], last: int
@@ -190,13 +263,18 @@ class StagedSegmentStorage(SegmentStorage):
         self._sweeper = LocalCopies(self, drop, is_sealed, grace_s).start()
         return self._sweeper
 
-    def delete_segment(self, log_id: int, segment_id: int) -> None:
+    def _delete_copies(self, log_id: int, segment_id: int) -> None:
         self.local.delete_segment(log_id, segment_id)
         self.sealed.delete_segment(log_id, segment_id)
 
+    def delete_segment(self, log_id: int, segment_id: int) -> None:
+        with self._deletion(log_id, segment_id):
+            self._delete_copies(log_id, segment_id)
+
     def delete_log(self, log_id: int) -> None:
-        self.local.delete_log(log_id)
-        self.sealed.delete_log(log_id)
+        with self._deletion(log_id, None):
+            self.local.delete_log(log_id)
+            self.sealed.delete_log(log_id)
 
     def close(self) -> None:
         if self._sweeper is not None:
