@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 import woodpecker_idem as wp
+from woodpecker_idem._core import encode_entry
+from woodpecker_idem.logstore.blocks import encode_record
 from woodpecker_idem.logstore.staged import StagedSegmentStorage
 from woodpecker_idem.types import SegmentState
 
@@ -225,5 +227,63 @@ def test_retention_that_drops_a_segment_while_it_uploads_leaves_no_object_behind
         assert storages[0].sealed_store.list(f"{log.log_id}/0/") == []
         assert not list((data / "staged").glob(f"*/*/{log.log_id}/0"))
         writer.close()
+    finally:
+        client.close()
+
+
+def test_an_upload_meeting_a_conflicting_copy_on_every_node_stops_with_one_error(
+    tmp_path: Path, caplog
+):
+    """Object storage holds segment 0 sealed with other entries (another copy, of unknown
+    origin). Every node of the ensemble is asked once, each finds the conflict; then the upload
+    stops: one error naming the objects, the segment in `uploads.conflicts` and the metric,
+    left COMPLETED with the nodes' copies, and no retry queued. Once the objects are moved
+    aside, the next writer's takeover uploads it."""
+    import logging
+
+    from woodpecker_idem import metrics
+    from woodpecker_idem.logstore.engine import LogStoreEngine
+    from woodpecker_idem.logstore.segment_files import FileSegmentStorage
+
+    data = tmp_path / "data"
+    client = wp.connect(data, STAGED)
+    try:
+        log = client.open_log("conflict", create=True)
+        sealed = client.objects.child("sealed")
+        other = LogStoreEngine(
+            StagedSegmentStorage(FileSegmentStorage(tmp_path / "other", fsync=False), sealed),
+            "other",
+        )
+        for i in range(20):  # segment 0 as this log's writer will write it, other payloads
+            record = encode_record(encode_entry(0, i, 1, b"other-%d" % i, None, None))
+            other.add_entries(log.log_id, 0, i, record)
+        other.seal_segment(log.log_id, 0, 19)
+        other.close()
+        uploads = client.ensemble.uploads
+        assert uploads is not None
+        with caplog.at_level(logging.WARNING, logger="woodpecker_idem.ensemble.uploads"):
+            writer = log.open_writer()
+            for i in range(25):
+                writer.write(b"e%d" % i)
+            _until(lambda: (log.log_id, 0) in uploads.conflicts, "the upload stopped")
+        assert uploads.pending() == []  # nothing tried again
+        conflicted = {node for key, node, _ in uploads.failures if key == (log.log_id, 0)}
+        assert conflicted == {"node-0", "node-1", "node-2"}
+        assert uploads.failed_attempts == 3
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1, [r.getMessage() for r in errors]
+        assert f"sealed/{log.log_id}/0/" in errors[0].getMessage()
+        assert metrics.collect()["segment_upload_conflicts"] == {"conflict": 1}
+        assert log.segments()[0].state is SegmentState.COMPLETED
+        assert len(_local_files(data, log.log_id, 0)) >= 3  # the nodes keep their copies
+        writer.close()
+
+        for key in sealed.list(f"{log.log_id}/0/"):  # the operator moves them aside
+            sealed.delete(key)
+        log.open_writer().close()  # a takeover uploads what it finds COMPLETED
+        _until(lambda: all(s.state is SegmentState.SEALED for s in log.segments()), "SEALED")
+        assert uploads.conflicts == {}
+        assert metrics.collect()["segment_upload_conflicts"] == {}
+        assert _payloads(log, 25) == [b"e%d" % i for i in range(25)]
     finally:
         client.close()

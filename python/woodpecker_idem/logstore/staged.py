@@ -10,7 +10,11 @@ a completed segment moves to object storage, where any node reads it once its lo
   (`UPLOAD_BLOCK_ENTRIES`, `UPLOAD_BLOCK_BYTES`), never from how this node's batches happened to
   arrive, and every put is create-if-absent: replicas hold byte-identical entries, so a second
   upload of the same segment, by a retry or by another node of the ensemble after this one died
-  mid-upload, writes the same keys with the same bytes and changes nothing.
+  mid-upload, writes the same keys with the same bytes and changes nothing. An upload first
+  reads what is there: blocks another upload left, cut another way (an earlier release's
+  layout) or not, are kept when they hold this node's entries byte for byte, and the upload
+  goes on after them; a copy holding other entries, or sealed at another end, is a conflict
+  (`EntryConflictError`), which no retry resolves (the client stops at it, `uploads.py`).
 - An upload and the deletion of its segment (truncation, retention, a deleted log) exclude each
   other on a node (`uploading`): a deletion that meets an upload under way marks it, and the
   upload, once its last put returned, deletes the segment again, local files and objects, and
@@ -160,12 +164,27 @@ class StagedSegmentStorage(SegmentStorage):
     ) -> SealedSegment:
         """Write entries 0..`last` (`chunks`: lists of LogEntry bytes, in order) to the sealed
         store as blocks and then the footer (see the module doc); returns once every object is
-        written (durable when each put returns). Raises `EntryConflictError` when a footer with
-        another end is there, `CorruptEntryError` when the entries stop short of `last`."""
+        written (durable when each put returns). Blocks already there that hold the same entries
+        are kept. Raises `EntryConflictError` when the sealed store holds other entries or a
+        footer with another end, `CorruptEntryError` when the entries stop short of `last`."""
         handle = self.sealed.open(log_id, segment_id, node_id)
         where = f"{node_id}:{log_id}/{segment_id} upload"
         prefix = f"{log_id}/{segment_id}/"
-        blocks: list[tuple[int, int, int]] = []  # (first, last, block number)
+        there = handle.load()
+        kept = _kept_blocks(there.batches, where)  # (first, last, block number), in entry order
+        if there.completed_last is not None and there.completed_last != last:
+            raise EntryConflictError(
+                f"{where}: object storage holds this segment sealed at {there.completed_last}, "
+                f"not {last}"
+            )
+        covered = kept[-1][1] if kept else -1  # the kept blocks hold entries 0..covered
+        if covered > last or (there.completed_last is not None and covered != last):
+            raise EntryConflictError(
+                f"{where}: object storage holds blocks of entries 0..{covered} for a segment "
+                f"that ends at {last}"
+            )
+        held = _entries(handle, kept, where)
+        blocks: list[tuple[int, int, int]] = list(kept)  # (first, last, block number)
         records: list[bytes] = []
         size = 0
         entry = 0
@@ -181,6 +200,14 @@ class StagedSegmentStorage(SegmentStorage):
             for data in chunk:
                 if entry > last:
                     break
+                if entry <= covered:
+                    if next(held) != data:
+                        raise EntryConflictError(
+                            f"{where}: object storage holds entry {entry} with other bytes than "
+                            "this node's copy"
+                        )
+                    entry += 1
+                    continue
                 records.append(encode_record(data))
                 size += len(records[-1])
                 entry += 1
@@ -194,7 +221,7 @@ class StagedSegmentStorage(SegmentStorage):
             )
         if records:
             put()
-        other = handle.complete(last, blocks)
+        other = handle.complete(last, blocks) if there.completed_last is None else last
         if other is not None and other != last:
             raise EntryConflictError(
                 f"{where}: object storage holds this segment sealed at {other}, not {last}"
@@ -353,3 +380,34 @@ class LocalCopies:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
+
+
+def _kept_blocks(batches: list[tuple[int, int, int]], where: str) -> list[tuple[int, int, int]]:
+    """The blocks an earlier upload left ((first, last, block number) from the sealed handle's
+    load), in entry order; they must be blocks 0, 1, ... holding entries 0, 1, ... back to back
+    (as every upload puts them), whatever their cut, else they are not an upload's."""
+    kept = sorted((n, first, end) for first, end, n in batches)
+    end = -1
+    for i, (n, first, last) in enumerate(kept):
+        if n != i or first != end + 1:
+            raise EntryConflictError(
+                f"{where}: object storage holds block {n} of entries {first}..{last}, which does "
+                f"not follow entries 0..{end} in blocks 0..{i - 1}: not an upload's blocks"
+            )
+        end = last
+    return [(first, last, n) for n, first, last in kept]
+
+
+def _entries(
+    handle: SegmentHandle, kept: list[tuple[int, int, int]], where: str
+) -> Iterator[bytes]:
+    """The entries of the kept blocks in order, a block at a time; a damaged one is a conflict
+    (the upload cannot complete that copy, and no retry changes it)."""
+    for first, last, n in kept:
+        try:
+            got = handle.read([(n, first, first, last)])
+        except CorruptEntryError as exc:
+            raise EntryConflictError(
+                f"{where}: object storage holds a damaged block: {exc}"
+            ) from exc
+        yield from got
