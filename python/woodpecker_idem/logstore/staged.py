@@ -119,7 +119,6 @@ class StagedSegmentStorage(SegmentStorage):
             if self._deleting[key] or self._deleting[(log_id, None)]:
                 raise SegmentFencedError(f"{where} is being deleted on this node: not uploaded")
             self._uploading[key] += 1
-        deleted = False
         try:
             if not os.path.isdir(self.local.segment_dir(log_id, segment_id)):
                 raise SegmentFencedError(
@@ -134,13 +133,13 @@ class StagedSegmentStorage(SegmentStorage):
                     del self._uploading[key]
                     self._deleted_meanwhile.discard(key)
             if deleted:
-                # every put of this upload has returned: what it wrote after the deletion goes
+                # every put of this upload has returned: what it wrote after the deletion goes,
+                # and the upload fails as deleted, whatever else it met (its copy vanishing)
                 self._delete_copies(log_id, segment_id)
-        if deleted:
-            raise SegmentFencedError(
-                f"{where} was deleted while this node uploaded it; what the upload wrote is "
-                "deleted too"
-            )
+                raise SegmentFencedError(
+                    f"{where} was deleted while this node uploaded it; what the upload wrote "
+                    "is deleted too"
+                )
 
     @contextmanager
     def _deletion(self, log_id: int, segment_id: int | None) -> Iterator[None]:
