@@ -236,9 +236,9 @@ def test_an_upload_meeting_a_conflicting_copy_on_every_node_stops_with_one_error
 ):
     """Object storage holds segment 0 sealed with other entries (another copy, of unknown
     origin). Every node of the ensemble is asked once, each finds the conflict; then the upload
-    stops: one error naming the objects, the segment in `uploads.conflicts` and the metric,
-    left COMPLETED with the nodes' copies, and no retry queued. Once the objects are moved
-    aside, the next writer's takeover uploads it."""
+    stops: one error naming the objects, the segment in `uploads.conflicts` and the metric
+    (until the client closes), left COMPLETED with the nodes' copies, and no retry queued. Once
+    the objects are moved aside, the next writer's takeover uploads it."""
     import logging
 
     from woodpecker_idem import metrics
@@ -277,10 +277,21 @@ def test_an_upload_meeting_a_conflicting_copy_on_every_node_stops_with_one_error
         assert log.segments()[0].state is SegmentState.COMPLETED
         assert len(_local_files(data, log.log_id, 0)) >= 3  # the nodes keep their copies
         writer.close()
+    finally:
+        client.close()
+    assert metrics.collect()["segment_upload_conflicts"] == {}  # left with its client
 
+    client = wp.connect(data, STAGED)
+    try:
+        log = client.open_log("conflict")
+        uploads = client.ensemble.uploads
+        assert uploads is not None
+        log.open_writer().close()  # a takeover asks again: the same conflict
+        _until(lambda: (log.log_id, 0) in uploads.conflicts, "the upload stopped again")
+        sealed = client.objects.child("sealed")
         for key in sealed.list(f"{log.log_id}/0/"):  # the operator moves them aside
             sealed.delete(key)
-        log.open_writer().close()  # a takeover uploads what it finds COMPLETED
+        log.open_writer().close()  # and the next takeover uploads it
         _until(lambda: all(s.state is SegmentState.SEALED for s in log.segments()), "SEALED")
         assert uploads.conflicts == {}
         assert metrics.collect()["segment_upload_conflicts"] == {}

@@ -94,8 +94,11 @@ class SegmentUploads:
             self._forget(key)  # the client is closing: the next takeover uploads it
 
     def conflicts_by_log(self) -> dict[str, int]:
-        """Per log name, how many of its segments' uploads stopped at a conflict (the metric)."""
+        """Per log name, how many of its segments' uploads stopped at a conflict (the metric);
+        none once the client closed (its figures leave with it, as a closed writer's do)."""
         out: dict[str, int] = {}
+        if self._scheduler.closed:
+            return out
         with self._lock:
             for name, _ in self.conflicts.values():
                 out[name] = out.get(name, 0) + 1
