@@ -13,6 +13,7 @@ a busy machine), stopped by PID at its end."""
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -64,8 +65,10 @@ class ServiceCluster:
         return self
 
     def stop(self) -> None:
+        """Stop every node by PID, then remove the nodes' directory."""
         for node in self.nodes:
             node.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def local_copies(self, log_id: int) -> list[Path]:
         """The segment data files the nodes keep on disk of log `log_id` (dropped ones aside)."""
