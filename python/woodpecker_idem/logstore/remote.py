@@ -203,9 +203,10 @@ RPCS: dict[str, Rpc] = {
         pb.ReadResponse,
         _read_req,
         lambda r: list(r.entries),
-        # a fresh engine over the node's storage: nothing the serving engine holds is trusted
+        # a fresh engine over the node's storage, uncached: nothing the serving engine or its
+        # storage holds is trusted
         lambda e, q: pb.ReadResponse(
-            entries=LogStoreEngine(e.storage, e.node_id).read(
+            entries=LogStoreEngine(e.storage.uncached(), e.node_id).read(
                 q.log_id, q.segment_id, q.from_entry_id, q.max_entries
             )
         ),

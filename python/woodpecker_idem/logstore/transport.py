@@ -129,9 +129,10 @@ class InProcessTransport(LogStoreTransport):
         self._engine(node_id).delete_log(log_id)
 
     def raw_read(self, node_id, log_id, segment_id, from_entry_id, max_entries):
-        # A new engine over the node's storage: it loads the segment from the storage itself,
-        # where the live engine would answer from its index of what it was sent.
-        fresh = LogStoreEngine(self._engine(node_id).storage, node_id)
+        # A new engine over the node's storage, uncached: it loads the segment from the storage
+        # itself, where the live engine would answer from its index of what it was sent, and
+        # the storage from a block it read before.
+        fresh = LogStoreEngine(self._engine(node_id).storage.uncached(), node_id)
         return fresh.read(log_id, segment_id, from_entry_id, max_entries)
 
     def close(self) -> None:
