@@ -6,12 +6,20 @@ classes and no generated stubs: both sides build their handlers from the same ta
 wire cannot drift from it. AddEntries carries the writer's batch frame as it is (no re-encoding
 per entry). Every call has a deadline (`timeout_s`).
 
+The wire itself is native (`_core.NodeChannel`, `_core.NodeServer`: tonic over tokio, rustls for
+TLS): only protobuf bytes cross it, encoded and decoded here, and every decision stays here. A
+client's call blocks its thread without the GIL; a node's handler runs on the server's threads
+with it. Native at both ends because a gRPC library driven from Python could not answer two of
+three nodes within the latency target (benches/README.md, "the grpcio latency floor").
+
 Errors cross as the project's own: the node aborts a call with the error's stable `code` in the
 trailing metadata (`wp-error`) and its message as details, and the client raises the same class
 (`errors.by_code`), retriable exactly as in-process. A node that cannot be reached, or does not
 answer within the deadline, is `NodeUnavailableError` (retriable).
 
-One channel per node per client (gRPC multiplexes every call of every writer over it).
+One channel per node per client (HTTP/2 multiplexes every call of every writer over it). A node
+that cannot be reached fails the call at once; the next call connects again, so a restarted node
+is reached as soon as it listens.
 """
 
 from __future__ import annotations
@@ -21,11 +29,11 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Mapping
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._core import NodeChannel, NodeServer, RpcError
 from .._proto import logstore_pb2 as pb
 from ..errors import (
     CorruptEntryError,
@@ -41,17 +49,9 @@ from .transport import LogStoreTransport
 log = logging.getLogger(__name__)
 
 SERVICE = "woodpecker_idem.logstore.LogStore"
+# The trailing metadata key of a project error's code (the native wire sets and reads it: an
+# `RpcError`'s third argument)
 ERROR_KEY = "wp-error"
-MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # a batch of append.max_batch_bytes (<= 64 MiB) fits
-CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    # A node that restarts is back within a second (gRPC's default backoff grows to 2 minutes,
-    # and every call meanwhile fails at once)
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
 
 # Calls whose deadline is this many times `timeout_s`: an upload puts a whole segment to object
 # storage (a 256 MiB segment takes longer than a write's add ever may)
@@ -235,20 +235,12 @@ class GrpcTransport(LogStoreTransport):
     TLS (see `Tls`)."""
 
     def __init__(self, nodes: Mapping[str, str], timeout_s: float, tls: Tls | None = None):
-        import grpc  # the `service` extra: embedded clients never import it
-
-        self._grpc = grpc
         self._nodes = dict(nodes)
         self.timeout_s = timeout_s
-        self._credentials = None
-        if tls is not None:
-            ca, cert, key = tls.read()
-            self._credentials = grpc.ssl_channel_credentials(
-                root_certificates=ca, private_key=key, certificate_chain=cert
-            )
+        self._tls = tls
+        self._pem = tls.read() if tls is not None else (None, None, None)
         self._lock = threading.Lock()
-        self._channels: dict[str, Any] = {}
-        self._calls: dict[tuple[str, str], Callable[..., Any]] = {}
+        self._channels: dict[str, NodeChannel] = {}
 
     @property
     def node_ids(self) -> list[str]:
@@ -261,54 +253,44 @@ class GrpcTransport(LogStoreTransport):
             gone = [n for n, a in self._nodes.items() if nodes.get(n) != a]
             self._nodes = dict(nodes)
             closing = [self._channels.pop(n) for n in gone if n in self._channels]
-            self._calls = {k: c for k, c in self._calls.items() if k[0] not in gone}
         for channel in closing:
             channel.close()
 
-    def _call(self, node_id: str, method: str) -> Callable[..., Any]:
-        call = self._calls.get((node_id, method))
-        if call is not None:
-            return call
+    def _channel(self, node_id: str) -> NodeChannel:
+        channel = self._channels.get(node_id)
+        if channel is not None:
+            return channel
         with self._lock:
             address = self._nodes.get(node_id)
             if address is None:
                 raise NodeUnavailableError(f"unknown LogStore node {node_id!r}")
             channel = self._channels.get(node_id)
             if channel is None:
-                if self._credentials is None:
-                    channel = self._grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-                else:
-                    channel = self._grpc.secure_channel(
-                        address, self._credentials, options=CHANNEL_OPTIONS
-                    )
+                ca, cert, key = self._pem
+                channel = NodeChannel(
+                    address, SERVICE, tls=self._tls is not None, ca=ca, cert=cert, key=key
+                )
                 self._channels[node_id] = channel
-            rpc = RPCS[method]
-            call = channel.unary_unary(
-                f"/{SERVICE}/{rpc.name}",
-                request_serializer=rpc.request.SerializeToString,
-                response_deserializer=rpc.response.FromString,
-            )
-            self._calls[(node_id, method)] = call
-            return call
+            return channel
 
     def _invoke(self, node_id: str, method: str, *args: Any) -> Any:
         rpc = RPCS[method]
-        request = rpc.to_request(*args)
+        request = rpc.to_request(*args).SerializeToString()
+        timeout = self.timeout_s * SLOW_CALLS.get(method, 1)
         try:
-            timeout = self.timeout_s * SLOW_CALLS.get(method, 1)
-            response = self._call(node_id, method)(request, timeout=timeout)
-        except self._grpc.RpcError as exc:
+            response = self._channel(node_id).call(rpc.name, request, timeout)
+        except RpcError as exc:
             raise self._error(node_id, method, exc) from None
-        return rpc.from_response(response)
+        return rpc.from_response(rpc.response.FromString(response))
 
-    def _error(self, node_id: str, method: str, exc: Any) -> WoodpeckerError:
+    def _error(self, node_id: str, method: str, exc: RpcError) -> WoodpeckerError:
         """The project's error for a failed call (see the module doc)."""
-        code = dict(exc.trailing_metadata() or ()).get(ERROR_KEY)
+        status, details, code = exc.args
         if code is not None:
-            return by_code(code)(exc.details() or code)
+            return by_code(code)(details or code)
         return NodeUnavailableError(
             f"LogStore node {node_id} ({self._nodes.get(node_id)}): {method} failed: "
-            f"{exc.code().name} {exc.details() or ''}".strip()
+            f"{status} {details or ''}".strip()
         )
 
     def add_entries(
@@ -349,7 +331,6 @@ class GrpcTransport(LogStoreTransport):
         with self._lock:
             channels = list(self._channels.values())
             self._channels.clear()
-            self._calls.clear()
         for channel in channels:
             channel.close()
 
@@ -433,8 +414,9 @@ def parse_fault(text: str, seed: str = "") -> DropReplies | DiskFull:
 
 class LogStoreServer:
     """One node's service: `engine` behind a gRPC server on `address` ("127.0.0.1:0" picks a
-    free port: `port` tells which); with `tls`, TLS only (`Tls.ca` set: client certificates
-    signed by it are required). `fault` is for tests only (see `DropReplies`)."""
+    free port: `port` tells which, once started); with `tls`, TLS only (`Tls.ca` set: client
+    certificates signed by it are required). `workers`: calls served at once. `fault` is for
+    tests only (see `DropReplies`)."""
 
     def __init__(
         self,
@@ -444,72 +426,65 @@ class LogStoreServer:
         tls: Tls | None = None,
         fault: DropReplies | None = None,
     ):
-        import grpc
-
-        self._grpc = grpc
         self.engine = engine
         self.fault = fault
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wp-serve"),
-            options=CHANNEL_OPTIONS,
-        )
-        handlers = {
-            rpc.name: grpc.unary_unary_rpc_method_handler(
-                self._handler(rpc),
-                request_deserializer=rpc.request.FromString,
-                response_serializer=rpc.response.SerializeToString,
-            )
-            for rpc in RPCS.values()
-        }
-        self._server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(SERVICE, handlers),)
-        )
-        if tls is None:
-            self.port = self._server.add_insecure_port(address)
-        else:
-            ca, cert, key = tls.read()
-            if cert is None or key is None:
-                raise InvalidArgumentError("a TLS node needs its certificate and its key")
-            credentials = grpc.ssl_server_credentials(
-                [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
-            )
-            self.port = self._server.add_secure_port(address, credentials)
-        if self.port == 0:
-            raise OSError(f"LogStore node: cannot listen on {address}")
-        host = address.rsplit(":", 1)[0]
-        self.address = f"{host}:{self.port}"
+        self._listen = address
+        self._workers = workers
+        self._tls = tls
+        self._pem = tls.read() if tls is not None else (None, None, None)
+        if tls is not None and (self._pem[1] is None or self._pem[2] is None):
+            raise InvalidArgumentError("a TLS node needs its certificate and its key")
+        self._rpcs = {rpc.name: rpc for rpc in RPCS.values()}
+        self._server: NodeServer | None = None
+        self.port = 0
+        self.address = ""
 
-    def _handler(self, rpc: Rpc) -> Callable[[Any, Any], Any]:
-        grpc = self._grpc
-        engine = self.engine
-        fault = self.fault if rpc.name == "AddEntries" else None
-
-        def handle(request: Any, context: Any) -> Any:
-            try:
-                response = rpc.serve(engine, request)
-                if fault is not None and fault.drop():  # applied, and the reply lost
-                    context.abort(grpc.StatusCode.UNAVAILABLE, "reply dropped (testing fault)")
-                return response
-            except WoodpeckerError as exc:
-                context.set_trailing_metadata(((ERROR_KEY, exc.code),))
-                if isinstance(exc, CorruptEntryError):
-                    status = grpc.StatusCode.DATA_LOSS
-                elif exc.retriable:
-                    status = grpc.StatusCode.UNAVAILABLE
-                else:
-                    status = grpc.StatusCode.ABORTED
-                context.abort(status, str(exc))
-            except OSError as exc:  # a full or failing disk: this node is out for the call
-                log.error("%s failed on this node: %s", rpc.name, exc)
-                context.set_trailing_metadata(((ERROR_KEY, NodeUnavailableError.code),))
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"{rpc.name}: {exc}")
-
-        return handle
+    def _handle(self, method: str, request: bytes) -> bytes:
+        """One call (on a server thread, with the GIL): the response's bytes, or an `RpcError`
+        whose status and project error code the client maps back (see the module doc)."""
+        rpc = self._rpcs.get(method)
+        if rpc is None:
+            raise RpcError("UNIMPLEMENTED", f"no such method: {method}", None)
+        try:
+            response = rpc.serve(self.engine, rpc.request.FromString(request))
+        except WoodpeckerError as exc:
+            if isinstance(exc, CorruptEntryError):
+                status = "DATA_LOSS"
+            elif exc.retriable:
+                status = "UNAVAILABLE"
+            else:
+                status = "ABORTED"
+            raise RpcError(status, str(exc), exc.code) from None
+        except OSError as exc:  # a full or failing disk: this node is out for the call
+            log.error("%s failed on this node: %s", rpc.name, exc)
+            raise RpcError("UNAVAILABLE", f"{rpc.name}: {exc}", NodeUnavailableError.code) from None
+        except Exception as exc:  # a bug: the call fails, the node goes on
+            log.exception("%s failed on this node", rpc.name)
+            raise RpcError("UNKNOWN", f"{rpc.name}: {type(exc).__name__}: {exc}", None) from None
+        if rpc.name == "AddEntries" and self.fault is not None and self.fault.drop():
+            # applied, and the reply lost
+            raise RpcError("UNAVAILABLE", "reply dropped (testing fault)", None)
+        return response.SerializeToString()
 
     def start(self) -> LogStoreServer:
-        self._server.start()
+        """Listen and serve (`port` and `address` tell where)."""
+        ca, cert, key = self._pem
+        self._server = NodeServer(
+            self._listen,
+            SERVICE,
+            self._handle,
+            workers=self._workers,
+            tls=self._tls is not None,
+            ca=ca,
+            cert=cert,
+            key=key,
+        )
+        self.port = self._server.port
+        host = self._listen.rsplit(":", 1)[0]
+        self.address = f"{host}:{self.port}"
         return self
 
     def stop(self, grace_s: float | None = 5.0) -> None:
         """Stop taking calls; calls under way get `grace_s` to finish (SIGTERM drains)."""
-        self._server.stop(grace_s).wait()
+        if self._server is not None:
+            self._server.stop(grace_s or 0.0)

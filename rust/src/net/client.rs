@@ -1,0 +1,116 @@
+//! One node's channel: one HTTP/2 connection (TLS if configured), made on the first call and
+//! remade after it breaks, which every call of every thread shares.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::uri::PathAndQuery;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::Code;
+
+use super::{
+    runtime, Failure, RawCodec, TlsPem, CONNECTION_WINDOW, MAX_MESSAGE_BYTES, STREAM_WINDOW,
+};
+
+pub struct NodeChannel {
+    endpoint: Endpoint,
+    service: String,
+    /// The channel and the process it was made in (a forked child makes its own: the parent's
+    /// connection task runs on a runtime the child does not have).
+    live: Mutex<Option<(u32, Channel)>>,
+}
+
+impl NodeChannel {
+    /// A channel to `address` ("host:port") for `service`'s methods; nothing is connected yet.
+    pub fn new(address: &str, service: &str, tls: Option<TlsPem>) -> Result<Self, String> {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
+            .map_err(|e| format!("bad node address {address:?}: {e}"))?
+            .tcp_nodelay(true)
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW);
+        if let Some(pem) = tls {
+            let mut config = ClientTlsConfig::new();
+            config = match pem.ca {
+                Some(ca) => config.ca_certificate(Certificate::from_pem(ca)),
+                None => config.with_native_roots(),
+            };
+            match (pem.cert, pem.key) {
+                (Some(cert), Some(key)) => config = config.identity(Identity::from_pem(cert, key)),
+                (None, None) => {}
+                _ => return Err("a client certificate needs its key (set both)".to_owned()),
+            }
+            endpoint = endpoint
+                .tls_config(config)
+                .map_err(|e| format!("TLS settings for {address}: {e}"))?;
+        }
+        Ok(NodeChannel {
+            endpoint,
+            service: service.to_owned(),
+            live: Mutex::new(None),
+        })
+    }
+
+    fn channel(&self) -> std::io::Result<(Arc<tokio::runtime::Runtime>, Channel)> {
+        let rt = runtime()?;
+        let pid = std::process::id();
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((owner, channel)) = live.as_ref() {
+            if *owner == pid {
+                return Ok((rt, channel.clone()));
+            }
+        }
+        let channel = {
+            let _context = rt.enter(); // the channel's connection task is spawned on it
+            self.endpoint.connect_lazy()
+        };
+        if let Some((_, stale)) = live.replace((pid, channel.clone())) {
+            std::mem::forget(stale); // the parent's: its task is not in this process
+        }
+        Ok((rt, channel))
+    }
+
+    /// One unary call, blocking the calling thread: the response's bytes, or why it failed
+    /// (DEADLINE_EXCEEDED once `timeout` passes, connecting included).
+    pub fn call(&self, method: &str, body: Bytes, timeout: Duration) -> Result<Bytes, Failure> {
+        let path = PathAndQuery::try_from(format!("/{}/{}", self.service, method))
+            .map_err(|e| Failure::new(Code::InvalidArgument, format!("method {method:?}: {e}")))?;
+        let (rt, channel) = self
+            .channel()
+            .map_err(|e| Failure::new(Code::Internal, format!("no runtime: {e}")))?;
+        rt.block_on(async move {
+            let mut grpc = tonic::client::Grpc::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES);
+            let mut request = tonic::Request::new(body);
+            request.set_timeout(timeout);
+            let attempt = async {
+                grpc.ready().await.map_err(|e| {
+                    let mut status = tonic::Status::unavailable(e.to_string());
+                    status.set_source(Arc::new(e));
+                    status
+                })?;
+                grpc.unary(request, path, RawCodec).await
+            };
+            match tokio::time::timeout(timeout, attempt).await {
+                Ok(Ok(response)) => Ok(response.into_inner()),
+                Ok(Err(status)) => Err(Failure::from_status(&status)),
+                Err(_) => Err(Failure::new(
+                    Code::DeadlineExceeded,
+                    format!("no answer within {:.3} s", timeout.as_secs_f64()),
+                )),
+            }
+        })
+    }
+
+    /// Drop the connection (a later call connects again).
+    pub fn close(&self) {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((owner, channel)) = live.take() {
+            if owner != std::process::id() {
+                std::mem::forget(channel);
+            }
+        }
+    }
+}
