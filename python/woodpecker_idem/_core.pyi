@@ -23,6 +23,7 @@ __all__ = [
     "SNAPSHOT_FORMAT_VERSION",
     "__version__",
     "DedupWindow",
+    "Completions",
     "KeyPipe",
     "NodeChannel",
     "NodeServer",
@@ -950,8 +951,31 @@ class NodeChannel:
         """Call `service`/`method` with the request's bytes and wait (GIL released) for the
         response's bytes. Raises `RpcError` (DEADLINE_EXCEEDED once `timeout_s` passes,
         connecting included; UNAVAILABLE for a node that cannot be reached)."""
+    def start(
+        self,
+        method: str,
+        request: bytes,
+        timeout_s: float,
+        completions: Completions,
+        token: int,
+    ) -> None:
+        """The same call, started without waiting: its outcome, as `call` would return or
+        raise it, goes to `completions` under `token`."""
     def close(self) -> None:
         """Drop the connection (a later call connects again)."""
+
+@final
+class Completions:
+    """The outcomes of calls started with `NodeChannel.start`, for one thread to take in the
+    order they arrived."""
+
+    def __new__(cls) -> Self: ...
+    def next(self) -> tuple[int, bytes | RpcError] | None:
+        """The next outcome, `(token, response bytes or the RpcError)`, waiting for one (GIL
+        released); None once closed."""
+    def close(self) -> None:
+        """Wake the thread in `next` with None; outcomes not taken yet, or still to come, are
+        dropped."""
 
 @final
 class NodeServer:

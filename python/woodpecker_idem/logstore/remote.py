@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._core import NodeChannel, NodeServer, RpcError
+from .._core import Completions, NodeChannel, NodeServer, RpcError
 from .._proto import logstore_pb2 as pb
 from ..errors import (
     CorruptEntryError,
@@ -241,6 +241,13 @@ class GrpcTransport(LogStoreTransport):
         self._pem = tls.read() if tls is not None else (None, None, None)
         self._lock = threading.Lock()
         self._channels: dict[str, NodeChannel] = {}
+        # AddEntries started and not answered (`start_add_entries`), by token: their outcomes
+        # arrive in `_completions`, taken by one thread (`_answer`), made on the first start
+        self._completions = Completions()
+        self._started: dict[int, tuple[str, Callable[[Any, BaseException | None], None]]] = {}
+        self._tokens = 0
+        self._answerer: threading.Thread | None = None
+        self._closed = False
 
     @property
     def node_ids(self) -> list[str]:
@@ -282,6 +289,51 @@ class GrpcTransport(LogStoreTransport):
         except RpcError as exc:
             raise self._error(node_id, method, exc) from None
         return rpc.from_response(rpc.response.FromString(response))
+
+    def start_add_entries(self, node_id, log_id, segment_id, first_entry_id, frame, lac, done):
+        """See `LogStoreTransport.start_add_entries`: the call runs on the native runtime and its
+        outcome is handed to `done` on this transport's answering thread (a write's sends reach
+        three nodes with no thread of ours woken per call)."""
+        try:
+            channel = self._channel(node_id)
+        except NodeUnavailableError:
+            return False  # the blocking call raises it
+        rpc = RPCS["add_entries"]
+        request = rpc.to_request(log_id, segment_id, first_entry_id, frame, lac).SerializeToString()
+        with self._lock:
+            if self._closed:
+                return False
+            token = self._tokens
+            self._tokens += 1
+            self._started[token] = (node_id, done)
+            if self._answerer is None:
+                self._answerer = threading.Thread(
+                    target=self._answer, name="wp-net-answers", daemon=True
+                )
+                self._answerer.start()
+        channel.start(rpc.name, request, self.timeout_s, self._completions, token)
+        return True
+
+    def _answer(self) -> None:
+        """The answering thread: each started call's outcome to its `done`, in arrival order."""
+        rpc = RPCS["add_entries"]
+        while (item := self._completions.next()) is not None:
+            token, outcome = item
+            with self._lock:
+                node_id, done = self._started.pop(token)
+            result: Any = None
+            error: BaseException | None = None
+            if isinstance(outcome, RpcError):
+                error = self._error(node_id, "add_entries", outcome)
+            else:
+                try:
+                    result = rpc.from_response(rpc.response.FromString(outcome))
+                except Exception as exc:  # a reply that is no AddEntriesResponse
+                    error = NodeUnavailableError(f"LogStore node {node_id}: bad reply: {exc}")
+            try:
+                done(result, error)
+            except Exception:  # a bug in a callback must not stop the answers to the others
+                log.exception("LogStore node %s: an AddEntries callback failed", node_id)
 
     def _error(self, node_id: str, method: str, exc: RpcError) -> WoodpeckerError:
         """The project's error for a failed call (see the module doc)."""
@@ -328,9 +380,24 @@ class GrpcTransport(LogStoreTransport):
         return self._invoke(node_id, "raw_read", log_id, segment_id, from_entry_id, max_entries)
 
     def close(self) -> None:
+        """Close the channels; a started call not answered yet is answered now, with a
+        retriable `NodeUnavailableError` (its outcome, if it comes, is dropped)."""
         with self._lock:
+            self._closed = True
             channels = list(self._channels.values())
             self._channels.clear()
+            answerer = self._answerer
+        self._completions.close()
+        if answerer is not None and answerer is not threading.current_thread():
+            answerer.join()
+        with self._lock:
+            unanswered = list(self._started.values())
+            self._started.clear()
+        for node_id, done in unanswered:
+            try:
+                done(None, NodeUnavailableError(f"LogStore node {node_id}: its client closed"))
+            except Exception:
+                log.exception("LogStore node %s: an AddEntries callback failed", node_id)
         for channel in channels:
             channel.close()
 

@@ -74,34 +74,34 @@ impl NodeChannel {
     /// One unary call, blocking the calling thread: the response's bytes, or why it failed
     /// (DEADLINE_EXCEEDED once `timeout` passes, connecting included).
     pub fn call(&self, method: &str, body: Bytes, timeout: Duration) -> Result<Bytes, Failure> {
-        let path = PathAndQuery::try_from(format!("/{}/{}", self.service, method))
-            .map_err(|e| Failure::new(Code::InvalidArgument, format!("method {method:?}: {e}")))?;
-        let (rt, channel) = self
-            .channel()
-            .map_err(|e| Failure::new(Code::Internal, format!("no runtime: {e}")))?;
-        rt.block_on(async move {
-            let mut grpc = tonic::client::Grpc::new(channel)
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES);
-            let mut request = tonic::Request::new(body);
-            request.set_timeout(timeout);
-            let attempt = async {
-                grpc.ready().await.map_err(|e| {
-                    let mut status = tonic::Status::unavailable(e.to_string());
-                    status.set_source(Arc::new(e));
-                    status
-                })?;
-                grpc.unary(request, path, RawCodec).await
-            };
-            match tokio::time::timeout(timeout, attempt).await {
-                Ok(Ok(response)) => Ok(response.into_inner()),
-                Ok(Err(status)) => Err(Failure::from_status(&status)),
-                Err(_) => Err(Failure::new(
-                    Code::DeadlineExceeded,
-                    format!("no answer within {:.3} s", timeout.as_secs_f64()),
-                )),
-            }
-        })
+        let path = self.path(method)?;
+        let (rt, channel) = self.live()?;
+        rt.block_on(attempt(channel, path, body, timeout))
+    }
+
+    /// The same call started on the runtime without waiting: `finish` gets its outcome there
+    /// (on a runtime thread, so it must not block).
+    pub fn start(
+        &self,
+        method: &str,
+        body: Bytes,
+        timeout: Duration,
+        finish: impl FnOnce(Result<Bytes, Failure>) + Send + 'static,
+    ) -> Result<(), Failure> {
+        let path = self.path(method)?;
+        let (rt, channel) = self.live()?;
+        rt.spawn(async move { finish(attempt(channel, path, body, timeout).await) });
+        Ok(())
+    }
+
+    fn path(&self, method: &str) -> Result<PathAndQuery, Failure> {
+        PathAndQuery::try_from(format!("/{}/{}", self.service, method))
+            .map_err(|e| Failure::new(Code::InvalidArgument, format!("method {method:?}: {e}")))
+    }
+
+    fn live(&self) -> Result<(Arc<tokio::runtime::Runtime>, Channel), Failure> {
+        self.channel()
+            .map_err(|e| Failure::new(Code::Internal, format!("no runtime: {e}")))
     }
 
     /// Drop the connection (a later call connects again).
@@ -112,5 +112,34 @@ impl NodeChannel {
                 std::mem::forget(channel);
             }
         }
+    }
+}
+
+async fn attempt(
+    channel: Channel,
+    path: PathAndQuery,
+    body: Bytes,
+    timeout: Duration,
+) -> Result<Bytes, Failure> {
+    let mut grpc = tonic::client::Grpc::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let mut request = tonic::Request::new(body);
+    request.set_timeout(timeout);
+    let call = async {
+        grpc.ready().await.map_err(|e| {
+            let mut status = tonic::Status::unavailable(e.to_string());
+            status.set_source(Arc::new(e));
+            status
+        })?;
+        grpc.unary(request, path, RawCodec).await
+    };
+    match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(response)) => Ok(response.into_inner()),
+        Ok(Err(status)) => Err(Failure::from_status(&status)),
+        Err(_) => Err(Failure::new(
+            Code::DeadlineExceeded,
+            format!("no answer within {:.3} s", timeout.as_secs_f64()),
+        )),
     }
 }

@@ -3,9 +3,12 @@
 //! HTTP/2 connection to one node; `server::NodeServer` serves one service by handing each call to
 //! a `Handler` on a blocking thread. Both run on one tokio runtime per process (`runtime()`),
 //! made on first use, so a process forked before it (Spark's Python workers) makes its own.
+//! A call either blocks its caller (`NodeChannel::call`) or is started and its outcome queued
+//! (`NodeChannel::start` into `completions::Completions`), for a caller that must not wait.
 //! `py` is the Python face (`_core.NodeChannel`, `_core.NodeServer`, `_core.RpcError`).
 
 mod client;
+mod completions;
 mod py;
 mod server;
 
@@ -51,16 +54,19 @@ impl Failure {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let mut message = status.message().to_owned();
-        if error.is_none() {
-            // a transport failure: say what failed underneath (refused, reset, TLS)
-            let mut source = std::error::Error::source(status);
-            while let Some(cause) = source {
-                message = format!("{message}: {cause}");
-                source = cause.source();
-            }
+        let mut code = status.code();
+        let mut source = std::error::Error::source(status);
+        if source.is_some() && code == Code::Unknown {
+            // a failure of this side's connection (refused, reset, TLS), not a status the node
+            // sent: UNAVAILABLE, as gRPC names a broken connection
+            code = Code::Unavailable;
+        }
+        while let Some(cause) = source {
+            message = format!("{message}: {cause}");
+            source = cause.source();
         }
         Failure {
-            code: status.code(),
+            code,
             message,
             error,
         }

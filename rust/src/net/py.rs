@@ -13,6 +13,7 @@ use pyo3::types::PyBytes;
 use tonic::Code;
 
 use super::client::NodeChannel;
+use super::completions::Completions;
 use super::server::{Handler, NodeServer};
 use super::{code_by_name, code_name, Failure, TlsPem};
 
@@ -97,7 +98,59 @@ impl PyNodeChannel {
         }
     }
 
+    /// Start the call without waiting: its outcome goes to `completions` under `token`.
+    fn start(
+        &self,
+        method: &str,
+        request: &[u8],
+        timeout_s: f64,
+        completions: &Bound<'_, PyCompletions>,
+        token: u64,
+    ) -> PyResult<()> {
+        let timeout = seconds(timeout_s, "timeout_s")?;
+        let queue = completions.get().inner.clone();
+        let body = Bytes::copy_from_slice(request);
+        self.inner
+            .start(method, body, timeout, move |outcome| {
+                queue.push((token, outcome))
+            })
+            .map_err(raise)
+    }
+
     /// Drop the connection (a later call connects again).
+    fn close(&self) {
+        self.inner.close();
+    }
+}
+
+/// The outcomes of started calls (`NodeChannel.start`), for one thread to take in turn.
+#[pyclass(module = "woodpecker_idem._core", name = "Completions", frozen)]
+pub struct PyCompletions {
+    inner: Arc<Completions>,
+}
+
+#[pymethods]
+impl PyCompletions {
+    #[new]
+    fn new() -> Self {
+        PyCompletions {
+            inner: Arc::new(Completions::default()),
+        }
+    }
+
+    /// The next outcome, `(token, response bytes or RpcError)`, waiting for one without the
+    /// GIL; None once closed.
+    fn next<'py>(&self, py: Python<'py>) -> Option<(u64, Bound<'py, PyAny>)> {
+        let queue = self.inner.clone();
+        let (token, outcome) = py.detach(move || queue.next())?;
+        let value = match outcome {
+            Ok(response) => PyBytes::new(py, &response).into_any(),
+            Err(failure) => raise(failure).into_value(py).into_bound(py).into_any(),
+        };
+        Some((token, value))
+    }
+
+    /// Wake the thread in `next` with None; outcomes not taken yet are dropped.
     fn close(&self) {
         self.inner.close();
     }
@@ -176,5 +229,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RpcError", m.py().get_type::<RpcError>())?;
     m.add_class::<PyNodeChannel>()?;
     m.add_class::<PyNodeServer>()?;
+    m.add_class::<PyCompletions>()?;
     Ok(())
 }
