@@ -13,9 +13,10 @@ rounds:
 - `node CPU us/entry`: the CPU time (user + system) of the three node processes over that run,
   per entry (all three replicas together);
 - sync `write()` p50/p99: one caller, each write waited for, 1 KiB, idempotent and plain;
-- the floor under it: p50 of the first two answers of one small call (LastAddConfirmed) sent to
-  the three nodes at once from three threads, as the write path's senders do: what a sync write
-  costs at least over this transport on this machine.
+- the floor under it: p50 of the first two answers of one small call (LastAddConfirmed) started
+  on the three nodes at once and answered into one queue, as the write path's senders start a
+  batch's AddEntries (`_core.NodeChannel.start`): what a sync write costs at least over this
+  wire, with these node processes, on this machine.
 The figures are printed and kept in `extra_info`, each under its fsync policy, with the load
 average before and after.
 
@@ -34,12 +35,14 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import pytest
 
 import woodpecker_idem as wp
+from woodpecker_idem._core import Completions, NodeChannel
+from woodpecker_idem._proto import logstore_pb2 as pb
+from woodpecker_idem.logstore.remote import SERVICE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from nodeserver import LogStoreNode  # noqa: E402
@@ -75,18 +78,25 @@ def _cpu_s(pids: list[int]) -> float:
     return total * TICK_S
 
 
-def _quorum_floor(transport: object, nodes: list[str], pool: ThreadPoolExecutor) -> list[float]:
-    """Latency to the second answer of a LastAddConfirmed sent to every node at once."""
+def _quorum_floor(addresses: list[str]) -> list[float]:
+    """Latency to the second answer of a LastAddConfirmed started on every node at once."""
+    channels = [NodeChannel(a, SERVICE) for a in addresses]
+    answers = Completions()
+    request = pb.SegmentRequest(log_id=1, segment_id=0).SerializeToString()
     lat = []
-    call = transport.last_add_confirmed  # type: ignore[attr-defined]
-    for _ in range(SYNC_WRITES):
-        t0 = time.perf_counter()
-        answers = as_completed([pool.submit(call, n, 1, 0) for n in nodes])
-        next(answers)
-        next(answers)
-        lat.append(time.perf_counter() - t0)
-        for f in answers:
-            f.result()
+    try:
+        for _ in range(SYNC_WRITES):
+            t0 = time.perf_counter()
+            for token, channel in enumerate(channels):
+                channel.start("LastAddConfirmed", request, 10.0, answers, token)
+            outcomes = [answers.next(), answers.next()]
+            lat.append(time.perf_counter() - t0)
+            outcomes.append(answers.next())
+            assert all(o is not None and isinstance(o[1], bytes) for o in outcomes), outcomes
+    finally:
+        answers.close()
+        for channel in channels:
+            channel.close()
     return lat
 
 
@@ -162,7 +172,6 @@ def test_service_es3_over_grpc(benchmark, fsync: str):
                 p50: dict[str, list[float]] = {c.name: [] for c in sync_cases}
                 p99: dict[str, list[float]] = {c.name: [] for c in sync_cases}
                 floor: list[float] = []
-                pool = ThreadPoolExecutor(3)
                 for _ in range(ROUNDS):
                     for case in cases:
                         before = _cpu_s(pids)
@@ -173,10 +182,7 @@ def test_service_es3_over_grpc(benchmark, fsync: str):
                         lat = case.sync(SYNC_WRITES)
                         p50[case.name].append(_pct(lat, 0.5))
                         p99[case.name].append(_pct(lat, 0.99))
-                    floor.append(
-                        _pct(_quorum_floor(client.transport, ["n0", "n1", "n2"], pool), 0.5)
-                    )
-                pool.shutdown()
+                    floor.append(_pct(_quorum_floor([n.address for n in nodes]), 0.5))
                 idem_1k = cases[1]
                 benchmark.pedantic(lambda: idem_1k.throughput(1000), rounds=1, iterations=1)
                 for case in cases:

@@ -118,6 +118,8 @@ def test_a_stopping_node_finishes_calls_under_way_and_refuses_new_ones(engine: L
         stopper.start()
         while stopper.is_alive() and not _refused(remote):
             pass  # until the stop has begun: a new call is then refused
+        stopper.join(0.5)
+        assert stopper.is_alive()  # the stop waits for the call under way
         release.set()
         caller.join(WAIT_S)
         stopper.join(WAIT_S)
