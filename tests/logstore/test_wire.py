@@ -194,3 +194,65 @@ def test_a_forked_child_reaches_the_node_with_a_runtime_of_its_own(node: LogStor
         assert len(remote.read(NODE, LOG, SEG, 0, 10)) == 2  # the parent's goes on
     finally:
         remote.close()
+
+
+def test_a_caller_waiting_in_answer_one_takes_an_answer_itself(node: LogStoreServer):
+    """With the answering thread busy (inside a callback that waits), a started call's answer
+    still reaches a thread waiting in `answer_one`, which hands it on there; a nudge, or a
+    wait with nothing to take, returns False."""
+    remote = GrpcTransport({NODE: node.address}, timeout_s=WAIT_S)
+    hold, held = threading.Event(), threading.Event()
+
+    def blocking_done(result: object, error: BaseException | None) -> None:
+        held.set()
+        hold.wait(WAIT_S)
+
+    try:
+        assert remote.start_add_entries(NODE, LOG, SEG, 0, frame(0, 0), -1, blocking_done)
+        assert held.wait(WAIT_S)  # the answering thread now waits in that callback
+        mine = Answers()
+        assert remote.start_add_entries(NODE, LOG, SEG, 1, frame(1, 1), 0, mine.done)
+        assert remote.answer_one(WAIT_S) is True
+        assert mine.calls == [(1, None, threading.current_thread().name)]
+        assert remote.answer_one(0.01) is False  # nothing started: nothing to take
+        nudger = threading.Timer(0.05, remote.nudge)
+        nudger.start()
+        assert remote.answer_one(WAIT_S) is False  # returned by the nudge, not the timeout
+        nudger.join()
+    finally:
+        hold.set()
+        remote.close()
+
+
+def test_sync_writes_over_the_wire_settle_on_their_callers_thread(tmp_path: Path):
+    """es=3 over three nodes behind the wire: a sync `write()` takes its answers itself
+    (`Pipeline.wait`), so the ack that brings it to the quorum is handled on the caller's
+    thread, not handed to it from the answering thread."""
+    import woodpecker_idem as wp
+    from woodpecker_idem.writer.pipeline import Pipeline
+
+    engines = [
+        LogStoreEngine(segment_storage(LocalObjectStore(tmp_path / f"n{i}"), fsync=False))
+        for i in range(3)
+    ]
+    servers = [LogStoreServer(e).start() for e in engines]
+    remote = GrpcTransport({f"n{i}": s.address for i, s in enumerate(servers)}, WAIT_S)
+    acked_on: list[str] = []
+    real = Pipeline.on_ack
+
+    def on_ack(self, node, seg, batch):  # type: ignore[no-untyped-def]
+        acked_on.append(threading.current_thread().name)
+        real(self, node, seg, batch)
+
+    Pipeline.on_ack = on_ack  # type: ignore[method-assign]
+    try:
+        with wp.connect(tmp_path / "data", {"quorum.es": 3}, transport=remote) as client:
+            writer = client.open_log("wire", create=True).open_writer(idempotent=True)
+            for i in range(50):
+                writer.write(b"row %d" % i, idempotency_id=f"k{i}")
+            writer.close()
+    finally:
+        Pipeline.on_ack = real  # type: ignore[method-assign]
+        for server in servers:
+            server.stop(0)
+    assert "MainThread" in acked_on, set(acked_on)

@@ -315,25 +315,44 @@ class GrpcTransport(LogStoreTransport):
         return True
 
     def _answer(self) -> None:
-        """The answering thread: each started call's outcome to its `done`, in arrival order."""
-        rpc = RPCS["add_entries"]
+        """The answering thread: each started call's outcome to its `done`, in arrival order
+        (but for those a thread in `answer_one` takes)."""
         while (item := self._completions.next()) is not None:
-            token, outcome = item
-            with self._lock:
-                node_id, done = self._started.pop(token)
-            result: Any = None
-            error: BaseException | None = None
-            if isinstance(outcome, RpcError):
-                error = self._error(node_id, "add_entries", outcome)
-            else:
-                try:
-                    result = rpc.from_response(rpc.response.FromString(outcome))
-                except Exception as exc:  # a reply that is no AddEntriesResponse
-                    error = NodeUnavailableError(f"LogStore node {node_id}: bad reply: {exc}")
+            self._deliver(*item)
+
+    def answer_one(self, timeout_s: float) -> bool | None:
+        """See `LogStoreTransport.answer_one`: a thread waiting here is handed an outcome before
+        the answering thread is woken."""
+        item = self._completions.help(timeout_s)
+        if item is None:
+            return False
+        self._deliver(*item)
+        return True
+
+    def nudge(self) -> None:
+        self._completions.nudge()
+
+    def _deliver(self, token: int, outcome: bytes | RpcError) -> None:
+        """One started call's outcome to its `done`."""
+        rpc = RPCS["add_entries"]
+        with self._lock:
+            started = self._started.pop(token, None)
+        if started is None:
+            return  # answered by close() already
+        node_id, done = started
+        result: Any = None
+        error: BaseException | None = None
+        if isinstance(outcome, RpcError):
+            error = self._error(node_id, "add_entries", outcome)
+        else:
             try:
-                done(result, error)
-            except Exception:  # a bug in a callback must not stop the answers to the others
-                log.exception("LogStore node %s: an AddEntries callback failed", node_id)
+                result = rpc.from_response(rpc.response.FromString(outcome))
+            except Exception as exc:  # a reply that is no AddEntriesResponse
+                error = NodeUnavailableError(f"LogStore node {node_id}: bad reply: {exc}")
+        try:
+            done(result, error)
+        except Exception:  # a bug in a callback must not stop the answers to the others
+            log.exception("LogStore node %s: an AddEntries callback failed", node_id)
 
     def _error(self, node_id: str, method: str, exc: RpcError) -> WoodpeckerError:
         """The project's error for a failed call (see the module doc)."""

@@ -97,8 +97,12 @@ class BatchSend:
         w = d.pipeline
         seg = self.seg
         batch = self.batch
-        if batch is None or w.stopped or self.node in seg.failed_nodes:
-            return False  # a LAC update, a skip, or a writer closing: `call` answers it
+        if w.stopped or self.node in seg.failed_nodes:
+            return False  # a skip, or a writer closing: `call` answers it
+        if batch is None:
+            return d.transport.start_add_entries(
+                self.node, w.log_id, seg.segment_id, seg.lac + 1, b"", seg.lac, answer
+            )
         if seg.status is SegmentStatus.FAILED or seg.status is SegmentStatus.DONE:
             return False
         return d.transport.start_add_entries(

@@ -124,8 +124,9 @@ async fn attempt(
     let mut grpc = tonic::client::Grpc::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let mut request = tonic::Request::new(body);
-    request.set_timeout(timeout);
+    // No grpc-timeout header: the deadline is this side's (a node's server would cancel the
+    // call as CANCELLED first, and its handler runs to the end whatever it is told)
+    let request = tonic::Request::new(body);
     let call = async {
         grpc.ready().await.map_err(|e| {
             let mut status = tonic::Status::unavailable(e.to_string());
