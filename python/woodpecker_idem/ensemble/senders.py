@@ -137,8 +137,12 @@ class NodeSender:
 
     def _ready_locked(self, lane: Hashable) -> None:
         job = self._lanes[lane][0]
-        if job.start is not None and job.start(lambda r, e: self._finish(lane, job, r, e)):
-            return  # started: its answer moves the lane on (`_finish`), on the transport's thread
+        if job.start is not None:
+            try:
+                if job.start(lambda r, e: self._finish(lane, job, r, e)):
+                    return  # started: its answer moves the lane on (`_finish`)
+            except Exception:  # a bug in a start must not lose the call: a worker makes it
+                log.exception("LogStore node %s: starting a call failed", self.node)
         self._ready.append(lane)
         if self._idle:
             self._work.notify()

@@ -311,7 +311,12 @@ class GrpcTransport(LogStoreTransport):
                     target=self._answer, name="wp-net-answers", daemon=True
                 )
                 self._answerer.start()
-        channel.start(rpc.name, request, self.timeout_s, self._completions, token)
+        try:
+            channel.start(rpc.name, request, self.timeout_s, self._completions, token)
+        except RpcError:  # not started (no runtime): the blocking call says why
+            with self._lock:
+                self._started.pop(token, None)
+            return False
         return True
 
     def _answer(self) -> None:
