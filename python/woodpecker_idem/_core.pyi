@@ -973,17 +973,9 @@ class Completions:
     def next(self) -> tuple[int, bytes | RpcError] | None:
         """The next outcome, `(token, response bytes or the RpcError)`, waiting for one (GIL
         released); None once closed."""
-    def help(self, timeout_s: float) -> tuple[int, bytes | RpcError] | None:
-        """The next outcome if one comes within `timeout_s` (GIL released), for a thread that
-        waits for something of its own and takes outcomes meanwhile: a helper is handed one
-        before the thread in `next` is woken. None after the timeout, once closed, or after a
-        `nudge`. Raises ValueError for a negative timeout."""
-    def nudge(self) -> None:
-        """Make the threads waiting in `help` return None now (what they wait for may be
-        done)."""
     def close(self) -> None:
-        """Wake the threads in `next` and `help` with None; outcomes not taken yet, or still to
-        come, are dropped."""
+        """Wake the thread in `next` with None; outcomes not taken yet, or still to come, are
+        dropped."""
 
 @final
 class NodeServer:

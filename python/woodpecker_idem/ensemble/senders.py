@@ -17,8 +17,7 @@ it fail at once, until one returns.
 
 A job that can be started without a thread (`Job.start`: a transport whose calls wait on the
 network, `LogStoreTransport.start_add_entries`) is started as soon as its lane's turn comes, on
-the thread that made it ready, and answered on the transport's own thread (or on a caller's
-that waits for it: `LogStoreTransport.answer_one`): no worker is woken,
+the thread that made it ready, and answered on the transport's own thread: no worker is woken,
 and its deadline is the transport's (the call fails with a retriable `NodeUnavailableError`
 when it passes). Its lane still runs one call at a time, in submit order.
 

@@ -320,22 +320,9 @@ class GrpcTransport(LogStoreTransport):
         return True
 
     def _answer(self) -> None:
-        """The answering thread: each started call's outcome to its `done`, in arrival order
-        (but for those a thread in `answer_one` takes)."""
+        """The answering thread: each started call's outcome to its `done`, in arrival order."""
         while (item := self._completions.next()) is not None:
             self._deliver(*item)
-
-    def answer_one(self, timeout_s: float) -> bool | None:
-        """See `LogStoreTransport.answer_one`: a thread waiting here is handed an outcome before
-        the answering thread is woken."""
-        item = self._completions.help(timeout_s)
-        if item is None:
-            return False
-        self._deliver(*item)
-        return True
-
-    def nudge(self) -> None:
-        self._completions.nudge()
 
     def _deliver(self, token: int, outcome: bytes | RpcError) -> None:
         """One started call's outcome to its `done`."""

@@ -47,20 +47,10 @@ class LogStoreTransport(ABC):
     ) -> bool:
         """Start `add_entries` without waiting for it, if this transport can: True, and
         `done(last_entry_id, None)` or `done(None, error)` is called later, exactly once, on a
-        thread of the transport's or one in `answer_one` (never in this call); False, and nothing
-        happens: the caller
+        thread of the transport's (never the caller's); False, and nothing happens: the caller
         makes the blocking call. Only a transport whose calls wait on the network starts any
         (a node's sender then needs no thread per call in flight)."""
         return False
-
-    def answer_one(self, timeout_s: float) -> bool | None:
-        """Take the outcome of one started call, if one comes within `timeout_s`, and hand it to
-        its `done` on this thread: True if one was, False if none came (or `nudge` was called).
-        None: this transport starts no calls, so there is none to take."""
-        return None
-
-    def nudge(self) -> None:  # noqa: B027 - optional hook
-        """Make the threads waiting in `answer_one` return now."""
 
     @abstractmethod
     def fence(self, node_id: str, log_id: int, segment_id: int) -> tuple[int, int]: ...

@@ -27,7 +27,7 @@ from .._core import (
     explicit_keys,
     first_bad_payloads,
 )
-from ..args import timeout_arg
+from ..args import timeout_arg, wait_for
 from ..errors import (
     InvalidArgumentError,
     InvalidTypeError,
@@ -180,7 +180,7 @@ class LogWriter(_Writer):
             idempotency_id=idempotency_id,
             expected_last=expected_last,
         )
-        return self._pipeline.wait(future, wait, self._still_pending_text)
+        return wait_for(future, wait, self._still_pending_text)
 
     def write_async(
         self,
@@ -284,7 +284,7 @@ class IdempotentLogWriter(_Writer):
         finally:  # after the lock, also when the write was refused (see `queue_locked`)
             if outcomes:
                 resolve(outcomes)
-        return self._pipeline.wait(future, wait, self._still_pending_text)
+        return wait_for(future, wait, self._still_pending_text)
 
     def write_async(
         self,

@@ -30,18 +30,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
-from ..args import timeout_arg, wait_for
+from ..args import timeout_arg
 from ..errors import WoodpeckerError, WriterClosedError, WriterFencedError, WriteTimeoutError
 from .accumulator import Accumulator, InFlight
 from .completion import SegmentCompletion
 from .dedup import Dedup
 from .lifecycle import (
     FORKS,
-    HOLD_INTERRUPTS,
     Lease,
     Maintenance,
     Ticker,
@@ -59,10 +56,6 @@ if TYPE_CHECKING:
     from ..ensemble import LogContext
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-#: A sync write's wait for its answers is cut in slices this long (Ctrl-C is held across one).
-HELP_SLICE_S = 0.05
 
 
 class Pipeline:
@@ -98,7 +91,6 @@ class Pipeline:
             "ack_latency_seconds": 0.0,  # their time from acceptance to ack, summed
         }
         self._maint = Maintenance(self._scheduler, self.log_id, self.fence)
-        self._transport = ctx.transport  # the senders' (a sync write takes its answers)
         self._dispatch = Dispatch(
             self,
             ensemble,
@@ -187,36 +179,6 @@ class Pipeline:
         ticker = self._ticker
         if ticker is not None:
             ticker.at(time.monotonic() + self._linger_s)
-
-    def wait(self, future: Future[T], wait: float | None, pending: Callable[[], str]) -> T:
-        """A sync write's wait for its outcome (`args.wait_for`, `wait` seconds, None: no
-        bound). Over a transport that starts its calls (service mode), the caller takes the
-        calls' answers itself while it waits (`LogStoreTransport.answer_one`): the answer that
-        brings its write to the quorum settles it on this thread, with no other thread woken
-        first. An answer is taken and handed on with Ctrl-C held (`HOLD_INTERRUPTS`), so none is
-        dropped half way; a wait is cut in slices of `HELP_SLICE_S`, so Ctrl-C is late by one at
-        most. Whoever settles the future nudges the helpers, so a write settled on the
-        answering thread ends the wait at once."""
-        transport = self._transport
-        if future.done():
-            return wait_for(future, wait, pending)
-        with HOLD_INTERRUPTS:
-            helps = transport.answer_one(0.0) is not None  # None: it starts no calls
-        if helps:
-            deadline = None if wait is None else time.monotonic() + wait
-            future.add_done_callback(self._nudge)
-            while not future.done():
-                left = HELP_SLICE_S if deadline is None else deadline - time.monotonic()
-                if left <= 0:
-                    break
-                with HOLD_INTERRUPTS:
-                    transport.answer_one(min(left, HELP_SLICE_S))
-            if deadline is not None:
-                wait = max(0.0, deadline - time.monotonic())
-        return wait_for(future, wait, pending)
-
-    def _nudge(self, _future: object) -> None:
-        self._transport.nudge()
 
     def abandon(self) -> None:
         """Opening failed part way: stop the threads started so far (nothing was accepted)."""

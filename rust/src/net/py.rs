@@ -13,7 +13,7 @@ use pyo3::types::PyBytes;
 use tonic::Code;
 
 use super::client::NodeChannel;
-use super::completions::{Completions, Outcome};
+use super::completions::Completions;
 use super::server::{Handler, NodeServer};
 use super::{code_by_name, code_name, Failure, TlsPem};
 
@@ -123,14 +123,6 @@ impl PyNodeChannel {
     }
 }
 
-fn outcome_of(py: Python<'_>, (token, outcome): Outcome) -> (u64, Bound<'_, PyAny>) {
-    let value = match outcome {
-        Ok(response) => PyBytes::new(py, &response).into_any(),
-        Err(failure) => raise(failure).into_value(py).into_bound(py).into_any(),
-    };
-    (token, value)
-}
-
 /// The outcomes of started calls (`NodeChannel.start`), for one thread to take in turn.
 #[pyclass(module = "woodpecker_idem._core", name = "Completions", frozen)]
 pub struct PyCompletions {
@@ -150,31 +142,15 @@ impl PyCompletions {
     /// GIL; None once closed.
     fn next<'py>(&self, py: Python<'py>) -> Option<(u64, Bound<'py, PyAny>)> {
         let queue = self.inner.clone();
-        py.detach(move || queue.next())
-            .map(|outcome| outcome_of(py, outcome))
+        let (token, outcome) = py.detach(move || queue.next())?;
+        let value = match outcome {
+            Ok(response) => PyBytes::new(py, &response).into_any(),
+            Err(failure) => raise(failure).into_value(py).into_bound(py).into_any(),
+        };
+        Some((token, value))
     }
 
-    /// The next outcome if one comes within `timeout_s` (GIL released), for a thread that waits
-    /// for something of its own and takes outcomes meanwhile (a helper is handed one before the
-    /// thread in `next`); None after the timeout, once closed, or after a `nudge`.
-    fn help<'py>(
-        &self,
-        py: Python<'py>,
-        timeout_s: f64,
-    ) -> PyResult<Option<(u64, Bound<'py, PyAny>)>> {
-        let timeout = seconds(timeout_s, "timeout_s")?;
-        let queue = self.inner.clone();
-        Ok(py
-            .detach(move || queue.help(timeout))
-            .map(|outcome| outcome_of(py, outcome)))
-    }
-
-    /// Make the threads waiting in `help` now return None (what they wait for may be done).
-    fn nudge(&self) {
-        self.inner.nudge();
-    }
-
-    /// Wake the threads in `next` and `help` with None; outcomes not taken yet are dropped.
+    /// Wake the thread in `next` with None; outcomes not taken yet are dropped.
     fn close(&self) {
         self.inner.close();
     }

@@ -110,65 +110,23 @@ fn status_names_are_grpcs() {
     assert_eq!(code_by_name("unavailable"), None);
 }
 
-mod queue {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use bytes::Bytes;
-
-    use crate::net::completions::Completions;
-
-    fn ok(token: u64) -> (u64, Result<Bytes, crate::net::Failure>) {
-        (token, Ok(Bytes::new()))
-    }
-
-    #[test]
-    fn a_waiting_helper_is_handed_an_outcome_before_the_consumer() {
-        let queue = Arc::new(Completions::default());
-        let helper = {
-            let queue = queue.clone();
-            std::thread::spawn(move || queue.help(Duration::from_secs(60)).map(|o| o.0))
-        };
-        let consumer = {
-            let queue = queue.clone();
-            std::thread::spawn(move || queue.next().map(|o| o.0))
-        };
-        while queue.waiting() != (1, 1) {
-            std::thread::yield_now(); // until both wait
-        }
-        queue.push(ok(7));
-        assert_eq!(helper.join().unwrap(), Some(7));
-        queue.push(ok(8)); // no helper now: the consumer is woken
-        assert_eq!(consumer.join().unwrap(), Some(8));
-    }
-
-    #[test]
-    fn an_outcome_no_helper_takes_goes_to_the_consumer() {
-        let queue = Arc::new(Completions::default());
-        assert!(queue.help(Duration::from_millis(10)).is_none()); // times out: nothing queued
-        queue.push(ok(1));
-        queue.push(ok(2));
-        assert_eq!(queue.help(Duration::ZERO).map(|o| o.0), Some(1));
-        assert_eq!(queue.next().map(|o| o.0), Some(2));
-    }
-
-    #[test]
-    fn a_nudge_returns_the_helpers_and_close_returns_everyone() {
-        let queue = Arc::new(Completions::default());
-        let helper = {
-            let queue = queue.clone();
-            std::thread::spawn(move || queue.help(Duration::from_secs(30)).is_none())
-        };
-        let consumer = {
-            let queue = queue.clone();
-            std::thread::spawn(move || queue.next().is_none())
-        };
-        std::thread::sleep(Duration::from_millis(50));
-        queue.nudge();
-        assert!(helper.join().unwrap());
-        queue.close();
-        assert!(consumer.join().unwrap());
-        queue.push(ok(3)); // dropped: closed
-        assert!(queue.next().is_none());
-    }
+#[test]
+fn outcomes_go_in_arrival_order_and_close_returns_the_consumer() {
+    use super::completions::Completions;
+    let queue = Arc::new(Completions::default());
+    queue.push((1, Ok(Bytes::new())));
+    queue.push((2, Err(Failure::new(Code::Unavailable, "down"))));
+    assert_eq!(queue.next().map(|o| o.0), Some(1));
+    assert_eq!(
+        queue.next().map(|o| o.1.unwrap_err().code),
+        Some(Code::Unavailable)
+    );
+    let consumer = {
+        let queue = queue.clone();
+        std::thread::spawn(move || queue.next().is_none())
+    };
+    queue.close();
+    assert!(consumer.join().unwrap());
+    queue.push((3, Ok(Bytes::new()))); // dropped: closed
+    assert!(queue.next().is_none());
 }
