@@ -96,11 +96,32 @@ fn a_stopped_server_is_unavailable_and_a_new_one_is_reached_again() {
         .call("Echo", Bytes::new(), Duration::from_secs(10))
         .unwrap_err();
     assert_eq!(down.code, Code::Unavailable, "{down:?}");
-    let again =
-        NodeServer::bind(&format!("127.0.0.1:{port}"), "t.S", Arc::new(Echo), None, 4).unwrap();
-    let answer = channel.call("Echo", Bytes::from_static(b"z"), Duration::from_secs(10));
-    assert_eq!(answer.unwrap(), Bytes::from_static(b"z"));
+    assert_eq!(channel.failures(), 1); // the next try waits for the backoff
+    let again = NodeServer::bind(&format!("127.0.0.1:{port}"), "t.S", Arc::new(Echo), None, 4);
+    let again = again.unwrap();
+    let answer = loop {
+        match channel.call("Echo", Bytes::from_static(b"z"), Duration::from_secs(10)) {
+            Ok(answer) => break answer,
+            Err(f) => assert_eq!(f.code, Code::Unavailable, "{f:?}"), // until the next try
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(answer, Bytes::from_static(b"z"));
+    assert_eq!(channel.failures(), 0); // reached: the backoff starts over
     again.stop(Duration::ZERO);
+}
+
+#[test]
+fn the_reconnect_backoff_doubles_from_100_ms_to_1_s() {
+    let mut reconnect = super::client::Reconnect::default();
+    let now = std::time::Instant::now();
+    let waits: Vec<u128> = (0..7)
+        .map(|_| {
+            reconnect.failed(now);
+            (reconnect.next_try.unwrap() - now).as_millis()
+        })
+        .collect();
+    assert_eq!(waits, [100, 200, 400, 800, 1000, 1000, 1000]);
 }
 
 #[test]
