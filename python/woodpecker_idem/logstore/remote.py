@@ -17,9 +17,9 @@ trailing metadata (`wp-error`) and its message as details, and the client raises
 (`errors.by_code`), retriable exactly as in-process. A node that cannot be reached, or does not
 answer within the deadline, is `NodeUnavailableError` (retriable).
 
-One channel per node per client (HTTP/2 multiplexes every call of every writer over it). A node
-that cannot be reached fails the call at once; the next call connects again, so a restarted node
-is reached as soon as it listens.
+One channel per node per client (HTTP/2 multiplexes every call of every writer over it). After a
+connection fails, calls fail at once until the next try (100 ms, doubling to 1 s), so a
+restarted node is reached within a second.
 """
 
 from __future__ import annotations
