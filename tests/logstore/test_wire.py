@@ -7,7 +7,9 @@ only; a forked child reaches the nodes with a runtime of its own."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -189,8 +191,14 @@ def test_a_forked_child_reaches_the_node_with_a_runtime_of_its_own(node: LogStor
                     code = 0
             finally:
                 os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
+        deadline = time.monotonic() + WAIT_S  # a child on the parent's runtime never returns
+        while (status := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail("the forked child's call never ended")
+            time.sleep(0.05)
+        assert os.waitstatus_to_exitcode(status[1]) == 0
         assert len(remote.read(NODE, LOG, SEG, 0, 10)) == 2  # the parent's goes on
     finally:
         remote.close()
