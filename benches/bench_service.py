@@ -16,9 +16,10 @@ alike); each figure is the median over the rounds:
 - `node CPU us/entry`: the CPU time (user + system) of the three node processes over that run,
   per entry (all three replicas together);
 - sync `write()` p50/p99: one caller, each write waited for, 1 KiB, idempotent and plain;
-- the floor under it: p50 of the first two answers of one small call (LastAddConfirmed) sent to
-  the three nodes at once from three threads, as the write path's senders do: what a sync write
-  costs at least over this transport on this machine;
+- the floor under it: p50 of the first two answers of one small call (LastAddConfirmed) started
+  on the three nodes at once and answered into one queue, as the write path's senders start a
+  batch's AddEntries (`_core.NodeChannel.start`): what a sync write costs at least over this
+  wire, with these node processes, on this machine;
 - open loop at half the maximum: then, for each case, N writes on a fixed schedule at half its
   median `entries/s` (sent at their time whether or not earlier ones were acknowledged, a few at
   each wake of the sending thread), each write's latency from its scheduled time to its ack
@@ -61,13 +62,15 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 import woodpecker_idem as wp
+from woodpecker_idem._core import Completions, NodeChannel
+from woodpecker_idem._proto import logstore_pb2 as pb
+from woodpecker_idem.logstore.remote import SERVICE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from nodeserver import LogStoreNode  # noqa: E402
@@ -111,18 +114,25 @@ def _cpu_s(pids: list[int]) -> float:
     return total * TICK_S
 
 
-def _quorum_floor(transport: object, nodes: list[str], pool: ThreadPoolExecutor) -> list[float]:
-    """Latency to the second answer of a LastAddConfirmed sent to every node at once."""
+def _quorum_floor(addresses: list[str]) -> list[float]:
+    """Latency to the second answer of a LastAddConfirmed started on every node at once."""
+    channels = [NodeChannel(a, SERVICE) for a in addresses]
+    answers = Completions()
+    request = pb.SegmentRequest(log_id=1, segment_id=0).SerializeToString()
     lat = []
-    call = transport.last_add_confirmed  # type: ignore[attr-defined]
-    for _ in range(SYNC_WRITES):
-        t0 = time.perf_counter()
-        answers = as_completed([pool.submit(call, n, 1, 0) for n in nodes])
-        next(answers)
-        next(answers)
-        lat.append(time.perf_counter() - t0)
-        for f in answers:
-            f.result()
+    try:
+        for _ in range(SYNC_WRITES):
+            t0 = time.perf_counter()
+            for token, channel in enumerate(channels):
+                channel.start("LastAddConfirmed", request, 10.0, answers, token)
+            outcomes = [answers.next(), answers.next()]
+            lat.append(time.perf_counter() - t0)
+            outcomes.append(answers.next())
+            assert all(o is not None and isinstance(o[1], bytes) for o in outcomes), outcomes
+    finally:
+        answers.close()
+        for channel in channels:
+            channel.close()
     return lat
 
 
@@ -354,7 +364,6 @@ def test_service_es3_over_grpc(benchmark, fsync: str):
         p50: dict[str, list[float]] = {c.name: [] for c in sync_cases}
         p99: dict[str, list[float]] = {c.name: [] for c in sync_cases}
         floor: dict[str, list[float]] = {s: [] for s in STORAGES}
-        pool = ThreadPoolExecutor(3)
         for _ in range(ROUNDS):
             for case in cases:
                 pids = deployments[case.storage].pids
@@ -367,9 +376,8 @@ def test_service_es3_over_grpc(benchmark, fsync: str):
                 p50[case.name].append(_pct(lat, 0.5))
                 p99[case.name].append(_pct(lat, 0.99))
             for s in STORAGES:
-                transport = deployments[s].client.transport  # type: ignore[union-attr]
-                floor[s].append(_pct(_quorum_floor(transport, ["n0", "n1", "n2"], pool), 0.5))
-        pool.shutdown()
+                addresses = [node.address for node in deployments[s].nodes]
+                floor[s].append(_pct(_quorum_floor(addresses), 0.5))
         med = {name: statistics.median(v) for name, v in rates.items()}
 
         # open loop at half each case's maximum

@@ -10,7 +10,7 @@ because a writable exporter could change under a batch that runs without the GIL
 """
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Self, TypeVar, final
 
 from typing_extensions import Buffer
@@ -23,7 +23,11 @@ __all__ = [
     "SNAPSHOT_FORMAT_VERSION",
     "__version__",
     "DedupWindow",
+    "Completions",
     "KeyPipe",
+    "NodeChannel",
+    "NodeServer",
+    "RpcError",
     "SegmentAppender",
     "StoredEntry",
     "Snapshot",
@@ -915,3 +919,88 @@ def decode_snapshot(data: Buffer) -> Snapshot:
             after the trailer, or a malformed body (the message says which).
         InvalidTypeError: `data` is not bytes-like.
     """
+
+# --- the LogStore wire (rust/src/net): protobuf bytes only cross it -----------------------------
+
+class RpcError(Exception):
+    """A failed gRPC call. `args` is `(code, details, error)`: `code` the status name
+    ("UNAVAILABLE", "ABORTED", ...), `details` its message, `error` the project error code the
+    node sent (`wp-error` trailing metadata) or None. A `NodeServer` handler raises one to fail
+    its call with that status and code; any other exception fails it as UNKNOWN."""
+
+@final
+class NodeChannel:
+    """One HTTP/2 connection to one node (TLS when `tls`: `ca` verifies the node, None: the
+    system's roots; `cert`/`key` the client's certificate), made on the first call, remade after
+    it breaks, shared by every thread. The tokio runtime under it is made on first use, once per
+    process (a forked child makes its own)."""
+
+    def __new__(
+        cls,
+        address: str,
+        service: str,
+        *,
+        tls: bool = False,
+        ca: bytes | None = None,
+        cert: bytes | None = None,
+        key: bytes | None = None,
+    ) -> Self:
+        """Raises ValueError for an address that is no "host:port", or a certificate without
+        its key."""
+    def call(self, method: str, request: bytes, timeout_s: float) -> bytes:
+        """Call `service`/`method` with the request's bytes and wait (GIL released) for the
+        response's bytes. Raises `RpcError` (DEADLINE_EXCEEDED once `timeout_s` passes,
+        connecting included; UNAVAILABLE for a node that cannot be reached)."""
+    def start(
+        self,
+        method: str,
+        request: bytes,
+        timeout_s: float,
+        completions: Completions,
+        token: int,
+    ) -> None:
+        """The same call, started without waiting: its outcome, as `call` would return or
+        raise it, goes to `completions` under `token`."""
+    def close(self) -> None:
+        """Drop the connection (a later call connects again)."""
+
+@final
+class Completions:
+    """The outcomes of calls started with `NodeChannel.start`, for one thread to take in the
+    order they arrived."""
+
+    def __new__(cls) -> Self: ...
+    def next(self) -> tuple[int, bytes | RpcError] | None:
+        """The next outcome, `(token, response bytes or the RpcError)`, waiting for one (GIL
+        released); None once closed."""
+    def close(self) -> None:
+        """Wake the thread in `next` with None; outcomes not taken yet, or still to come, are
+        dropped."""
+
+@final
+class NodeServer:
+    """Serves `service` on `address` ("host:port", port 0: a free one) from the moment it is
+    made: each call runs `handler(method, request) -> response` (bytes) on a server thread with
+    the GIL, at most `workers` at once. TLS when `tls`: `cert`/`key` the server's certificate,
+    `ca` (if set) the CA whose client certificates it requires."""
+
+    def __new__(
+        cls,
+        address: str,
+        service: str,
+        handler: Callable[[str, bytes], bytes],
+        *,
+        workers: int = 8,
+        tls: bool = False,
+        ca: bytes | None = None,
+        cert: bytes | None = None,
+        key: bytes | None = None,
+    ) -> Self:
+        """Raises OSError when it cannot listen or the TLS settings are unusable, ValueError for
+        a handler that is not callable."""
+    @property
+    def port(self) -> int:
+        """The port listened on."""
+    def stop(self, grace_s: float) -> None:
+        """Refuse new calls (UNAVAILABLE), stop listening, and wait up to `grace_s` for the
+        calls under way to finish (GIL released)."""
