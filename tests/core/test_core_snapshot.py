@@ -137,6 +137,17 @@ def test_round_trip(
     assert w3.committed_entries() == expected_entries
     assert s.load_into(w3) == 0  # all present: add_committed keeps them
 
+    # handed over instead of copied: the same window; the snapshot keeps all but its entries
+    taken = _core.decode_snapshot(data)
+    ends, shared = taken.segment_ends(), taken.shared_position()
+    w5 = _core.DedupWindow(w.max_keys, w.window_ms)
+    assert taken.take_into(w5) == len(expected_entries)
+    assert w5.committed_entries() == expected_entries
+    assert (len(taken), taken.entries(), taken.keys()) == (0, [], b"")
+    assert (taken.segment_ends(), taken.shared_position()) == (ends, shared)
+    assert snapshot_state(taken)[:7] == snapshot_state(s)[:7]
+    assert taken.take_into(w5) == 0
+
     if expected_entries:
         m = max(1, len(expected_entries) // 2)
         w4 = s.to_window(max_keys=m, window_ms=7)
