@@ -721,7 +721,7 @@ class DedupWindow:
     def reserve_committed(self, additional: int) -> None:
         """Room in the index for `additional` more committed keys (`max_keys` in all at most),
         in one resize, without the GIL: a bulk load that comes in several calls (recovery: a
-        snapshot, then its gap 2,000 entries a call) sizes the index once. Only a speed-up:
+        snapshot, then its gap a read at a time) sizes the index once. Only a speed-up:
         inserts grow the index as they go otherwise (at least doubling)."""
     def add_committed_keys(self, keys: EntryKeys) -> int:
         """`add_committed` for the keys of `keys` (made by `decode_entry_keys`), in order:
