@@ -850,7 +850,7 @@ impl Window {
     /// worth it: a window already used, records beyond `max_keys`, too few to gain, or a key
     /// given twice (the one-at-a-time path keeps the newer occurrence).
     pub fn load_committed(&mut self, recs: &[Record]) -> Option<usize> {
-        let hashed = self.bulk_order(recs)?;
+        let hashed = self.bulk_order(recs, BULK_LOAD_MIN)?;
         self.ring.extend_from_slice(recs);
         Some(self.bulk_index(&hashed))
     }
@@ -858,9 +858,10 @@ impl Window {
     /// [`Window::load_committed`] of records handed over: they become the ring (grown in place
     /// to `max_keys`), so they are neither copied nor is the ring's memory touched a second
     /// time (at ten million keys a third of the load was the copy and the page faults of the
-    /// ring it filled). `Err(recs)`, with nothing changed, where `load_committed` gives None.
+    /// ring it filled); from [`BULK_ADOPT_MIN`] records on. `Err(recs)`, with nothing changed,
+    /// where it does not apply (as `load_committed`).
     pub fn adopt_committed(&mut self, mut recs: Vec<Record>) -> Result<usize, Vec<Record>> {
-        let Some(hashed) = self.bulk_order(&recs) else {
+        let Some(hashed) = self.bulk_order(&recs, BULK_ADOPT_MIN) else {
             return Err(recs);
         };
         let room = self.max_keys.saturating_sub(recs.len());
@@ -872,11 +873,11 @@ impl Window {
     }
 
     /// The bulk load's (hash, ring slot) of each of `recs`, sorted by home; None where a bulk
-    /// load does not apply (see [`Window::load_committed`]).
-    fn bulk_order(&self, recs: &[Record]) -> Option<Vec<(u64, u32)>> {
+    /// load does not apply (see [`Window::load_committed`]; fewer than `min` records).
+    fn bulk_order(&self, recs: &[Record], min: usize) -> Option<Vec<(u64, u32)>> {
         let n = recs.len();
         let fresh = self.ring.is_empty() && self.len == 0 && self.pending.is_empty();
-        if !fresh || n > self.max_keys || n < BULK_LOAD_MIN {
+        if !fresh || n > self.max_keys || n < min {
             return None;
         }
         let seed = self.seed;
@@ -930,12 +931,17 @@ const PREFETCH_AHEAD: usize = 8;
 /// Records hashed ahead at a time by [`Window::add_committed_many`] (32 KiB of them).
 const BULK_CHUNK: usize = 1024;
 
-/// Fewer records than this are loaded one at a time ([`Window::load_committed`]): until the index
-/// and the ring outgrow the caches an insert a key (with prefetching) costs no more than the bulk
-/// path's sort. CPU time of a snapshot's load, one at a time / in bulk: 1M keys 0.065 / 0.075 s,
-/// 4M 0.33-0.40 / 0.35-0.39 s, 7M 0.71-0.74 / 0.63-0.73 s, 10M 1.18-1.58 / 0.82-0.99 s. Unit tests
-/// use a smaller one.
+/// Fewer records than this are copied in one at a time ([`Window::load_committed`]): until the
+/// index and the ring outgrow the caches an insert a key (with prefetching) costs no more than the
+/// bulk path's sort and copy. CPU time of a snapshot's load, one at a time / in bulk: 1M keys
+/// 0.065 / 0.075 s, 4M 0.33-0.40 / 0.35-0.39 s, 7M 0.71-0.74 / 0.63-0.73 s, 10M 1.18-1.58 /
+/// 0.82-0.99 s. Unit tests use a smaller one.
 const BULK_LOAD_MIN: usize = if cfg!(test) { 50_000 } else { 8 << 20 };
+
+/// [`BULK_LOAD_MIN`] for records handed over ([`Window::adopt_committed`]), which saves the bulk
+/// path its copy: one at a time / handed over in bulk, CPU time, 300k keys 0.007 / 0.015 s, 1M
+/// 0.050-0.053 / 0.046-0.048 s, 3M 0.177-0.188 / 0.146-0.161 s.
+const BULK_ADOPT_MIN: usize = if cfg!(test) { 50_000 } else { 1_000_000 };
 
 /// Batches at least this long are looked up on several threads.
 pub const GET_MANY_PARALLEL_MIN: usize = 65_536;
