@@ -9,7 +9,6 @@ use super::convert::{entries_list, parse_max_keys, parse_window_ms};
 use super::window::PyDedupWindow;
 use crate::args;
 use crate::errors::{type_name, InvalidArgumentError, InvalidTypeError, SnapshotCorruptError};
-use crate::keys::KEY_LEN;
 use crate::snapshot::{self, Positions, SnapshotData, StreamEncoder};
 use crate::window::Record;
 
@@ -18,6 +17,11 @@ use crate::window::Record;
 #[pyclass(frozen, module = "woodpecker_idem._core", name = "Snapshot")]
 pub struct PySnapshot {
     data: SnapshotData, // its `entries` are empty: they are in `entries`
+    /// Held only by code that needs no GIL (copying, moving, loading a window), never while a
+    /// Python object is made: making one can run the cycle collector, and Python code with it,
+    /// which lets another thread take the GIL and then wait here for ever (the holder waiting
+    /// for the GIL it holds). A thread holding the GIL may wait for it: its holder lets go
+    /// without the GIL.
     entries: Mutex<Vec<Record>>,
     positions: Positions,
 }
@@ -83,18 +87,16 @@ impl PySnapshot {
     }
 
     fn entries<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        entries_list(py, &self.entries.lock())
+        let entries = py.detach(|| self.entries.lock().clone()); // see `entries`: no object made under it
+        entries_list(py, &entries)
     }
 
     fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let entries = self.entries.lock();
-        let n = entries.len() * KEY_LEN;
-        PyBytes::new_with(py, n, |buf| {
-            for (dst, r) in buf.chunks_exact_mut(KEY_LEN).zip(entries.iter()) {
-                dst.copy_from_slice(&r.key);
-            }
-            Ok(())
-        })
+        let keys: Vec<u8> = py.detach(|| {
+            let entries = self.entries.lock();
+            entries.iter().flat_map(|r| r.key).collect()
+        });
+        Ok(PyBytes::new(py, &keys))
     }
 
     fn load_into(&self, py: Python<'_>, window: &Bound<'_, PyAny>) -> PyResult<usize> {
