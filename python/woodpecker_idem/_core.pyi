@@ -24,6 +24,7 @@ __all__ = [
     "__version__",
     "DedupWindow",
     "Completions",
+    "EntryKeys",
     "KeyPipe",
     "NodeChannel",
     "NodeServer",
@@ -48,6 +49,7 @@ __all__ = [
     "frame_codec",
     "crc32c",
     "decode_entries",
+    "decode_entry_keys",
     "decode_messages",
     "decode_snapshot",
     "encode_entry",
@@ -428,6 +430,18 @@ def decode_entries(
         InvalidTypeError: an item of `raw` is not bytes.
     """
 
+def decode_entry_keys(
+    raw: list[bytes], segment_id: int, first_entry_id: int
+) -> tuple[EntryKeys, tuple[int, str] | None]:
+    """`decode_entries` for recovery's replay: the keys (with positions and timestamps) of the
+    entries, as one `EntryKeys`, and `bad` as `decode_entries` gives it (the keys are then
+    those of the entries before it). No payload is copied, no object made per entry.
+
+    Raises:
+        InvalidTypeError: an item of `raw` is not bytes.
+        InvalidArgumentError: `segment_id` or `first_entry_id` is outside 0..=2**32-1.
+    """
+
 def check_entries(raw: list[bytes], segment_id: int, first_entry_id: int) -> None:
     """Check that every entry of `raw` (LogEntry bytes of ids `first_entry_id`, ... of
     `segment_id`) parses and is the entry at its position, building nothing (a reader checks a
@@ -456,6 +470,19 @@ def decode_messages(
             names it (`entry {segment_id}:{entry_id}: why`).
         InvalidTypeError: an item of `raw` is not bytes, or a type is not a tuple subclass.
     """
+
+@final
+class EntryKeys:
+    """The keys of a run of entries read back from a LogStore (made by `decode_entry_keys`), for
+    `DedupWindow.add_committed_keys`. `len()` is the number of entries read, keyed or not."""
+
+    def __len__(self) -> int: ...
+    @property
+    def keyed(self) -> int:
+        """Entries that carry a key (a plain writer's carry none)."""
+    @property
+    def last_timestamp_ms(self) -> int | None:
+        """The timestamp of the last entry; None for no entries."""
 
 @final
 class StoredEntry:
@@ -698,17 +725,15 @@ class DedupWindow:
     def reserve_committed(self, additional: int) -> None:
         """Room in the index for `additional` more committed keys (`max_keys` in all at most),
         in one resize, without the GIL: a bulk load that comes in several calls (recovery: a
-        snapshot, then its gap 2,000 entries a call) sizes the index once. Only a speed-up:
+        snapshot, then its gap a read at a time) sizes the index once. Only a speed-up:
         inserts grow the index as they go otherwise (at least doubling)."""
-    def add_committed_entries(self, entries: list[StoredEntry]) -> int:
-        """`add_committed` for the entries that carry a 16-byte key, in order (the others are
-        skipped), reading their fields natively: recovery's replay of entries read back from
-        the log. Returns the number of keys inserted.
+    def add_committed_keys(self, keys: EntryKeys) -> int:
+        """`add_committed` for the keys of `keys` (made by `decode_entry_keys`), in order:
+        recovery's replay of entries read back from the log, with no object per entry. Returns
+        the number of keys inserted.
 
         Raises:
-            InvalidTypeError: an item is not a `StoredEntry`. Nothing is inserted in that case.
-            InvalidArgumentError: a keyed entry's `segment_id` or `entry_id` is outside
-                0..=2**32-1. Nothing is inserted in that case.
+            InvalidTypeError: `keys` is not an `EntryKeys`.
         """
     def __len__(self) -> int:
         """Committed plus pending keys."""
@@ -833,6 +858,18 @@ class Snapshot:
 
         Returns:
             Number of keys inserted (keys already committed in `window` are kept as they are).
+
+        Raises:
+            InvalidTypeError: `window` is not a `DedupWindow`.
+        """
+    def take_into(self, window: DedupWindow) -> int:
+        """`load_into`, handing the entries over instead of copying them: a new window takes
+        them as its ring (recovery: a large snapshot is neither copied nor held twice). The
+        snapshot holds no entries afterwards (`len` 0, `entries()` empty); its metadata, and
+        what `segment_ends` and `shared_position` say of the entries it had, stay.
+
+        Returns:
+            Number of keys inserted.
 
         Raises:
             InvalidTypeError: `window` is not a `DedupWindow`.
