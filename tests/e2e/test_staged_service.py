@@ -94,7 +94,10 @@ def _all_sealed_and_dropped(tmp_path: Path, client: wp.WoodpeckerClient, log) ->
     sealed = client.objects.child("sealed")
     for seg in log.segments():
         assert sealed.get(f"{log.log_id}/{seg.segment_id}/footer") is not None, seg
-    until(lambda: not _local_files(tmp_path, log.log_id), "the nodes dropped their copies")
+    try:
+        until(lambda: not _local_files(tmp_path, log.log_id), "the nodes dropped their copies")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; still kept: {_local_files(tmp_path, log.log_id)}") from None
 
 
 def _read_all(log, history: History) -> None:

@@ -28,7 +28,7 @@ from woodpecker_idem.logstore import staged as staged_module
 from woodpecker_idem.logstore.blocks import decode_entry
 from woodpecker_idem.logstore.engine import LogStoreEngine
 from woodpecker_idem.logstore.remote import GrpcTransport, LogStoreServer
-from woodpecker_idem.logstore.segment_files import FileSegmentStorage, segment_storage
+from woodpecker_idem.logstore.segment_files import TEMP_PREFIX, FileSegmentStorage, segment_storage
 from woodpecker_idem.logstore.staged import StagedSegmentStorage
 from woodpecker_idem.logstore.transport import InProcessTransport, LogStoreTransport
 from woodpecker_idem.objectstore.local import LocalObjectStore
@@ -336,12 +336,14 @@ def test_a_dropped_local_copy_is_read_from_object_storage(staged):
     with pytest.raises(StorageUnavailableError):  # not uploaded: the local copy is kept
         storage.drop_local(LOG, SEG)
     transport.seal_segment(NODE, LOG, SEG, 9)
+    seg_dir = Path(storage.local.segment_dir(LOG, SEG))
+    # a create a SIGKILL cut between its temp file's write and its link leaves the temp file
+    (seg_dir / f"{TEMP_PREFIX}4242-7").write_bytes(b"half a footer")
     engine = transport.engines[NODE] if isinstance(transport, InProcessTransport) else None
     if engine is not None:
         engine.drop_local(LOG, SEG)
     else:  # the node process's own call (its sweeper's), made here on the engine it serves
         storage.drop_local(LOG, SEG)
-    seg_dir = Path(storage.local.segment_dir(LOG, SEG))
     assert sorted(p.name for p in seg_dir.iterdir()) == ["sealed"]  # the tombstone only
     assert payloads(transport.raw_read(NODE, LOG, SEG, 0, 100)) == [
         b"payload-%d" % i for i in range(10)

@@ -50,7 +50,7 @@ from ..errors import (
 )
 from ..objectstore.base import ObjectStore
 from .blocks import decode_footer, encode_record
-from .segment_files import FileSegmentStorage
+from .segment_files import TEMP_PREFIX, FileSegmentStorage
 from .storage import ObjectSegmentStorage, SealedSegment, SegmentHandle, SegmentStorage
 
 log = logging.getLogger(__name__)
@@ -272,7 +272,11 @@ class StagedSegmentStorage(SegmentStorage):
             )
         directory = self.local.segment_dir(log_id, segment_id)
         self.local.put_new(self._mark(log_id, segment_id), b"%d" % end)
-        for name in LOCAL_FILES:
+        # with the segment's files, the temp files of a create this node (or an earlier run of
+        # it, SIGKILLed between a temp file's write and its link) never finished: nothing
+        # creates a file of a sealed segment any more, so no create is under way here
+        names = [*LOCAL_FILES, *(n for n in os.listdir(directory) if n.startswith(TEMP_PREFIX))]
+        for name in names:
             try:
                 os.unlink(os.path.join(directory, name))
             except FileNotFoundError:
