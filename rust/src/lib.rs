@@ -15,6 +15,7 @@ mod fileput;
 mod hasher;
 mod keys;
 mod md5x;
+mod payloads;
 mod pending;
 mod py;
 mod segfile;
@@ -57,6 +58,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<py::PySnapshot>()?;
     m.add_class::<py::PySnapshotStream>()?;
     m.add_class::<py::PyKeyPipe>()?;
+    m.add_class::<py::PyPayloads>()?;
     m.add_function(wrap_pyfunction!(py::content_key, m)?)?;
     m.add_function(wrap_pyfunction!(py::explicit_key, m)?)?;
     m.add_function(wrap_pyfunction!(py::content_keys, m)?)?;
@@ -69,6 +71,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py::write_results, m)?)?;
     m.add_function(wrap_pyfunction!(py::encode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(py::payload_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(py::chunk_end, m)?)?;
     m.add_function(wrap_pyfunction!(py::first_bad_payloads, m)?)?;
     m.add_function(wrap_pyfunction!(py::count_records, m)?)?;
     m.add_function(wrap_pyfunction!(py::decompress_frame, m)?)?;

@@ -108,23 +108,23 @@ def test_write_async_futures_resolve_in_order(tmp_path, wp_connect):
 
 
 def test_ctrl_c_while_a_batch_is_cut_loses_no_entry(tmp_path, wp_connect, monkeypatch):
-    """A KeyboardInterrupt raised in the caller's thread while it cuts a batch (here: in the
-    frame concat) leaves every queued entry to be sent: the writer flushes, closes and the log
-    has no gap. Before, the entries were out of both the unsent list and the batches: never
-    sent, while later batches committed past them."""
+    """A KeyboardInterrupt raised in the caller's thread while it cuts a batch (here: as the
+    batch is made, after its frame) leaves every queued entry to be sent: the writer flushes,
+    closes and the log has no gap. Before, the entries were out of both the unsent list and the
+    batches: never sent, while later batches committed past them."""
     from woodpecker_idem.writer import segments as segment
 
     client = wp_connect(tmp_path, {"append.max_batch_entries": 5})
     writer = client.create_log("a").open_writer()
-    real, calls = segment.concat, [0]
+    real, calls = segment.SentBatch, [0]
 
-    def concat(parts):
+    def sent_batch(*args):
         calls[0] += 1
         if calls[0] == 3:
             raise KeyboardInterrupt
-        return real(parts)
+        return real(*args)
 
-    monkeypatch.setattr(segment, "concat", concat)
+    monkeypatch.setattr(segment, "SentBatch", sent_batch)
     futures, interrupted = {}, 0
     for i in range(200):
         try:

@@ -34,7 +34,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from .._core import arrow_first_misrouted, arrow_rows, route_keys
+from .._core import Payloads, arrow_first_misrouted, arrow_rows, route_keys
 from ..errors import (
     InvalidArgumentError,
     LogGroupSizeMismatchError,
@@ -177,7 +177,7 @@ class TaskWriters:
             raise
         return RouteWrite(handle.name, writer, client)
 
-    def write(self, route: int, payloads: list[bytes], keys: bytes) -> int:
+    def write(self, route: int, payloads: Payloads, keys: bytes) -> int:
         """Write one route's rows; returns the rows not written because the log has them."""
         if not self._opts.idempotent:
             plain = self._plain.get(route)
@@ -231,8 +231,8 @@ class TaskWriters:
 
 
 def _split_by_route(
-    payloads: list[bytes], keys: bytes, routes: memoryview
-) -> dict[int, tuple[list[bytes], bytes]]:
+    payloads: Payloads, keys: bytes, routes: memoryview
+) -> dict[int, tuple[Payloads, bytes]]:
     n = len(payloads)
     first = routes[0]
     if routes.tobytes() == first.to_bytes(4, "little", signed=True) * n:
@@ -241,7 +241,7 @@ def _split_by_route(
     for i, r in enumerate(routes):
         groups.setdefault(r, []).append(i)
     return {
-        r: ([payloads[i] for i in rows], b"".join(keys[16 * i : 16 * i + 16] for i in rows))
+        r: (payloads.take(rows), b"".join(keys[16 * i : 16 * i + 16] for i in rows))
         for r, rows in groups.items()
     }
 
@@ -257,9 +257,7 @@ class _WriteThread:
     def __init__(self, task: TaskWriters, msg: WoodpeckerCommitMessage):
         self._task = task
         self._msg = msg
-        self._queue: queue.Queue[tuple[int, list[bytes], bytes, int] | None] = queue.Queue(
-            self.DEPTH
-        )
+        self._queue: queue.Queue[tuple[int, Payloads, bytes, int] | None] = queue.Queue(self.DEPTH)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="wp-sink-writer", daemon=True)
         self._thread.start()
@@ -282,7 +280,7 @@ class _WriteThread:
         if self._error is not None:
             raise self._error
 
-    def put(self, route: int, payloads: list[bytes], keys: bytes, batch_rows: int = 0) -> None:
+    def put(self, route: int, payloads: Payloads, keys: bytes, batch_rows: int = 0) -> None:
         """Queue one route's rows of a batch (`batch_rows`: the batch's rows, on its last part)."""
         self._raise()
         self._queue.put((route, payloads, keys, batch_rows))
