@@ -141,6 +141,54 @@ def test_ctrl_c_while_a_batch_is_cut_loses_no_entry(tmp_path, wp_connect, monkey
     assert {p: landed.get(p) for p in acked} == acked
 
 
+class _FramesSent(FaultInjectingTransport):
+    """Keeps every frame handed to a node's add."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.frames: list[bytes] = []
+
+    def add_entries(self, node_id, log_id, segment_id, first_entry_id, frame, lac=-1, **kw):
+        self.frames.append(frame)
+        return super().add_entries(node_id, log_id, segment_id, first_entry_id, frame, lac, **kw)
+
+
+@pytest.mark.parametrize("idempotent", [False, True], ids=["plain", "idempotent"])
+def test_a_run_alone_in_its_batch_is_sent_as_encoded_not_copied(
+    tmp_path, wp_connect, monkeypatch, idempotent
+):
+    """A batch call's runs fill a batch each: the node is handed the very `bytes` the encoder
+    made (a copy would be a second pass over every byte of the batch, and twice its memory)."""
+    from woodpecker_idem.idempotency.stage import WindowStage
+    from woodpecker_idem.writer import accumulator
+
+    client = wp_connect(tmp_path, {"append.max_batch_entries": 100, "storage.fsync": "never"})
+    sent = _FramesSent(client.transport)
+    client.transport = sent
+    log = client.create_log("lone")
+    writer = log.open_writer(idempotent=idempotent)
+    encoded: list[bytes] = []
+    module, name = (WindowStage, "reserve_locked") if idempotent else (accumulator, "encode_frame")
+    real = getattr(module, name)
+
+    def recorded(*args, **kwargs):
+        out = real(*args, **kwargs)
+        encoded.append(out[-2])  # (frame, count) or (status, segs, ents, frame, count)
+        return out
+
+    monkeypatch.setattr(module, name, recorded)
+    rows = [b"row %d" % i for i in range(450)]
+    if idempotent:
+        writer.write_many(rows, [str(i) for i in range(450)])
+    else:
+        writer.write_many(rows)
+    writer.close()
+    batches = [f for f in sent.frames if f]  # LAC-only updates carry no frame
+    assert len(batches) == len(encoded) == 5  # runs of 100, 100, 100, 100, 50
+    assert all(any(f is e for e in encoded) for f in batches)
+    assert [m.payload for m in read_all(client.open_log("lone"))] == rows
+
+
 def test_flush_commits_and_resolves_everything_queued(tmp_path, wp_connect):
     """flush() returns only when every entry queued before it is committed: the futures are done."""
     # A long linger: without flush the entries would sit in the batcher for a second.
