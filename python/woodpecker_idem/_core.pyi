@@ -50,8 +50,6 @@ __all__ = [
     "decode_snapshot",
     "encode_entry",
     "encode_frame",
-    "first_bad_payloads",
-    "payload_bytes",
     "encode_snapshot",
     "explicit_key",
     "explicit_keys",
@@ -264,15 +262,6 @@ def encode_entry(
             dict of str to str.
     """
 
-def payload_bytes(payloads: list[bytes] | Payloads, start: int, end: int, overhead: int) -> int:
-    """Bytes of the payloads `start..end` of `payloads`, with `overhead` more per row (what a
-    chunk of rows counts against the batch limits); a `Payloads` answers from two offsets.
-
-    Raises:
-        InvalidArgumentError: the range is outside `payloads`.
-        InvalidTypeError: a payload in the range is not bytes.
-    """
-
 def chunk_end(
     payloads: list[bytes] | Payloads, start: int, end: int, limit: int, overhead: int
 ) -> tuple[int, int]:
@@ -284,11 +273,6 @@ def chunk_end(
         InvalidArgumentError: the range is outside `payloads`.
         InvalidTypeError: a payload in the range is not bytes.
     """
-
-def first_bad_payloads(payloads: list[bytes], max_bytes: int) -> tuple[int | None, int | None]:
-    """The first row that is not exactly `bytes`, and the first one longer than `max_bytes`
-    (None for either when there is none): one pass over a batch checked whole before any of it
-    is written."""
 
 def encode_frame(
     segment_id: int,

@@ -70,9 +70,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py::encode_entry, m)?)?;
     m.add_function(wrap_pyfunction!(py::write_results, m)?)?;
     m.add_function(wrap_pyfunction!(py::encode_frame, m)?)?;
-    m.add_function(wrap_pyfunction!(py::payload_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(py::chunk_end, m)?)?;
-    m.add_function(wrap_pyfunction!(py::first_bad_payloads, m)?)?;
     m.add_function(wrap_pyfunction!(py::count_records, m)?)?;
     m.add_function(wrap_pyfunction!(py::decompress_frame, m)?)?;
     m.add_function(wrap_pyfunction!(py::frame_codec, m)?)?;

@@ -64,19 +64,6 @@ fn property_strings<'py>(
     Ok(owned)
 }
 
-/// Bytes of the payloads `start..end` of `payloads` (a list of bytes, as the queue keeps them,
-/// or a `Payloads`, from its offsets), with `overhead` more per row: what a chunk of rows counts
-/// against the batch limits.
-#[pyfunction]
-pub fn payload_bytes(
-    payloads: &Bound<'_, PyAny>,
-    start: usize,
-    end: usize,
-    overhead: usize,
-) -> PyResult<usize> {
-    Ok(chunk_end(payloads, start, end, usize::MAX, overhead)?.0)
-}
-
 /// `(bytes, end)`: the rows of `payloads` (a list of bytes or a `Payloads`) from `start` (before
 /// `end`) whose bytes, `overhead` more each, fit `limit` (at least one row), and what they
 /// count: where a run of one AddEntries batch ends. A `Payloads` answers from its offsets.
@@ -115,29 +102,6 @@ pub fn chunk_end(
         total += size;
     }
     Ok((total, end))
-}
-
-/// The first row of `payloads` (a list) that is not `bytes`, and the first one longer than
-/// `max_bytes`: (None, None) when every row is bytes within the limit. One pass, for a batch
-/// checked whole before any of it is written.
-#[pyfunction]
-pub fn first_bad_payloads(
-    payloads: &Bound<'_, PyList>,
-    max_bytes: usize,
-) -> (Option<usize>, Option<usize>) {
-    let mut too_large = None;
-    for (i, item) in payloads.iter().enumerate() {
-        // exactly bytes, as the Python check (`type(p) is bytes`) had it
-        match item.cast_exact::<PyBytes>() {
-            Ok(b) => {
-                if too_large.is_none() && b.as_bytes().len() > max_bytes {
-                    too_large = Some(i);
-                }
-            }
-            _ => return (Some(i), too_large),
-        }
-    }
-    (None, too_large)
 }
 
 /// Each row's timestamp: one for all, or a column with one per row of the whole list.

@@ -18,8 +18,7 @@ mod window_entry;
 
 pub use arrow::register as register_arrow;
 pub use entry::{
-    chunk_end, concat, count_records, decompress_frame, encode_entry, encode_frame,
-    first_bad_payloads, frame_codec, payload_bytes,
+    chunk_end, concat, count_records, decompress_frame, encode_entry, encode_frame, frame_codec,
 };
 pub use fileput::put_file;
 pub use keypipe::PyKeyPipe;
