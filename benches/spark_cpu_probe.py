@@ -21,8 +21,6 @@ import sys
 import tempfile
 import time
 
-from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_spark  # noqa: E402
 
@@ -31,22 +29,6 @@ from woodpecker_idem.spark.orders_job import local_spark  # noqa: E402
 
 SIDES = ("idempotent", "plain", "null", "parquet", "count")
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-class NullWriter(DataSourceArrowWriter):
-    def write(self, iterator):  # type: ignore[no-untyped-def]
-        for _batch in iterator:
-            pass
-        return WriterCommitMessage()
-
-
-class NullSink(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return "nullsink"
-
-    def writer(self, schema, overwrite):  # type: ignore[no-untyped-def]
-        return NullWriter()
 
 
 def _read(path: str) -> bytes:
@@ -86,7 +68,7 @@ def cpu_by_group() -> collections.Counter[str]:
 
 def main(rounds: int) -> None:
     spark = local_spark(2, 10_000, {"spark.buffer.size": "65536"})
-    spark.dataSource.register(NullSink)
+    spark.dataSource.register(bench_spark.NullSink)
     tmp = tempfile.mkdtemp()
     prepared = prepare(bench_spark.source(spark), "order_id", bench_spark.P)
 

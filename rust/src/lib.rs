@@ -1,7 +1,8 @@
 //! `woodpecker_idem._core`: the Rust core of woodpecker_idem — idempotency keys, the dedup window,
-//! the dedup snapshot codec, LogStore record encoding and the local store's durable put. The
-//! pure-Rust modules (`keys`, `hasher`, `window` with its `slot_index` and `pending`, `snapshot`,
-//! `entry`, `fileput`) have no Python dependency and are unit-tested with `cargo test`; `py` (one
+//! the dedup snapshot codec, LogStore record encoding, columnar payload batches and the local
+//! store's durable put. The pure-Rust modules (`keys`, `hasher`, `window` with its `slot_index`
+//! and `pending`, `snapshot`, `entry`, `payloads`, `fileput`) have no Python dependency and are
+//! unit-tested with `cargo test`; `py` (one
 //! file per class), `args` and `errors` are the PyO3 layer. The contract is `docs/core-api.md`.
 
 #![deny(unsafe_code)] // exceptions, each proven sound where it is: md5x::digest_many, py::arrow (Arrow C data interface import), py::tuples::new_tuple_of (a NamedTuple built in place) and untrack, slot_index::prefetch_read (a cache hint)
