@@ -14,10 +14,12 @@ or with a wrong one are refused before anything of their batch is written.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 import uuid
@@ -337,6 +339,35 @@ def write_batches(
         task.close(ok)
 
 
+# Spark's Python worker collects its garbage after every task it runs (pyspark's daemon.py calls
+# gc.collect()): a full collection, over every object the worker holds. Its imports (pyspark,
+# pyarrow, pandas, this package: ~80,000 objects in a task's worker, ~50,000 in the one that
+# plans a write) made that 40-240 ms of CPU per task on the development machine, where a task's
+# own garbage costs 1-3 ms. The first time this package runs in such a worker, before it makes
+# anything of its own, it moves what the worker holds into the collector's permanent generation
+# (`gc.freeze`, as pre-fork servers do): later collections walk only what came after. No writer or
+# client exists yet then, so nothing a task leaves in a reference cycle is kept.
+_FROZEN_IN = 0  # the process that froze its objects (each forked worker freezes its own)
+
+
+def freeze_worker_heap() -> None:
+    """Once per Spark Python worker process (not in a driver or any other process): see above."""
+    global _FROZEN_IN
+    if os.getpid() == _FROZEN_IN:
+        return
+    _FROZEN_IN = os.getpid()
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if main is None or not main.name.startswith("pyspark."):  # python -m pyspark.daemon, ...
+        return
+    import pyarrow
+
+    # the import pyspark's worker makes for every task's commit message (`pa.array` imports
+    # pandas, if installed), made now so that it is frozen too
+    pyarrow.array([b""])
+    gc.collect()
+    gc.freeze()
+
+
 class WoodpeckerArrowWriter(DataSourceArrowWriter):
     """Batch writer: one task attempt per Spark partition, Arrow batches in."""
 
@@ -346,6 +377,7 @@ class WoodpeckerArrowWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WoodpeckerCommitMessage:
         from pyspark import TaskContext
 
+        freeze_worker_heap()
         ctx = TaskContext.get()
         msg = WoodpeckerCommitMessage(
             partition=ctx.partitionId() if ctx else -1, attempt=ctx.attemptNumber() if ctx else 0
@@ -621,6 +653,7 @@ class WoodpeckerDataSource(DataSource):
         return opts
 
     def writer(self, schema: StructType, overwrite: bool) -> WoodpeckerArrowWriter:
+        freeze_worker_heap()  # the Python worker planning the write
         opts = self._write_options(schema, overwrite)
         if opts.batch_id is None and opts.idempotent:
             # A job that names no batch still has one for its own task retries: they read the
@@ -630,6 +663,7 @@ class WoodpeckerDataSource(DataSource):
         return WoodpeckerArrowWriter(opts)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> WoodpeckerStreamWriter:  # noqa: N802
+        freeze_worker_heap()
         opts = self._write_options(schema, overwrite)
         if opts.batch_id is not None:
             raise InvalidArgumentError(
