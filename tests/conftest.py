@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,36 +98,67 @@ def etcd_prefix() -> str:
     return f"/wp-test-{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture(params=["sqlite"])
-def meta_config(request: pytest.FixtureRequest) -> dict[str, object]:
-    """Config keys selecting the metadata backend: SQLite (the default, no keys) unless a test
-    asks for more with `@pytest.mark.parametrize("meta_config", [...], indirect=True)`: "etcd"
-    (the session server, under a prefix of the test's own) or "etcd+s3" (the shared deployment:
-    etcd, and objects in a fresh bucket of the session's moto S3 server)."""
-    if request.param == "sqlite":
-        return {}
-    server = request.getfixturevalue("etcd_server")
-    cfg: dict[str, object] = {
-        "meta.type": "etcd",
-        "meta.endpoints": [server.endpoint],
-        "meta.prefix": request.getfixturevalue("etcd_prefix"),
-    }
-    if request.param == "etcd+s3":
-        import boto3
+@pytest.fixture(scope="session")
+def service_cluster(etcd_server: Any, s3_server: Any) -> Iterator[object]:
+    """Three LogStore node processes with staged storage over the session's etcd and S3 server
+    (support/servicecluster.py), for the whole session: its tests share one metadata store and
+    keep apart by log name. Stopped by PID at the end."""
+    from servicecluster import ServiceCluster
 
-        s3 = request.getfixturevalue("s3_server")
-        monkeypatch = request.getfixturevalue("monkeypatch")
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_TEST_ACCESS_KEY)
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_TEST_SECRET_KEY)
-        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        bucket = f"wp-test-{uuid.uuid4().hex[:16]}"
-        boto3.client("s3", endpoint_url=s3.endpoint_url).create_bucket(Bucket=bucket)
-        cfg |= {
-            "objectstore.type": "s3",
-            "objectstore.endpoint_url": s3.endpoint_url,
-            "objectstore.bucket": bucket,
+    cluster = ServiceCluster(etcd_server.endpoint, s3_server.endpoint_url).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def deployment(request: pytest.FixtureRequest) -> Callable[[str], dict[str, object]]:
+    """`deployment(kind)`: the config keys of a deployment for this test: "sqlite" (embedded,
+    no keys), "etcd" (the session server, under a prefix of the test's own), "etcd+s3" (the
+    shared deployment: etcd, and objects in a fresh bucket of the session's moto S3 server) or
+    "service" (service mode: the session's `service_cluster`, shared by every test using it, so
+    such a test names its logs uniquely)."""
+
+    def config(kind: str) -> dict[str, object]:
+        if kind == "sqlite":
+            return {}
+        if kind == "service":
+            return dict(request.getfixturevalue("service_cluster").config)
+        server = request.getfixturevalue("etcd_server")
+        cfg: dict[str, object] = {
+            "meta.type": "etcd",
+            "meta.endpoints": [server.endpoint],
+            "meta.prefix": request.getfixturevalue("etcd_prefix"),
         }
-    return cfg
+        if kind == "etcd+s3":
+            import boto3
+
+            s3 = request.getfixturevalue("s3_server")
+            monkeypatch = request.getfixturevalue("monkeypatch")
+            monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_TEST_ACCESS_KEY)
+            monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_TEST_SECRET_KEY)
+            monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+            bucket = f"wp-test-{uuid.uuid4().hex[:16]}"
+            boto3.client("s3", endpoint_url=s3.endpoint_url).create_bucket(Bucket=bucket)
+            cfg |= {
+                "objectstore.type": "s3",
+                "objectstore.endpoint_url": s3.endpoint_url,
+                "objectstore.bucket": bucket,
+            }
+        return cfg
+
+    return config
+
+
+@pytest.fixture(params=["sqlite"])
+def meta_config(
+    request: pytest.FixtureRequest, deployment: Callable[[str], dict[str, object]]
+) -> dict[str, object]:
+    """Config keys selecting the deployment (`deployment`): SQLite (the default, no keys) unless
+    a test asks for more with `@pytest.mark.parametrize("meta_config", [...], indirect=True)`;
+    a module may override it with params of its own."""
+    return deployment(request.param)
 
 
 # --- the log client (tests/test_log_*.py) --------------------------------------------------------

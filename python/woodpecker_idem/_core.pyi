@@ -10,7 +10,7 @@ because a writable exporter could change under a batch that runs without the GIL
 """
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Self, TypeVar, final, overload
 
 from typing_extensions import Buffer
@@ -23,8 +23,13 @@ __all__ = [
     "SNAPSHOT_FORMAT_VERSION",
     "__version__",
     "DedupWindow",
+    "Completions",
+    "EntryKeys",
     "KeyPipe",
+    "NodeChannel",
+    "NodeServer",
     "Payloads",
+    "RpcError",
     "SegmentAppender",
     "StoredEntry",
     "Snapshot",
@@ -46,6 +51,7 @@ __all__ = [
     "frame_codec",
     "crc32c",
     "decode_entries",
+    "decode_entry_keys",
     "decode_messages",
     "decode_snapshot",
     "encode_entry",
@@ -426,6 +432,18 @@ def decode_entries(
         InvalidTypeError: an item of `raw` is not bytes.
     """
 
+def decode_entry_keys(
+    raw: list[bytes], segment_id: int, first_entry_id: int
+) -> tuple[EntryKeys, tuple[int, str] | None]:
+    """`decode_entries` for recovery's replay: the keys (with positions and timestamps) of the
+    entries, as one `EntryKeys`, and `bad` as `decode_entries` gives it (the keys are then
+    those of the entries before it). No payload is copied, no object made per entry.
+
+    Raises:
+        InvalidTypeError: an item of `raw` is not bytes.
+        InvalidArgumentError: `segment_id` or `first_entry_id` is outside 0..=2**32-1.
+    """
+
 def check_entries(raw: list[bytes], segment_id: int, first_entry_id: int) -> None:
     """Check that every entry of `raw` (LogEntry bytes of ids `first_entry_id`, ... of
     `segment_id`) parses and is the entry at its position, building nothing (a reader checks a
@@ -454,6 +472,19 @@ def decode_messages(
             names it (`entry {segment_id}:{entry_id}: why`).
         InvalidTypeError: an item of `raw` is not bytes, or a type is not a tuple subclass.
     """
+
+@final
+class EntryKeys:
+    """The keys of a run of entries read back from a LogStore (made by `decode_entry_keys`), for
+    `DedupWindow.add_committed_keys`. `len()` is the number of entries read, keyed or not."""
+
+    def __len__(self) -> int: ...
+    @property
+    def keyed(self) -> int:
+        """Entries that carry a key (a plain writer's carry none)."""
+    @property
+    def last_timestamp_ms(self) -> int | None:
+        """The timestamp of the last entry; None for no entries."""
 
 @final
 class StoredEntry:
@@ -730,17 +761,15 @@ class DedupWindow:
     def reserve_committed(self, additional: int) -> None:
         """Room in the index for `additional` more committed keys (`max_keys` in all at most),
         in one resize, without the GIL: a bulk load that comes in several calls (recovery: a
-        snapshot, then its gap 2,000 entries a call) sizes the index once. Only a speed-up:
+        snapshot, then its gap a read at a time) sizes the index once. Only a speed-up:
         inserts grow the index as they go otherwise (at least doubling)."""
-    def add_committed_entries(self, entries: list[StoredEntry]) -> int:
-        """`add_committed` for the entries that carry a 16-byte key, in order (the others are
-        skipped), reading their fields natively: recovery's replay of entries read back from
-        the log. Returns the number of keys inserted.
+    def add_committed_keys(self, keys: EntryKeys) -> int:
+        """`add_committed` for the keys of `keys` (made by `decode_entry_keys`), in order:
+        recovery's replay of entries read back from the log, with no object per entry. Returns
+        the number of keys inserted.
 
         Raises:
-            InvalidTypeError: an item is not a `StoredEntry`. Nothing is inserted in that case.
-            InvalidArgumentError: a keyed entry's `segment_id` or `entry_id` is outside
-                0..=2**32-1. Nothing is inserted in that case.
+            InvalidTypeError: `keys` is not an `EntryKeys`.
         """
     def __len__(self) -> int:
         """Committed plus pending keys."""
@@ -944,6 +973,18 @@ class Snapshot:
         Raises:
             InvalidTypeError: `window` is not a `DedupWindow`.
         """
+    def take_into(self, window: DedupWindow) -> int:
+        """`load_into`, handing the entries over instead of copying them: a new window takes
+        them as its ring (recovery: a large snapshot is neither copied nor held twice). The
+        snapshot holds no entries afterwards (`len` 0, `entries()` empty); its metadata, and
+        what `segment_ends` and `shared_position` say of the entries it had, stay.
+
+        Returns:
+            Number of keys inserted.
+
+        Raises:
+            InvalidTypeError: `window` is not a `DedupWindow`.
+        """
     def to_window(self, max_keys: int | None = None, window_ms: int | None = None) -> DedupWindow:
         """A new window holding the entries, with the snapshot's config unless overridden
         (a smaller `max_keys` keeps the newest entries).
@@ -1026,3 +1067,88 @@ def decode_snapshot(data: Buffer) -> Snapshot:
             after the trailer, or a malformed body (the message says which).
         InvalidTypeError: `data` is not bytes-like.
     """
+
+# --- the LogStore wire (rust/src/net): protobuf bytes only cross it -----------------------------
+
+class RpcError(Exception):
+    """A failed gRPC call. `args` is `(code, details, error)`: `code` the status name
+    ("UNAVAILABLE", "ABORTED", ...), `details` its message, `error` the project error code the
+    node sent (`wp-error` trailing metadata) or None. A `NodeServer` handler raises one to fail
+    its call with that status and code; any other exception fails it as UNKNOWN."""
+
+@final
+class NodeChannel:
+    """One HTTP/2 connection to one node (TLS when `tls`: `ca` verifies the node, None: the
+    system's roots; `cert`/`key` the client's certificate), made on the first call, remade after
+    it breaks, shared by every thread. The tokio runtime under it is made on first use, once per
+    process (a forked child makes its own)."""
+
+    def __new__(
+        cls,
+        address: str,
+        service: str,
+        *,
+        tls: bool = False,
+        ca: bytes | None = None,
+        cert: bytes | None = None,
+        key: bytes | None = None,
+    ) -> Self:
+        """Raises ValueError for an address that is no "host:port", or a certificate without
+        its key."""
+    def call(self, method: str, request: bytes, timeout_s: float) -> bytes:
+        """Call `service`/`method` with the request's bytes and wait (GIL released) for the
+        response's bytes. Raises `RpcError` (DEADLINE_EXCEEDED once `timeout_s` passes,
+        connecting included; UNAVAILABLE for a node that cannot be reached)."""
+    def start(
+        self,
+        method: str,
+        request: bytes,
+        timeout_s: float,
+        completions: Completions,
+        token: int,
+    ) -> None:
+        """The same call, started without waiting: its outcome, as `call` would return or
+        raise it, goes to `completions` under `token`."""
+    def close(self) -> None:
+        """Drop the connection (a later call connects again)."""
+
+@final
+class Completions:
+    """The outcomes of calls started with `NodeChannel.start`, for one thread to take in the
+    order they arrived."""
+
+    def __new__(cls) -> Self: ...
+    def next(self) -> tuple[int, bytes | RpcError] | None:
+        """The next outcome, `(token, response bytes or the RpcError)`, waiting for one (GIL
+        released); None once closed."""
+    def close(self) -> None:
+        """Wake the thread in `next` with None; outcomes not taken yet, or still to come, are
+        dropped."""
+
+@final
+class NodeServer:
+    """Serves `service` on `address` ("host:port", port 0: a free one) from the moment it is
+    made: each call runs `handler(method, request) -> response` (bytes) on a server thread with
+    the GIL, at most `workers` at once. TLS when `tls`: `cert`/`key` the server's certificate,
+    `ca` (if set) the CA whose client certificates it requires."""
+
+    def __new__(
+        cls,
+        address: str,
+        service: str,
+        handler: Callable[[str, bytes], bytes],
+        *,
+        workers: int = 8,
+        tls: bool = False,
+        ca: bytes | None = None,
+        cert: bytes | None = None,
+        key: bytes | None = None,
+    ) -> Self:
+        """Raises OSError when it cannot listen or the TLS settings are unusable, ValueError for
+        a handler that is not callable."""
+    @property
+    def port(self) -> int:
+        """The port listened on."""
+    def stop(self, grace_s: float) -> None:
+        """Refuse new calls (UNAVAILABLE), stop listening, and wait up to `grace_s` for the
+        calls under way to finish (GIL released)."""

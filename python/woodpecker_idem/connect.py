@@ -173,7 +173,7 @@ def connect(
         ) from exc
     deadline_s = cfg.quorum.call_timeout_ms / 1000
     if transport is None and cfg.quorum.nodes == "registry":  # service mode
-        from .logstore.remote import GrpcTransport, Tls  # the `service` extra (grpcio)
+        from .logstore.remote import GrpcTransport, Tls
 
         q = cfg.quorum
         tls = None

@@ -126,6 +126,11 @@ _OTHER: tuple[tuple[str, str, str], ...] = (
     ("retention_segments_dropped", "counter", "Completed segments retention dropped"),
     ("retention_bytes_dropped", "counter", "Bytes of the segments retention dropped"),
     ("retention_failures", "counter", "Retention passes that failed (retried)"),
+    (
+        "segment_upload_conflicts",
+        "gauge",
+        "Completed segments not uploaded (staged storage): object storage holds a conflicting copy",
+    ),
 )
 #: Every series: (name without the `woodpecker_` prefix and `_total` suffix, kind, help).
 SERIES: tuple[tuple[str, str, str], ...] = (
@@ -175,7 +180,8 @@ def collect_histograms() -> dict[str, dict[str, tuple[tuple[float, ...], list[in
 
 def collect() -> dict[str, dict[str, float]]:
     """Every series now: name -> {log name: value}, summed over this process's writers (open or
-    fenced: a closed writer's figures end with it), readers and retention runners."""
+    fenced: a closed writer's figures end with it), readers, retention runners and the upload
+    queues of staged storage."""
     out: dict[str, dict[str, float]] = {name: {} for name, _, _ in SERIES}
     for writer, handle, live, fenced in _reported_writers():
         figures = _figures(writer)
@@ -201,6 +207,10 @@ def collect() -> dict[str, dict[str, float]]:
         for log_name, n in dict(getattr(runner, "failed", {})).items():
             failures = out["retention_failures"]
             failures[log_name] = failures.get(log_name, 0) + n
+    conflicts = out["segment_upload_conflicts"]
+    for uploads in writer_registry.uploads():
+        for log_name, n in uploads.conflicts_by_log().items():  # type: ignore[attr-defined]
+            conflicts[log_name] = conflicts.get(log_name, 0) + n
     return out
 
 

@@ -1,5 +1,6 @@
-"""Every writer, reader and retention runner of this process, weakly held: what the metrics
-collector walks. One leaves when it is garbage collected; callers skip the closed ones."""
+"""Every writer, reader, retention runner and upload queue (staged storage) of this process,
+weakly held: what the metrics collector walks. One leaves when it is garbage collected; callers
+skip the closed ones."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ _lock = threading.Lock()
 _writers: weakref.WeakKeyDictionary[object, LogHandle] = weakref.WeakKeyDictionary()
 _readers: weakref.WeakKeyDictionary[object, LogHandle] = weakref.WeakKeyDictionary()
 _runners: weakref.WeakSet[object] = weakref.WeakSet()
+_uploads: weakref.WeakSet[object] = weakref.WeakSet()
 
 
 def add(writer: object, handle: LogHandle) -> None:
@@ -29,6 +31,16 @@ def add_reader(reader: object, handle: LogHandle) -> None:
 def add_runner(runner: object) -> None:
     with _lock:
         _runners.add(runner)
+
+
+def add_uploads(uploads: object) -> None:
+    with _lock:
+        _uploads.add(uploads)
+
+
+def uploads() -> list[object]:
+    with _lock:
+        return list(_uploads)
 
 
 def readers() -> list[tuple[object, LogHandle]]:

@@ -16,6 +16,7 @@ mod fileput;
 mod hasher;
 mod keys;
 mod md5x;
+mod net;
 mod payloads;
 mod pending;
 mod py;
@@ -79,6 +80,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py::put_file, m)?)?;
     py::register_segfile(m)?;
     py::register_stored(m)?;
+    net::register(m)?;
     m.add("__version__", version())?;
     py::register_arrow(m)?;
     m.add("KEY_SIZE", keys::KEY_LEN)?;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import random
 import struct
@@ -137,6 +138,17 @@ def test_round_trip(
     assert w3.committed_entries() == expected_entries
     assert s.load_into(w3) == 0  # all present: add_committed keeps them
 
+    # handed over instead of copied: the same window; the snapshot keeps all but its entries
+    taken = _core.decode_snapshot(data)
+    ends, shared = taken.segment_ends(), taken.shared_position()
+    w5 = _core.DedupWindow(w.max_keys, w.window_ms)
+    assert taken.take_into(w5) == len(expected_entries)
+    assert w5.committed_entries() == expected_entries
+    assert (len(taken), taken.entries(), taken.keys()) == (0, [], b"")
+    assert (taken.segment_ends(), taken.shared_position()) == (ends, shared)
+    assert snapshot_state(taken)[:7] == snapshot_state(s)[:7]
+    assert taken.take_into(w5) == 0
+
     if expected_entries:
         m = max(1, len(expected_entries) // 2)
         w4 = s.to_window(max_keys=m, window_ms=7)
@@ -149,6 +161,69 @@ def test_round_trip(
     # the version 1 body of earlier releases decodes to the same snapshot
     old = snapshot_state(_core.decode_snapshot(to_v1(data)))
     assert old[0] == 1 and old[1:] == snapshot_state(s)[1:]
+
+
+@pytest.fixture
+def collector_switching_threads() -> Iterator[None]:
+    """The cycle collector runs often, and lets other threads run each time (as a collection
+    that runs finalizers or callbacks may): where a native call makes Python objects while it
+    holds a lock, another thread then gets the GIL and can wait on that lock."""
+    threshold = gc.get_threshold()
+    gc.set_threshold(50)
+    gc.callbacks.append(_yield_gil)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(_yield_gil)
+        gc.set_threshold(*threshold)
+
+
+def _yield_gil(phase: str, info: dict[str, int]) -> None:
+    time.sleep(0)
+
+
+@pytest.mark.usefixtures("collector_switching_threads")
+def test_a_snapshot_is_handed_over_once_whatever_the_threads() -> None:
+    """Threads handing one snapshot to windows of their own, while others read it: exactly one
+    window gets every entry, the others none, and a reader sees all of them or none."""
+    entries = [(md5_key(i), 1 + i // 500, i % 500, 1000 + i) for i in range(3_000)]
+    data = _core.encode_snapshot(build_window(entries, 5_000, 10**9), 1, 2, 3, {})
+    for _ in range(20):
+        snap = _core.decode_snapshot(data)
+        windows = [_core.DedupWindow(5_000, 10**9) for _ in range(4)]
+        got, seen = _hand_over_while_reading(snap, windows, readers=2)
+        assert sorted(got) == [0, 0, 0, len(entries)]
+        assert sorted(len(w) for w in windows) == [0, 0, 0, len(entries)]
+        full = next(w for w in windows if len(w))
+        assert full.committed_entries() == [tuple(e) for e in entries]
+        assert set(seen) <= {0, len(entries)} and len(snap) == 0
+
+
+def _hand_over_while_reading(
+    snap: Any, windows: list[Any], readers: int
+) -> tuple[list[int], list[int]]:
+    """`snap.take_into` each window, one thread each, beside `readers` threads reading
+    `snap.entries()`, all let go at once; what the takes returned, and the lengths read."""
+    got: list[int] = []
+    seen: list[int] = []
+    start = threading.Barrier(len(windows) + readers)
+
+    def take(w: Any) -> None:
+        start.wait()
+        got.append(snap.take_into(w))
+
+    def read() -> None:
+        start.wait()
+        for _ in range(20):
+            seen.append(len(snap.entries()))
+
+    threads = [threading.Thread(target=take, args=(w,)) for w in windows]
+    threads += [threading.Thread(target=read) for _ in range(readers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got, seen
 
 
 def test_load_into_keeps_pending_and_existing() -> None:

@@ -743,25 +743,32 @@ def test_reserve_committed_sizes_the_index_once_for_a_load_in_many_calls() -> No
     assert w.committed_count == 110_000
 
 
-def _stored(seg: int, first: int, keys: list[bytes]) -> list[_core.StoredEntry]:
-    raw = [
+def _raw(seg: int, first: int, keys: list[bytes]) -> list[bytes]:
+    """LogEntry bytes of entries first.. of `seg`, keyed where the key is not b"" (at 1,000 + i)."""
+    return [
         _core.encode_entry(seg, first + i, 1_000 + i, b"p%d" % i, None, key or None)[8:]
         for i, key in enumerate(keys)
     ]
-    entries, bad = _core.decode_entries(raw, seg, first)
+
+
+def _keys(seg: int, first: int, keys: list[bytes]) -> _core.EntryKeys:
+    got, bad = _core.decode_entry_keys(_raw(seg, first, keys), seg, first)
     assert bad is None
-    return entries
+    return got
 
 
-def test_add_committed_entries_equals_add_committed_many_of_the_keyed_ones() -> None:
+def test_add_committed_keys_equals_add_committed_many_of_the_keyed_ones() -> None:
     rng = random.Random(32)
     pool = [rng.randbytes(16) for _ in range(3_000)]
     # keyed and plain entries, keys repeated at later positions (the later one is kept)
     keys = [rng.choice(pool) if rng.random() < 0.8 else b"" for _ in range(5_000)]
     native = _core.DedupWindow(10_000, 3_600_000)
     columns = _core.DedupWindow(10_000, 3_600_000)
-    got = sum(native.add_committed_entries(_stored(4, f, keys[f : f + 1_000])) for f in (0, 1_000))
-    got += native.add_committed_entries(_stored(5, 0, keys[2_000:]))
+    runs = [_keys(4, f, keys[f : f + 1_000]) for f in (0, 1_000)] + [_keys(5, 0, keys[2_000:])]
+    assert [len(r) for r in runs] == [1_000, 1_000, 3_000]  # entries read, keyed or not
+    assert sum(r.keyed for r in runs) == sum(1 for key in keys if key)
+    assert [r.last_timestamp_ms for r in runs] == [1_999, 1_999, 3_999]
+    got = sum(native.add_committed_keys(r) for r in runs)
     rows = [(4, i, key) for i, key in enumerate(keys[:2_000]) if key]
     rows += [(5, i, key) for i, key in enumerate(keys[2_000:]) if key]
     want = columns.add_committed_many(
@@ -775,10 +782,27 @@ def test_add_committed_entries_equals_add_committed_many_of_the_keyed_ones() -> 
     assert native.committed_count < len(rows)  # repeats replaced their older occurrence
 
 
-def test_add_committed_entries_refuses_what_is_not_a_stored_entry_and_inserts_nothing() -> None:
+def test_decode_entry_keys_stops_where_decode_entries_does() -> None:
+    keys = [k(i) if i % 3 else b"" for i in range(10)]
+    raw = _raw(7, 20, keys)
+    for bad_at, damage in ((4, b"\xff\xff"), (6, None)):
+        broken = list(raw)
+        # unparseable bytes, or a well-formed entry of another position
+        broken[bad_at] = damage if damage is not None else _raw(7, 99, [k(99)])[0]
+        got, bad = _core.decode_entry_keys(broken, 7, 20)
+        entries, want = _core.decode_entries(broken, 7, 20)
+        assert bad == want and bad is not None and bad[0] == bad_at
+        assert len(got) == len(entries) == bad_at
+        assert got.keyed == sum(1 for e in entries if e.idempotency_key)
+    with pytest.raises(InvalidArgumentError, match=r"position -1:0 is out of range"):
+        _core.decode_entry_keys(raw, -1, 0)
+    with pytest.raises(InvalidTypeError, match=r"raw\[1\] must be bytes, not str"):
+        _core.decode_entry_keys([raw[0], "x"], 7, 20)  # type: ignore[list-item]
+
+
+def test_add_committed_keys_refuses_what_is_not_entry_keys() -> None:
     w = _core.DedupWindow(100, 1_000)
-    good = _stored(1, 0, [k(1), k(2)])
-    with pytest.raises(InvalidTypeError, match=r"entries\[1\] must be a StoredEntry, not tuple"):
-        w.add_committed_entries([good[0], (k(3), 1, 2, 3), good[1]])  # type: ignore[list-item]
+    with pytest.raises(InvalidTypeError, match=r"keys must be an EntryKeys, not list"):
+        w.add_committed_keys([k(1)])  # type: ignore[arg-type]
     assert w.committed_count == 0
-    assert w.add_committed_entries(good) == 2
+    assert w.add_committed_keys(_keys(1, 0, [k(1), k(2)])) == 2

@@ -156,10 +156,17 @@ def test_etcd_frozen_writes_go_on_and_roll_after_thaw(tmp_path, own_etcd, etcd_p
     assert w.metrics["segments_rolled"] == rolls_before  # no roll could happen
     assert w.metrics["background_retries"] >= 1
     assert max(slow) >= 0.4  # a roll attempt waited out meta.timeout_ms
-    # Thawed: the same writer rolls by itself.
-    keys = keys[: i + 40]
-    for key in keys[i:]:
-        _write(history, w, key, failures)
+    # Thawed: the same writer rolls by itself, at the next retry of its roll, whose backoff grew
+    # during the freeze: writes go on meanwhile (a busy machine stretches the wait; the bound
+    # only ends a test that would otherwise hang).
+    thawed_at, until = i, time.monotonic() + 120.0
+    while i < len(keys) and time.monotonic() < until:
+        _write(history, w, keys[i], failures)
+        i += 1
+        if w.metrics["segments_rolled"] > rolls_before and i >= thawed_at + 40:
+            break
+        time.sleep(0.005)
+    keys = keys[:i]
     assert w.metrics["segments_rolled"] > rolls_before
     w.close()
     _judge(client, log, history, keys)

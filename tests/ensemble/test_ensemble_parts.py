@@ -304,6 +304,72 @@ def test_a_call_past_its_deadline_fails_retriably_and_the_node_goes_on(scheduler
     sender.close(WAIT_S)
 
 
+def test_started_jobs_keep_their_lanes_in_order_and_wake_no_worker(scheduler):
+    """Jobs a transport starts without blocking (`Job.start`, answered later from its own
+    thread): a lane's next job starts only once the one before it was answered (in submit
+    order, a retry first), lanes run side by side, no worker thread is made, and a job whose
+    start declines runs on a worker as ever."""
+    sender = NodeSender("n0", scheduler, deadline_s=WAIT_S)
+    lock = threading.Lock()
+    started: list[tuple[str, int]] = []
+    in_flight: dict[str, int] = {}
+    overlaps: list[str] = []
+    done: list[tuple[str, int, object]] = []
+    all_done = threading.Event()
+    expect = 2 * 20 + 1
+    failed_once: set[int] = set()
+
+    def job(lane: str, i: int, declines: bool = False) -> Job:
+        def start(answer) -> bool:
+            if declines:
+                return False
+            with lock:
+                started.append((lane, i))
+                in_flight[lane] = in_flight.get(lane, 0) + 1
+                if in_flight[lane] > 1:
+                    overlaps.append(lane)
+
+            def later() -> None:
+                time.sleep(0.002)
+                with lock:
+                    in_flight[lane] -= 1
+                flaky = lane == "a" and i == 3 and i not in failed_once
+                if flaky:
+                    failed_once.add(i)
+                    answer(None, NodeUnavailableError("transient (test)"))
+                else:
+                    answer((lane, i), None)
+
+            threading.Thread(target=later, daemon=True).start()  # the "transport's" thread
+            return True
+
+        def finish(result, error):
+            if error is not None:
+                return 0.01  # retried on the timer
+            with lock:
+                done.append((lane, i, threading.current_thread().name))
+                if len(done) == expect:
+                    all_done.set()
+            return None
+
+        return Job(lambda: (lane, i), finish, start=start)
+
+    for i in range(20):
+        sender.submit("a", job("a", i))
+        sender.submit("b", job("b", i))
+    sender.submit("c", job("c", 0, declines=True))
+    assert all_done.wait(WAIT_S)
+    assert overlaps == []  # one call of a lane at a time
+    assert [i for lane, i, _ in done if lane == "a"] == list(range(20))
+    assert [i for lane, i, _ in done if lane == "b"] == list(range(20))
+    assert started.count(("a", 3)) == 2  # the failed attempt, then its retry, before ("a", 4)
+    assert started.index(("a", 4)) > len(started) - 1 - started[::-1].index(("a", 3))
+    workers = {name for lane, _, name in done if lane != "c"}
+    assert not any(name.startswith("wp-node-") for name in workers), workers
+    assert [name for lane, _, name in done if lane == "c"][0].startswith("wp-node-n0")
+    sender.close(WAIT_S)
+
+
 def test_a_synchronous_call_raises_at_its_deadline(scheduler):
     sender = NodeSender("n0", scheduler, deadline_s=0.1)
     hang = threading.Event()

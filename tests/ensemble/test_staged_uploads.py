@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 import woodpecker_idem as wp
+from woodpecker_idem._core import encode_entry
+from woodpecker_idem.logstore.blocks import encode_record
 from woodpecker_idem.logstore.staged import StagedSegmentStorage
 from woodpecker_idem.types import SegmentState
 
@@ -159,5 +161,140 @@ def test_a_sealed_segment_is_read_from_object_storage_with_every_node_down(tmp_p
         seg = log.segments()[-1]
         with pytest.raises(NodeUnavailableError):  # a segment not in object storage
             calls.read(seg.nodes[0], log.log_id, seg.segment_id + 1, 0, 1)
+    finally:
+        client.close()
+
+
+class _HeldPuts:
+    """An object store whose puts wait at `release` once `hold` is set (`held` says one is)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.hold = threading.Event()
+        self.held = threading.Event()
+        self.release = threading.Event()
+
+    def put(self, key, data, *, if_none_match=False):
+        if self.hold.is_set():
+            self.held.set()
+            assert self.release.wait(WAIT_S), "never released"
+        return self.inner.put(key, data, if_none_match=if_none_match)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _storages(client: wp.WoodpeckerClient) -> list[StagedSegmentStorage]:
+    engines = client.transport.engines  # type: ignore[attr-defined]
+    return [engines[n].storage for n in sorted(engines)]
+
+
+def test_retention_that_drops_a_segment_while_it_uploads_leaves_no_object_behind(
+    tmp_path: Path,
+):
+    """Segment 0 completes and its upload waits in a put to object storage; retention drops the
+    segment meanwhile (TRUNCATED, deleted on its nodes). The upload's puts land after the
+    deletion: the node deletes what they wrote once they returned, and nothing of the segment
+    is left under sealed/, nor on a node's disk."""
+    from woodpecker_idem.retention import RetentionPolicy, apply
+
+    clock = wp.ManualClock()
+    data = tmp_path / "data"
+    client = wp.connect(data, STAGED, clock=clock)
+    try:
+        storages = _storages(client)
+        held = _HeldPuts(storages[0].sealed.store)
+        for storage in storages:
+            storage.sealed.store = held
+        held.hold.set()
+        log = client.open_log("dropped", create=True)
+        writer = log.open_writer()
+        for i in range(25):  # segment 0 completes at the roll, and its upload begins
+            writer.write(b"e%d" % i)
+        try:
+            assert held.held.wait(WAIT_S), "the upload never put"
+            seg0 = log.segments()[0]
+            assert seg0.state is SegmentState.COMPLETED
+            clock.advance(3_600_000)  # past the idempotency window and the age bound
+            dropped = apply(log, RetentionPolicy(max_age_ms=60_000))
+            assert [s.segment_id for s in dropped.drop] == [0]
+        finally:
+            held.hold.clear()
+            held.release.set()
+        uploads = client.ensemble.uploads
+        assert uploads is not None and uploads.wait_idle(WAIT_S)
+        assert log.segments()[0].state is SegmentState.TRUNCATED
+        assert storages[0].sealed_store.list(f"{log.log_id}/0/") == []
+        assert not list((data / "staged").glob(f"*/*/{log.log_id}/0"))
+        writer.close()
+    finally:
+        client.close()
+
+
+def test_an_upload_meeting_a_conflicting_copy_on_every_node_stops_with_one_error(
+    tmp_path: Path, caplog
+):
+    """Object storage holds segment 0 sealed with other entries (another copy, of unknown
+    origin). Every node of the ensemble is asked once, each finds the conflict; then the upload
+    stops: one error naming the objects, the segment in `uploads.conflicts` and the metric
+    (until the client closes), left COMPLETED with the nodes' copies, and no retry queued. Once
+    the objects are moved aside, the next writer's takeover uploads it."""
+    import logging
+
+    from woodpecker_idem import metrics
+    from woodpecker_idem.logstore.engine import LogStoreEngine
+    from woodpecker_idem.logstore.segment_files import FileSegmentStorage
+
+    data = tmp_path / "data"
+    client = wp.connect(data, STAGED)
+    try:
+        log = client.open_log("conflict", create=True)
+        sealed = client.objects.child("sealed")
+        other = LogStoreEngine(
+            StagedSegmentStorage(FileSegmentStorage(tmp_path / "other", fsync=False), sealed),
+            "other",
+        )
+        for i in range(20):  # segment 0 as this log's writer will write it, other payloads
+            record = encode_record(encode_entry(0, i, 1, b"other-%d" % i, None, None))
+            other.add_entries(log.log_id, 0, i, record)
+        other.seal_segment(log.log_id, 0, 19)
+        other.close()
+        uploads = client.ensemble.uploads
+        assert uploads is not None
+        with caplog.at_level(logging.WARNING, logger="woodpecker_idem.ensemble.uploads"):
+            writer = log.open_writer()
+            for i in range(25):
+                writer.write(b"e%d" % i)
+            _until(lambda: (log.log_id, 0) in uploads.conflicts, "the upload stopped")
+        assert uploads.pending() == []  # nothing tried again
+        conflicted = {node for key, node, _ in uploads.failures if key == (log.log_id, 0)}
+        assert conflicted == {"node-0", "node-1", "node-2"}
+        assert uploads.failed_attempts == 3
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1, [r.getMessage() for r in errors]
+        assert f"sealed/{log.log_id}/0/" in errors[0].getMessage()
+        assert metrics.collect()["segment_upload_conflicts"] == {"conflict": 1}
+        assert log.segments()[0].state is SegmentState.COMPLETED
+        assert len(_local_files(data, log.log_id, 0)) >= 3  # the nodes keep their copies
+        writer.close()
+    finally:
+        client.close()
+    assert metrics.collect()["segment_upload_conflicts"] == {}  # left with its client
+
+    client = wp.connect(data, STAGED)
+    try:
+        log = client.open_log("conflict")
+        uploads = client.ensemble.uploads
+        assert uploads is not None
+        log.open_writer().close()  # a takeover asks again: the same conflict
+        _until(lambda: (log.log_id, 0) in uploads.conflicts, "the upload stopped again")
+        sealed = client.objects.child("sealed")
+        for key in sealed.list(f"{log.log_id}/0/"):  # the operator moves them aside
+            sealed.delete(key)
+        log.open_writer().close()  # and the next takeover uploads it
+        _until(lambda: all(s.state is SegmentState.SEALED for s in log.segments()), "SEALED")
+        assert uploads.conflicts == {}
+        assert metrics.collect()["segment_upload_conflicts"] == {}
+        assert _payloads(log, 25) == [b"e%d" % i for i in range(25)]
     finally:
         client.close()

@@ -54,3 +54,25 @@ def test_a_writer_in_step_is_not_warned(
     with caplog.at_level(logging.WARNING), _writer(client) as writer:
         assert writer.recovery.clock_behind_ms == 0
     assert "behind the newest timestamp" not in caplog.text
+
+
+def test_the_entries_of_a_crashed_writer_alone_tell_the_newest_time(
+    tmp_path: Path, wp_connect: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No snapshot and no completion of the ahead writer's: the taking-over writer completes its
+    segment on its own clock, so only the timestamps of the entries the rebuild reads say how
+    far behind it is."""
+    ahead = wp_connect(tmp_path, clock=ManualClock(T0 + SKEW_MS))
+    crashed = _writer(ahead)  # never closed: taken over below, as after a crash
+    for i in range(20):
+        crashed.write(f"p{i}".encode(), idempotency_id=f"k{i}", timeout=30)
+    ahead.objects.delete_prefix("dedup_snapshot/")
+
+    behind = wp_connect(tmp_path, clock=ManualClock(T0))
+    with caplog.at_level(logging.WARNING):
+        writer = _writer(behind)
+    assert writer.recovery.entries_replayed == 20 and writer.recovery.snapshot_age_ms is None
+    assert writer.recovery.clock_behind_ms == SKEW_MS
+    assert "601.000 s behind the newest timestamp in the log" in caplog.text
+    writer.close()
+    ahead.close()

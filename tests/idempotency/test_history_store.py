@@ -8,18 +8,24 @@ segment, lastEntryId for a completed one, truncation, replicas agreeing) and sho
 
 from __future__ import annotations
 
+import time
+import uuid
 from pathlib import Path
+
+import pytest
 
 import woodpecker_idem as wp
 from woodpecker_idem import LogMessage, LogMessageId, explicit_key
 from woodpecker_idem._core import encode_entry
 from woodpecker_idem.client.reader import LogReader
+from woodpecker_idem.errors import CorruptEntryError
 from woodpecker_idem.logstore.engine import LogStoreEngine
 from woodpecker_idem.logstore.transport import InProcessTransport
 from woodpecker_idem.meta.base import SegmentMeta
 from woodpecker_idem.objectstore.local import LocalObjectStore
 from woodpecker_idem.testing import FaultInjectingTransport
 from woodpecker_idem.testing.history import (
+    LOST,
     READER,
     REPLICAS,
     History,
@@ -117,6 +123,26 @@ def test_the_raw_read_is_what_the_storage_holds_not_what_the_live_engine_remembe
     faults.fail_node("node-0")
     assert faults.raw_read("node-0", 1, 0, 1, 10) == [stored(1), stored(2)]
     assert "raw_read" not in faults.calls
+
+
+def test_the_raw_read_of_blocks_is_what_the_store_holds_not_what_a_read_cached(tmp_path):
+    """Blocks on an object store are cached by the node's storage once read; a block damaged in
+    the store afterwards is still served intact to the node's reads, but the raw read (the
+    checker's) reads the store again and finds the damage."""
+    store = LocalObjectStore(tmp_path / "objects", fsync=False)
+    transport = InProcessTransport({"node-0": LogStoreEngine(store, "node-0")})
+    transport.add_entries("node-0", 1, 0, 0, b"".join(record(i) for i in range(3)))
+    transport.complete("node-0", 1, 0, 2)
+    assert transport.raw_read("node-0", 1, 0, 0, 10) == [stored(i) for i in range(3)]
+    assert len(transport.read("node-0", 1, 0, 0, 10)) == 3  # the block is cached now
+    (block,) = [k for k in store.list("1/0/") if k.endswith(".blk")]
+    data = bytearray(store.get(block))
+    data[-3] ^= 0x40  # inside the last record's entry: its CRC no longer matches
+    store.delete(block)
+    store.put(block, bytes(data))
+    assert len(transport.read("node-0", 1, 0, 0, 10)) == 3  # the live engine: its cache
+    with pytest.raises(CorruptEntryError, match="checksum"):
+        transport.raw_read("node-0", 1, 0, 0, 10)
 
 
 # --- a real log --------------------------------------------------------------------------------
@@ -232,3 +258,52 @@ def test_every_reader_of_the_log_shows_what_a_quorum_holds(tmp_path: Path, wp_co
     assert reader.visible_last(client.transport, seg) == quorum
     assert common.visible_last is logs.visible_last is source.visible_last is reader.visible_last
     assert source.log_spans(client, "copies")[1][-1].last == quorum
+
+
+@pytest.mark.s3
+def test_the_raw_read_of_a_sealed_segment_the_nodes_dropped_is_its_copy_in_s3(
+    tmp_path: Path, deployment, service_cluster
+):
+    """Service mode with staged storage (support/servicecluster.py): once the nodes dropped
+    their local copies of a SEALED segment, the checker's raw read (the RawRead of each node
+    process) is the sealed copy in S3. The log is judged whole from there; then a record of
+    one sealed block is damaged in S3 (after the nodes read it: a node's block cache must not
+    hide it), and the checker finds the segment's entries intact on none of its nodes, which
+    share that one copy."""
+    config = {**deployment("service"), "quorum.es": 3, "segment.max_entries": 10}
+    client = wp.connect(tmp_path, config)
+    try:
+        log = client.create_log(f"sealed-{uuid.uuid4().hex[:10]}")
+        w = log.open_writer(idempotent=True, window_duration_s=60, window_max_keys=1000)
+        h = History()
+        for i in range(25):
+            h.call(
+                explicit_key(f"k{i}"),
+                b"s%d" % i,
+                lambda i=i: w.write(b"s%d" % i, idempotency_id=f"k{i}"),
+            )
+        w.close()
+        deadline = time.monotonic() + 120
+        while not (
+            all(s.state is SegmentState.SEALED for s in log.segments())
+            and not service_cluster.local_copies(log.log_id)
+        ):
+            assert time.monotonic() < deadline, "segments not sealed and dropped in 120 s"
+            time.sleep(0.05)
+        verdict = h.check_log(log, 60_000, 1000)
+        assert verdict.ok and verdict.entries == 25, verdict.summary()
+
+        sealed = client.objects.child("sealed")
+        (block,) = [k for k in sealed.list(f"{log.log_id}/1/") if k.endswith(".blk")]
+        data = bytearray(sealed.get(block))
+        data[-3] ^= 0x40  # inside the last record's payload: its CRC no longer matches
+        sealed.put(block, bytes(data))
+        verdict = h.check_log(log, 60_000, 1000, reader=False)
+        assert not verdict.ok and REPLICAS in verdict.kinds, verdict.summary()
+        # the damaged block's read fails whole, on every node: none holds the segment
+        assert "segment 1 is SEALED at 9, but entry 0 is stored intact on none" in (
+            verdict.summary()
+        )
+        assert verdict.kinds == {REPLICAS, LOST} and verdict.entries == 15, verdict.summary()
+    finally:
+        client.close()

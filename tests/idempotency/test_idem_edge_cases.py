@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,13 +49,13 @@ QUIET = {  # no snapshot unless a test asks for one
 class Env:
     """One client on tmp_path with a fault injector and a manual clock."""
 
-    def __init__(self, path: Path, es: int = 1, **cfg: object):
+    def __init__(self, path: Path, es: int = 1, log_name: str = "edge", **cfg: object):
         self.clock = ManualClock()
         self.client = wp.connect(path, {"quorum.es": es, **QUIET, **cfg}, clock=self.clock)
         self.inner = self.client.transport
         self.faults = FaultInjectingTransport(self.inner)
         self.client.transport = self.faults
-        self.log = self.client.open_log("edge", create=True)
+        self.log = self.client.open_log(log_name, create=True)
         self.history = History(self.clock)
         self.writers: list = []
 
@@ -102,11 +103,27 @@ class Env:
             pytest.fail("close() failed at teardown:\n  " + "\n  ".join(errors))
 
 
+SERVICE = pytest.param("service", marks=pytest.mark.s3)
 # Representative cases also run with meta.type etcd (a real etcd server, support/etcdserver.py),
-# with local objects and in the shared deployment (etcd and the moto S3 server).
+# with local objects and in the shared deployment (etcd and the moto S3 server), and in service
+# mode (LogStore node processes with staged storage, support/servicecluster.py).
 ALSO_ON_ETCD = pytest.mark.parametrize(
-    "meta_config", ["sqlite", "etcd", pytest.param("etcd+s3", marks=pytest.mark.s3)], indirect=True
+    "meta_config",
+    [
+        "sqlite",
+        "etcd",
+        pytest.param("etcd+s3", marks=pytest.mark.s3),
+        SERVICE,
+    ],
+    indirect=True,
 )
+
+
+@pytest.fixture(params=["sqlite", SERVICE])
+def meta_config(request: pytest.FixtureRequest, deployment) -> dict[str, object]:
+    """Every test of an `Env` runs in process and in service mode (its subject is the
+    idempotent writer, wherever its nodes run); ALSO_ON_ETCD's run in every deployment."""
+    return deployment(request.param)
 
 
 @pytest.fixture
@@ -114,7 +131,9 @@ def env_factory(tmp_path: Path, meta_config: dict[str, object]):
     made: list[Env] = []
 
     def make(es: int = 1, sub: str = "d", **cfg: object) -> Env:
-        e = Env(tmp_path / sub, es, **meta_config, **cfg)
+        # a log of the test's own: in service mode every test shares the cluster's store
+        name = f"edge-{uuid.uuid4().hex[:10]}"
+        e = Env(tmp_path / sub, es, name, **meta_config, **cfg)
         made.append(e)
         return e
 
@@ -171,13 +190,24 @@ def test_case1_crash_between_write_and_snapshot(env_factory):
     assert v.keyed_entries == 70
 
 
+def _write_until_acked(env: Env, w, payload: bytes, key_id: str) -> wp.WriteResult:
+    """`env.write`, retried while it times out: with a 300 ms append.timeout_ms a busy machine
+    can let a write's wait end before its ack; an idempotent retry joins the pending entry (the
+    history records every attempt)."""
+    while True:
+        try:
+            return env.write(w, payload, key_id)
+        except WriteTimeoutError:
+            continue
+
+
 @ALSO_ON_ETCD
 def test_case2_fake_failure_ack_lost(env_factory):
     # es=3, aq=2; every node applies the entry but its first ack is lost, and replies are slow, so
     # the caller's write times out while the entry is already on every node.
     env = env_factory(es=3, **{"append.timeout_ms": 300, "append.max_retries": 5})
     w = env.writer(window_duration_s=WINDOW_S, window_max_keys=MAX_KEYS)
-    base = env.write(w, b"base", "base")
+    base = _write_until_acked(env, w, b"base", "base")
     for n in ("node-0", "node-1", "node-2"):
         env.faults.drop_acks(n, 1)
         env.faults.delay(n, 200)
@@ -189,7 +219,7 @@ def test_case2_fake_failure_ack_lost(env_factory):
         lambda: all(held(env, n, *mid) for n in ("node-0", "node-1", "node-2")),
         what="X applied on every node",
     )
-    retry = env.write(w, b"X-payload", "X")  # joins the pending entry, same id
+    retry = _write_until_acked(env, w, b"X-payload", "X")  # joins the pending entry, same id
     assert retry.duplicate is True and retry.message_id == mid
     for n in ("node-0", "node-1", "node-2"):
         env.faults.delay(n, 0)
@@ -436,7 +466,7 @@ def test_case7_failed_snapshots_crash_recovers_from_older_snapshot(env_factory):
     env.check(WINDOW_MS, MAX_KEYS)
 
 
-@pytest.mark.parametrize("meta_config", ["sqlite", "etcd"], indirect=True)  # ~9 s each
+@pytest.mark.parametrize("meta_config", ["sqlite", "etcd", SERVICE], indirect=True)
 def test_case7_metadata_outage_does_not_stop_snapshots(env_factory):
     """The snapshot task asks the metadata store whether it still owns the log; while that store
     is unreachable its attempts fail (logged, counted, retried) and the task keeps running."""
@@ -748,6 +778,8 @@ def test_same_key_different_payload_returns_original(env_factory):
     env.check(WINDOW_MS, MAX_KEYS, msgs)
 
 
+# in process only: it finds no snapshot in the whole store, which service mode shares
+@pytest.mark.parametrize("meta_config", ["sqlite"], indirect=True)
 def test_non_idempotent_writer_pays_nothing(env_factory):
     env = env_factory(
         **{"idempotency.snapshot_interval_s": 0.05, "idempotency.snapshot_threshold": 1}

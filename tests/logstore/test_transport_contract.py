@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -365,6 +366,113 @@ def test_another_nodes_upload_of_the_same_segment_writes_the_same_objects(tmp_pa
     assert second == first
     reader = _sealed_reader(tmp_path)
     assert payloads(reader.read(LOG, SEG, 0, 100)) == [b"payload-%d" % i for i in range(10)]
+
+
+def test_blocks_of_another_layout_holding_the_same_entries_are_kept(
+    staged, tmp_path: Path, monkeypatch
+):
+    """Another node's upload cut the segment into other blocks (4 entries each: an earlier
+    release's layout). Sealed whole, it is taken as it is (nothing put); stopped after two of
+    its blocks, they are kept and this node's upload goes on after them in its own cut (3)."""
+    transport, storage = staged
+    other, other_storage = _staged_engine(tmp_path, "other")
+    other.add_entries(LOG, SEG, 0, frame(0, 9))
+    transport.add_entries(NODE, LOG, SEG, 0, frame(0, 9))
+    monkeypatch.setattr(staged_module, "UPLOAD_BLOCK_ENTRIES", 4)
+    theirs = other.seal_segment(LOG, SEG, 9)
+    assert theirs.blocks == ((0, 0, 3), (1, 4, 7), (2, 8, 9))
+    monkeypatch.setattr(staged_module, "UPLOAD_BLOCK_ENTRIES", 3)
+    objects = storage.sealed_store
+    before = {k: objects.get(k) for k in objects.list(f"{LOG}/")}
+    assert transport.seal_segment(NODE, LOG, SEG, 9).blocks == theirs.blocks
+    assert {k: objects.get(k) for k in objects.list(f"{LOG}/")} == before
+
+    objects.delete(theirs.footer_key)  # the other node died after its second block
+    objects.delete(theirs.block_keys[2])
+    mine = transport.seal_segment(NODE, LOG, SEG, 9)
+    assert mine.blocks == ((0, 0, 3), (1, 4, 7), (2, 8, 9))  # its own cut: 8..9 in one block
+    assert objects.get(theirs.block_keys[0]) == before[theirs.block_keys[0]]
+    reader = _sealed_reader(tmp_path)
+    assert payloads(reader.read(LOG, SEG, 0, 100)) == [b"payload-%d" % i for i in range(10)]
+    other_storage.close()
+
+
+def test_a_sealed_copy_holding_other_entries_is_a_conflict(staged, tmp_path: Path):
+    """Object storage holds the segment with other bytes at an entry (another copy, half
+    uploaded): the upload stops at the first block that differs, with a conflict no retry
+    changes, and writes nothing."""
+    transport, storage = staged
+    other, other_storage = _staged_engine(tmp_path, "other")
+    other.add_entries(LOG, SEG, 0, frame(0, 4) + rec(5, b"other") + frame(6, 9))
+    transport.add_entries(NODE, LOG, SEG, 0, frame(0, 9))
+    theirs = other.seal_segment(LOG, SEG, 9)
+    storage.sealed_store.delete(theirs.footer_key)
+    objects = storage.sealed_store
+    before = {k: objects.get(k) for k in objects.list(f"{LOG}/")}
+    with pytest.raises(EntryConflictError, match="entry 5 with other bytes") as conflict:
+        transport.seal_segment(NODE, LOG, SEG, 9)
+    assert not conflict.value.retriable
+    assert {k: objects.get(k) for k in objects.list(f"{LOG}/")} == before
+    other_storage.close()
+
+
+class _HeldPuts:
+    """An object store whose puts wait at `release` once `hold` is set (`held` says one is)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.hold = threading.Event()
+        self.held = threading.Event()
+        self.release = threading.Event()
+
+    def put(self, key, data, *, if_none_match=False):
+        if self.hold.is_set():
+            self.held.set()
+            assert self.release.wait(WAIT_S), "never released"
+        return self.inner.put(key, data, if_none_match=if_none_match)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_segment_deleted_while_its_upload_runs_leaves_nothing_behind(staged):
+    """The segment is deleted (truncation, retention) while its upload waits in a put: the
+    upload's puts land after the deletion, and the upload deletes the segment again once they
+    returned, local copy and objects, and fails; a later upload finds nothing to upload."""
+    transport, storage = staged
+    held = _HeldPuts(storage.sealed.store)
+    storage.sealed.store = held
+    transport.add_entries(NODE, LOG, SEG, 0, frame(0, 9))
+    held.hold.set()
+    outcome: list[BaseException | object] = []
+    upload = threading.Thread(
+        target=lambda: outcome.append(_call(transport.seal_segment, NODE, LOG, SEG, 9))
+    )
+    upload.start()
+    try:
+        assert held.held.wait(WAIT_S), "the upload never put"
+        transport.delete_segment(NODE, LOG, SEG)
+    finally:
+        held.hold.clear()
+        held.release.set()
+        upload.join(WAIT_S)
+    (error,) = outcome
+    assert isinstance(error, SegmentFencedError) and "deleted while" in str(error), error
+    assert storage.sealed_store.list(f"{LOG}/") == []
+    assert not Path(storage.local.segment_dir(LOG, SEG)).exists()
+    with pytest.raises(SegmentFencedError, match="holds no copy"):
+        transport.seal_segment(NODE, LOG, SEG, 9)
+    # nor an empty one (its end -1 asks for no entry): a footer of a deleted segment would stay
+    with pytest.raises(SegmentFencedError, match="holds no copy"):
+        transport.seal_segment(NODE, LOG, SEG + 1, -1)
+    assert storage.sealed_store.list(f"{LOG}/") == []
+
+
+def _call(fn, *args):
+    try:
+        return fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - the caller judges it
+        return exc
 
 
 def test_a_node_on_object_storage_refuses_seal_segment_by_name(transport):

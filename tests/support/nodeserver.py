@@ -60,8 +60,8 @@ class LogStoreNode(ServerProcess):
             stderr=subprocess.STDOUT,
             # No preexec_fn resetting SIGINT (whoever started the tests may ignore it): the node
             # sets its own SIGINT handler (cli/node.py), and Python code run between fork and
-            # exec can deadlock the child of a process with threads (grpc's): restarts of killed
-            # nodes hung on a busy machine.
+            # exec can deadlock the child of a process with threads (the wire's, the senders'):
+            # restarts of killed nodes hung on a busy machine.
         )  # fmt: skip
         log.close()
         if not self.wait_ready(lambda: port_file.exists()):

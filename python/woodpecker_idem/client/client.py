@@ -70,6 +70,8 @@ class WoodpeckerClient:
         self._retention: RetentionRunner | None = None
         self._retention_of: dict[str, RetentionPolicy] = {}  # set_retention, by log name
         self._closed = False
+        if ensemble.uploads is not None:  # staged storage: its conflicts are a metric
+            registry.add_uploads(ensemble.uploads)
 
     @property
     def transport(self) -> LogStoreTransport:

@@ -1,6 +1,7 @@
 """Reading a segment's entries from whichever replica holds them intact (docs/architecture.md).
 
-The LogReader and window recovery both read through `read_entries`, so they skip the same
+The LogReader and window recovery both read through `_read` (recovery keeps only the keys:
+`read_entry_keys`), so they skip the same
 replicas: one that is down, one that lags (holds fewer entries: it answers a short list or none)
 and one that is corrupt (a checksum, a block or an entry that does not parse, or an entry stored
 at the wrong position). A corrupt replica is logged with its node and position and handed to the
@@ -11,16 +12,16 @@ replica can serve the position, with an error naming the position and each node'
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .._core import StoredEntry, check_entries, decode_entries
+from .._core import EntryKeys, StoredEntry, check_entries, decode_entries, decode_entry_keys
 from ..errors import CorruptEntryError, NodeUnavailableError
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import SegmentMeta
 
-T = TypeVar("T")
+T = TypeVar("T", bound=Sized)
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,18 @@ def read_entries(
     return _read(transport, seg, entry_id, want, on_corrupt, _decode)
 
 
+def read_entry_keys(
+    transport: LogStoreTransport,
+    seg: SegmentMeta,
+    entry_id: int,
+    want: int,
+    on_corrupt: Callable[[ReplicaFault], None] | None = None,
+) -> EntryKeys:
+    """`read_entries` as the window rebuild needs it: only the keys, positions and timestamps,
+    checked the same way, as one native object (no object per entry)."""
+    return _read(transport, seg, entry_id, want, on_corrupt, _decode_keys)
+
+
 def read_checked(
     transport: LogStoreTransport,
     seg: SegmentMeta,
@@ -68,8 +81,8 @@ def _read(
     entry_id: int,
     want: int,
     on_corrupt: Callable[[ReplicaFault], None] | None,
-    decode: Callable[[str, SegmentMeta, int, list[bytes]], list[T]],
-) -> list[T]:
+    decode: Callable[[str, SegmentMeta, int, list[bytes]], T],
+) -> T:
     """Between 1 and `want` consecutive entries of `seg` from `entry_id`, decoded and checked.
 
     Replicas are tried in ensemble order. When every replica fails and one of them was corrupt,
@@ -142,6 +155,17 @@ def _decode(node: str, seg: SegmentMeta, first: int, raw: list[bytes]) -> list[S
             f"{node}: log {seg.log_id} entry {seg.segment_id}:{first + index}: {why}"
         )
     return entries
+
+
+def _decode_keys(node: str, seg: SegmentMeta, first: int, raw: list[bytes]) -> EntryKeys:
+    """`_decode`, keeping the keys alone."""
+    keys, bad = decode_entry_keys(raw, seg.segment_id, first)
+    if bad is not None:
+        index, why = bad
+        raise CorruptEntryError(
+            f"{node}: log {seg.log_id} entry {seg.segment_id}:{first + index}: {why}"
+        )
+    return keys
 
 
 def _check(node: str, seg: SegmentMeta, first: int, raw: list[bytes]) -> list[bytes]:

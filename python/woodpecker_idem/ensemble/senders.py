@@ -22,6 +22,12 @@ node's other lanes go on. What the stuck call returns later is ignored (a node s
 batch once: it acks identical bytes again). While too many of a node's calls are stuck, calls to
 it fail at once, until one returns.
 
+A job that can be started without a thread (`Job.start`: a transport whose calls wait on the
+network, `LogStoreTransport.start_add_entries`) is started as soon as its lane's turn comes, on
+the thread that made it ready, and answered on the transport's own thread: no worker is woken,
+and its deadline is the transport's (the call fails with a retriable `NodeUnavailableError`
+when it passes). Its lane still runs one call at a time, in submit order.
+
 `NodeCalls` is the synchronous face of the same senders: a `LogStoreTransport` whose every call runs
 on the node's sender with the deadline, for readers, recoveries and the window rebuild.
 """
@@ -48,24 +54,32 @@ CALLS_PER_NODE = 2
 MAX_STUCK_PER_NODE = 8
 
 
+Answer = Callable[[Any, BaseException | None], None]
+
+
 class Job:
     """One call of a lane. `call()` runs on a worker; `done(result, error)` then hears how it
     went, after the lane's earlier calls' `done`s. A call that returned is over (the lane's next
     call may already run beside its `done`, whose answer is not asked); after a failure `done`
     says what next: None (the lane moves on) or a delay in seconds after which `call` runs again.
-    `deadline_s`: this call's own deadline (None: the sender's)."""
+    `deadline_s`: this call's own deadline (None: the sender's). `start(answer)`, if given, is
+    tried first: it starts the attempt without blocking and returns True (then `answer(result,
+    error)` comes later from another thread, exactly once), or returns False (then `call` runs on
+    a worker)."""
 
-    __slots__ = ("call", "done", "deadline_s", "started", "answered")
+    __slots__ = ("call", "done", "deadline_s", "start", "started", "answered")
 
     def __init__(
         self,
         call: Callable[[], Any],
         done: Callable[[Any, BaseException | None], float | None],
         deadline_s: float | None = None,
+        start: Callable[[Answer], bool] | None = None,
     ):
         self.call = call
         self.done = done
         self.deadline_s = deadline_s
+        self.start = start
         self.started = 0.0  # monotonic start of the running attempt (0: not running)
         self.answered = False  # the running attempt was answered (by its worker or the deadline)
 
@@ -143,6 +157,13 @@ class NodeSender:
         return out[0]
 
     def _ready_locked(self, lane: Hashable) -> None:
+        job = self._lanes[lane].calls[0]
+        if job.start is not None:
+            try:
+                if job.start(lambda r, e: self._finish(lane, job, r, e)):
+                    return  # started: its answer moves the lane on (`_finish`)
+            except Exception:  # a bug in a start must not lose the call: a worker makes it
+                log.exception("LogStore node %s: starting a call failed", self.node)
         self._ready.append(lane)
         if self._idle:
             self._work.notify()

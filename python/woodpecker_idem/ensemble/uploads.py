@@ -9,7 +9,17 @@ entries); a failed attempt is tried again after a backoff, armed on the schedule
 thread waits). Attempts go on until the segment is SEALED (by this client or another: a takeover
 uploads what it finds COMPLETED), deleted or truncated, or the client closes; a segment left
 COMPLETED by a closed client is uploaded by the next writer's takeover. Uploads are idempotent
-(the node writes the same objects), so two clients uploading one segment do no harm.
+(the node writes the same objects, and keeps the blocks it finds holding the same entries), so
+two clients uploading one segment do no harm.
+
+One failure is not tried again: a conflict (`EntryConflictError`), where object storage holds
+a copy of the segment with other entries, or sealed at another end, than the node's. Another
+node of the ensemble is asked (its copy may be the one that matches); once every node of it
+found a conflict, the upload stops: one error logged, naming the objects and what to do, the
+segment in `conflicts` (counted by the `woodpecker_segment_upload_conflicts` metric), left
+COMPLETED with its nodes' copies. A retry could only fail the same way, with a warning each
+time, for ever; an operator has to decide which copy is right. A later `submit` of it (the next
+writer's takeover) tries again.
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import MetadataConflictError
+from ..errors import EntryConflictError, MetadataConflictError
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
 from ..retry import Backoff
@@ -45,6 +55,7 @@ class _Upload:
     backoff: Backoff = field(default_factory=lambda: Backoff(RETRY_INITIAL_S, RETRY_MAX_S))
     turn: int = 0  # failed attempts: the node tried next is the turn-th of the live ones
     errors: dict[str, str] = field(default_factory=dict)
+    conflicted: dict[str, str] = field(default_factory=dict)  # node -> the conflict it found
 
 
 class SegmentUploads:
@@ -68,6 +79,8 @@ class SegmentUploads:
         self.failures: deque[tuple[tuple[int, int], str, str]] = deque(maxlen=1000)
         # the sealed segments and the node each was uploaded through, latest last
         self.sealed_by: deque[tuple[tuple[int, int], str]] = deque(maxlen=1000)
+        # uploads stopped at a conflict (the module doc): (log, segment) -> (log name, errors)
+        self.conflicts: dict[tuple[int, int], tuple[str, str]] = {}
 
     def submit(self, meta: MetadataStore, seg: SegmentMeta) -> None:
         """Upload `seg` (COMPLETED) and record it SEALED, in the background."""
@@ -75,9 +88,21 @@ class SegmentUploads:
         with self._lock:
             if key in self._pending:
                 return  # under way already
+            self.conflicts.pop(key, None)  # asked again: tried again
             self._pending[key] = _Upload(meta, seg.log_id, seg.segment_id)
         if not self._scheduler.submit(QUEUE, self._attempt, key):
             self._forget(key)  # the client is closing: the next takeover uploads it
+
+    def conflicts_by_log(self) -> dict[str, int]:
+        """Per log name, how many of its segments' uploads stopped at a conflict (the metric);
+        none once the client closed (its figures leave with it, as a closed writer's do)."""
+        out: dict[str, int] = {}
+        if self._scheduler.closed:
+            return out
+        with self._lock:
+            for name, _ in self.conflicts.values():
+                out[name] = out.get(name, 0) + 1
+        return out
 
     def pending(self) -> list[tuple[int, int]]:
         """(log, segment) of the uploads not finished yet."""
@@ -116,6 +141,7 @@ class SegmentUploads:
         if up is None:
             return
         node = "?"
+        seg: SegmentMeta | None = None
         try:
             seg = up.meta.get_segment(up.log_id, up.segment_id)
             if seg is None or seg.state is not SegmentState.COMPLETED:
@@ -135,6 +161,11 @@ class SegmentUploads:
             up.errors[node] = f"{type(exc).__name__}: {exc}"
             self.failures.append((key, node, up.errors[node]))
             up.turn += 1
+            if isinstance(exc, EntryConflictError) and seg is not None:
+                up.conflicted[node] = up.errors[node]
+                if all(n in up.conflicted for n in seg.nodes):
+                    self._stop_at_conflict(key, up)
+                    return
             delay = up.backoff.next_delay()
             log.warning(
                 "segment %s/%s: upload through %s failed (attempt %d; again in %.1f s, through "
@@ -158,6 +189,30 @@ class SegmentUploads:
             up.segment_id,
             node,
             len(sealed.block_keys),
+        )
+        self._forget(key)
+
+    def _stop_at_conflict(self, key: tuple[int, int], up: _Upload) -> None:
+        """Every node of the segment's ensemble found a conflicting copy: stop (the module doc)."""
+        try:
+            name = up.meta.get_log_by_id(up.log_id).name
+        except Exception:  # noqa: BLE001 - the metric then names the log by its id
+            name = str(up.log_id)
+        errors = "; ".join(f"{node}: {error}" for node, error in up.conflicted.items())
+        with self._lock:
+            self.conflicts[key] = (name, errors)
+        log.error(
+            "segment %s/%s of log %r: not uploaded, and not tried again: object storage holds "
+            "a copy of it under sealed/%s/%s/ that conflicts with the entries of every node of "
+            "its ensemble (%s). It stays COMPLETED and its nodes keep their copies. Find which "
+            "copy is right, then move those objects aside: the next writer to open the log "
+            "uploads it",
+            up.log_id,
+            up.segment_id,
+            name,
+            up.log_id,
+            up.segment_id,
+            errors,
         )
         self._forget(key)
 

@@ -272,7 +272,9 @@ class LogStoreEngine:
         """Staged storage: complete the segment at `last_entry_id` (as `complete`) and upload it
         to object storage (`StagedSegmentStorage.upload`); returns once the footer is written.
         `SegmentFencedError` when this node lacks an entry up to that end (seal it through
-        another node), `EntryConflictError` when it is completed at another end."""
+        another node) or the segment is deleted (before or during the upload),
+        `EntryConflictError` when it is completed at another end, or object storage holds
+        other entries for it."""
         from .staged import StagedSegmentStorage
 
         storage = self.storage
@@ -281,19 +283,22 @@ class LogStoreEngine:
                 f"node {self.node_id}: SealSegment is for staged storage (storage.type: staged); "
                 f"this node stores segments as {type(storage).__name__}"
             )
-        seg = self._segment(log_id, segment_id)
-        with seg.lock:
-            self._ensure(seg, refresh=seg.completed_last is None)
-            # a node completed at the end may still lack its last entries (completed while its
-            # last batch was on the way): its copy is not the segment's
-            if seg.contig < last_entry_id:
-                raise SegmentFencedError(
-                    f"{seg.handle.where} holds entries up to {seg.contig} only, not up to "
-                    f"{last_entry_id}: seal it through another node of its ensemble"
-                )
-        self.complete(log_id, segment_id, last_entry_id)
-        chunks = self.read_completed(log_id, segment_id) if last_entry_id >= 0 else iter(())
-        return storage.upload(log_id, segment_id, self.node_id, chunks, last_entry_id)
+        # held against a deletion of the segment from here on (truncation, retention): what
+        # the upload puts is then deleted after it (StagedSegmentStorage.uploading)
+        with storage.uploading(log_id, segment_id):
+            seg = self._segment(log_id, segment_id)
+            with seg.lock:
+                self._ensure(seg, refresh=seg.completed_last is None)
+                # a node completed at the end may still lack its last entries (completed while
+                # its last batch was on the way): its copy is not the segment's
+                if seg.contig < last_entry_id:
+                    raise SegmentFencedError(
+                        f"{seg.handle.where} holds entries up to {seg.contig} only, not up to "
+                        f"{last_entry_id}: seal it through another node of its ensemble"
+                    )
+            self.complete(log_id, segment_id, last_entry_id)
+            chunks = self.read_completed(log_id, segment_id) if last_entry_id >= 0 else iter(())
+            return storage.upload(log_id, segment_id, self.node_id, chunks, last_entry_id)
 
     def drop_local(self, log_id: int, segment_id: int) -> None:
         """Staged storage: drop this node's local copy of a sealed segment; it is read from

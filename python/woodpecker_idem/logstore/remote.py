@@ -6,12 +6,20 @@ classes and no generated stubs: both sides build their handlers from the same ta
 wire cannot drift from it. AddEntries carries the writer's batch frame as it is (no re-encoding
 per entry). Every call has a deadline (`timeout_s`).
 
+The wire itself is native (`_core.NodeChannel`, `_core.NodeServer`: tonic over tokio, rustls for
+TLS): only protobuf bytes cross it, encoded and decoded here, and every decision stays here. A
+client's call blocks its thread without the GIL; a node's handler runs on the server's threads
+with it. Native at both ends because a gRPC library driven from Python could not answer two of
+three nodes within the latency target (benches/README.md, "the grpcio latency floor").
+
 Errors cross as the project's own: the node aborts a call with the error's stable `code` in the
 trailing metadata (`wp-error`) and its message as details, and the client raises the same class
 (`errors.by_code`), retriable exactly as in-process. A node that cannot be reached, or does not
 answer within the deadline, is `NodeUnavailableError` (retriable).
 
-One channel per node per client (gRPC multiplexes every call of every writer over it).
+One channel per node per client (HTTP/2 multiplexes every call of every writer over it). After a
+connection fails, calls fail at once until the next try (100 ms, doubling to 1 s), so a
+restarted node is reached within a second.
 """
 
 from __future__ import annotations
@@ -21,11 +29,11 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Mapping
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._core import Completions, NodeChannel, NodeServer, RpcError
 from .._proto import logstore_pb2 as pb
 from ..errors import (
     CorruptEntryError,
@@ -41,17 +49,9 @@ from .transport import LogStoreTransport
 log = logging.getLogger(__name__)
 
 SERVICE = "woodpecker_idem.logstore.LogStore"
+# The trailing metadata key of a project error's code (the native wire sets and reads it: an
+# `RpcError`'s third argument)
 ERROR_KEY = "wp-error"
-MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # a batch of append.max_batch_bytes (<= 64 MiB) fits
-CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    # A node that restarts is back within a second (gRPC's default backoff grows to 2 minutes,
-    # and every call meanwhile fails at once)
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
 
 # Calls whose deadline is this many times `timeout_s`: an upload puts a whole segment to object
 # storage (a 256 MiB segment takes longer than a write's add ever may)
@@ -203,9 +203,10 @@ RPCS: dict[str, Rpc] = {
         pb.ReadResponse,
         _read_req,
         lambda r: list(r.entries),
-        # a fresh engine over the node's storage: nothing the serving engine holds is trusted
+        # a fresh engine over the node's storage, uncached: nothing the serving engine or its
+        # storage holds is trusted
         lambda e, q: pb.ReadResponse(
-            entries=LogStoreEngine(e.storage, e.node_id).read(
+            entries=LogStoreEngine(e.storage.uncached(), e.node_id).read(
                 q.log_id, q.segment_id, q.from_entry_id, q.max_entries
             )
         ),
@@ -235,20 +236,19 @@ class GrpcTransport(LogStoreTransport):
     TLS (see `Tls`)."""
 
     def __init__(self, nodes: Mapping[str, str], timeout_s: float, tls: Tls | None = None):
-        import grpc  # the `service` extra: embedded clients never import it
-
-        self._grpc = grpc
         self._nodes = dict(nodes)
         self.timeout_s = timeout_s
-        self._credentials = None
-        if tls is not None:
-            ca, cert, key = tls.read()
-            self._credentials = grpc.ssl_channel_credentials(
-                root_certificates=ca, private_key=key, certificate_chain=cert
-            )
+        self._tls = tls
+        self._pem = tls.read() if tls is not None else (None, None, None)
         self._lock = threading.Lock()
-        self._channels: dict[str, Any] = {}
-        self._calls: dict[tuple[str, str], Callable[..., Any]] = {}
+        self._channels: dict[str, NodeChannel] = {}
+        # AddEntries started and not answered (`start_add_entries`), by token: their outcomes
+        # arrive in `_completions`, taken by one thread (`_answer`), made on the first start
+        self._completions = Completions()
+        self._started: dict[int, tuple[str, Callable[[Any, BaseException | None], None]]] = {}
+        self._tokens = 0
+        self._answerer: threading.Thread | None = None
+        self._closed = False
 
     @property
     def node_ids(self) -> list[str]:
@@ -261,54 +261,100 @@ class GrpcTransport(LogStoreTransport):
             gone = [n for n, a in self._nodes.items() if nodes.get(n) != a]
             self._nodes = dict(nodes)
             closing = [self._channels.pop(n) for n in gone if n in self._channels]
-            self._calls = {k: c for k, c in self._calls.items() if k[0] not in gone}
         for channel in closing:
             channel.close()
 
-    def _call(self, node_id: str, method: str) -> Callable[..., Any]:
-        call = self._calls.get((node_id, method))
-        if call is not None:
-            return call
+    def _channel(self, node_id: str) -> NodeChannel:
+        channel = self._channels.get(node_id)
+        if channel is not None:
+            return channel
         with self._lock:
             address = self._nodes.get(node_id)
             if address is None:
                 raise NodeUnavailableError(f"unknown LogStore node {node_id!r}")
             channel = self._channels.get(node_id)
             if channel is None:
-                if self._credentials is None:
-                    channel = self._grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-                else:
-                    channel = self._grpc.secure_channel(
-                        address, self._credentials, options=CHANNEL_OPTIONS
-                    )
+                ca, cert, key = self._pem
+                channel = NodeChannel(
+                    address, SERVICE, tls=self._tls is not None, ca=ca, cert=cert, key=key
+                )
                 self._channels[node_id] = channel
-            rpc = RPCS[method]
-            call = channel.unary_unary(
-                f"/{SERVICE}/{rpc.name}",
-                request_serializer=rpc.request.SerializeToString,
-                response_deserializer=rpc.response.FromString,
-            )
-            self._calls[(node_id, method)] = call
-            return call
+            return channel
 
     def _invoke(self, node_id: str, method: str, *args: Any) -> Any:
         rpc = RPCS[method]
-        request = rpc.to_request(*args)
+        request = rpc.to_request(*args).SerializeToString()
+        timeout = self.timeout_s * SLOW_CALLS.get(method, 1)
         try:
-            timeout = self.timeout_s * SLOW_CALLS.get(method, 1)
-            response = self._call(node_id, method)(request, timeout=timeout)
-        except self._grpc.RpcError as exc:
+            response = self._channel(node_id).call(rpc.name, request, timeout)
+        except RpcError as exc:
             raise self._error(node_id, method, exc) from None
-        return rpc.from_response(response)
+        return rpc.from_response(rpc.response.FromString(response))
 
-    def _error(self, node_id: str, method: str, exc: Any) -> WoodpeckerError:
+    def start_add_entries(self, node_id, log_id, segment_id, first_entry_id, frame, lac, done):
+        """See `LogStoreTransport.start_add_entries`: the call runs on the native runtime and its
+        outcome is handed to `done` on this transport's answering thread (a write's sends reach
+        three nodes with no thread of ours woken per call)."""
+        try:
+            channel = self._channel(node_id)
+        except NodeUnavailableError:
+            return False  # the blocking call raises it
+        rpc = RPCS["add_entries"]
+        request = rpc.to_request(log_id, segment_id, first_entry_id, frame, lac).SerializeToString()
+        with self._lock:
+            if self._closed:
+                return False
+            token = self._tokens
+            self._tokens += 1
+            self._started[token] = (node_id, done)
+            if self._answerer is None:
+                self._answerer = threading.Thread(
+                    target=self._answer, name="wp-net-answers", daemon=True
+                )
+                self._answerer.start()
+        try:
+            channel.start(rpc.name, request, self.timeout_s, self._completions, token)
+        except RpcError:  # not started (no runtime): the blocking call says why
+            with self._lock:
+                self._started.pop(token, None)
+            return False
+        return True
+
+    def _answer(self) -> None:
+        """The answering thread: each started call's outcome to its `done`, in arrival order."""
+        while (item := self._completions.next()) is not None:
+            self._deliver(*item)
+
+    def _deliver(self, token: int, outcome: bytes | RpcError) -> None:
+        """One started call's outcome to its `done`."""
+        rpc = RPCS["add_entries"]
+        with self._lock:
+            started = self._started.pop(token, None)
+        if started is None:
+            return  # answered by close() already
+        node_id, done = started
+        result: Any = None
+        error: BaseException | None = None
+        if isinstance(outcome, RpcError):
+            error = self._error(node_id, "add_entries", outcome)
+        else:
+            try:
+                result = rpc.from_response(rpc.response.FromString(outcome))
+            except Exception as exc:  # a reply that is no AddEntriesResponse
+                error = NodeUnavailableError(f"LogStore node {node_id}: bad reply: {exc}")
+        try:
+            done(result, error)
+        except Exception:  # a bug in a callback must not stop the answers to the others
+            log.exception("LogStore node %s: an AddEntries callback failed", node_id)
+
+    def _error(self, node_id: str, method: str, exc: RpcError) -> WoodpeckerError:
         """The project's error for a failed call (see the module doc)."""
-        code = dict(exc.trailing_metadata() or ()).get(ERROR_KEY)
+        status, details, code = exc.args
         if code is not None:
-            return by_code(code)(exc.details() or code)
+            return by_code(code)(details or code)
         return NodeUnavailableError(
             f"LogStore node {node_id} ({self._nodes.get(node_id)}): {method} failed: "
-            f"{exc.code().name} {exc.details() or ''}".strip()
+            f"{status} {details or ''}".strip()
         )
 
     def add_entries(
@@ -346,10 +392,24 @@ class GrpcTransport(LogStoreTransport):
         return self._invoke(node_id, "raw_read", log_id, segment_id, from_entry_id, max_entries)
 
     def close(self) -> None:
+        """Close the channels; a started call not answered yet is answered now, with a
+        retriable `NodeUnavailableError` (its outcome, if it comes, is dropped)."""
         with self._lock:
+            self._closed = True
             channels = list(self._channels.values())
             self._channels.clear()
-            self._calls.clear()
+            answerer = self._answerer
+        self._completions.close()
+        if answerer is not None and answerer is not threading.current_thread():
+            answerer.join()
+        with self._lock:
+            unanswered = list(self._started.values())
+            self._started.clear()
+        for node_id, done in unanswered:
+            try:
+                done(None, NodeUnavailableError(f"LogStore node {node_id}: its client closed"))
+            except Exception:
+                log.exception("LogStore node %s: an AddEntries callback failed", node_id)
         for channel in channels:
             channel.close()
 
@@ -433,8 +493,9 @@ def parse_fault(text: str, seed: str = "") -> DropReplies | DiskFull:
 
 class LogStoreServer:
     """One node's service: `engine` behind a gRPC server on `address` ("127.0.0.1:0" picks a
-    free port: `port` tells which); with `tls`, TLS only (`Tls.ca` set: client certificates
-    signed by it are required). `fault` is for tests only (see `DropReplies`)."""
+    free port: `port` tells which, once started); with `tls`, TLS only (`Tls.ca` set: client
+    certificates signed by it are required). `workers`: calls served at once. `fault` is for
+    tests only (see `DropReplies`)."""
 
     def __init__(
         self,
@@ -444,72 +505,65 @@ class LogStoreServer:
         tls: Tls | None = None,
         fault: DropReplies | None = None,
     ):
-        import grpc
-
-        self._grpc = grpc
         self.engine = engine
         self.fault = fault
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wp-serve"),
-            options=CHANNEL_OPTIONS,
-        )
-        handlers = {
-            rpc.name: grpc.unary_unary_rpc_method_handler(
-                self._handler(rpc),
-                request_deserializer=rpc.request.FromString,
-                response_serializer=rpc.response.SerializeToString,
-            )
-            for rpc in RPCS.values()
-        }
-        self._server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(SERVICE, handlers),)
-        )
-        if tls is None:
-            self.port = self._server.add_insecure_port(address)
-        else:
-            ca, cert, key = tls.read()
-            if cert is None or key is None:
-                raise InvalidArgumentError("a TLS node needs its certificate and its key")
-            credentials = grpc.ssl_server_credentials(
-                [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
-            )
-            self.port = self._server.add_secure_port(address, credentials)
-        if self.port == 0:
-            raise OSError(f"LogStore node: cannot listen on {address}")
-        host = address.rsplit(":", 1)[0]
-        self.address = f"{host}:{self.port}"
+        self._listen = address
+        self._workers = workers
+        self._tls = tls
+        self._pem = tls.read() if tls is not None else (None, None, None)
+        if tls is not None and (self._pem[1] is None or self._pem[2] is None):
+            raise InvalidArgumentError("a TLS node needs its certificate and its key")
+        self._rpcs = {rpc.name: rpc for rpc in RPCS.values()}
+        self._server: NodeServer | None = None
+        self.port = 0
+        self.address = ""
 
-    def _handler(self, rpc: Rpc) -> Callable[[Any, Any], Any]:
-        grpc = self._grpc
-        engine = self.engine
-        fault = self.fault if rpc.name == "AddEntries" else None
-
-        def handle(request: Any, context: Any) -> Any:
-            try:
-                response = rpc.serve(engine, request)
-                if fault is not None and fault.drop():  # applied, and the reply lost
-                    context.abort(grpc.StatusCode.UNAVAILABLE, "reply dropped (testing fault)")
-                return response
-            except WoodpeckerError as exc:
-                context.set_trailing_metadata(((ERROR_KEY, exc.code),))
-                if isinstance(exc, CorruptEntryError):
-                    status = grpc.StatusCode.DATA_LOSS
-                elif exc.retriable:
-                    status = grpc.StatusCode.UNAVAILABLE
-                else:
-                    status = grpc.StatusCode.ABORTED
-                context.abort(status, str(exc))
-            except OSError as exc:  # a full or failing disk: this node is out for the call
-                log.error("%s failed on this node: %s", rpc.name, exc)
-                context.set_trailing_metadata(((ERROR_KEY, NodeUnavailableError.code),))
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"{rpc.name}: {exc}")
-
-        return handle
+    def _handle(self, method: str, request: bytes) -> bytes:
+        """One call (on a server thread, with the GIL): the response's bytes, or an `RpcError`
+        whose status and project error code the client maps back (see the module doc)."""
+        rpc = self._rpcs.get(method)
+        if rpc is None:
+            raise RpcError("UNIMPLEMENTED", f"no such method: {method}", None)
+        try:
+            response = rpc.serve(self.engine, rpc.request.FromString(request))
+        except WoodpeckerError as exc:
+            if isinstance(exc, CorruptEntryError):
+                status = "DATA_LOSS"
+            elif exc.retriable:
+                status = "UNAVAILABLE"
+            else:
+                status = "ABORTED"
+            raise RpcError(status, str(exc), exc.code) from None
+        except OSError as exc:  # a full or failing disk: this node is out for the call
+            log.error("%s failed on this node: %s", rpc.name, exc)
+            raise RpcError("UNAVAILABLE", f"{rpc.name}: {exc}", NodeUnavailableError.code) from None
+        except Exception as exc:  # a bug: the call fails, the node goes on
+            log.exception("%s failed on this node", rpc.name)
+            raise RpcError("UNKNOWN", f"{rpc.name}: {type(exc).__name__}: {exc}", None) from None
+        if rpc.name == "AddEntries" and self.fault is not None and self.fault.drop():
+            # applied, and the reply lost
+            raise RpcError("UNAVAILABLE", "reply dropped (testing fault)", None)
+        return response.SerializeToString()
 
     def start(self) -> LogStoreServer:
-        self._server.start()
+        """Listen and serve (`port` and `address` tell where)."""
+        ca, cert, key = self._pem
+        self._server = NodeServer(
+            self._listen,
+            SERVICE,
+            self._handle,
+            workers=self._workers,
+            tls=self._tls is not None,
+            ca=ca,
+            cert=cert,
+            key=key,
+        )
+        self.port = self._server.port
+        host = self._listen.rsplit(":", 1)[0]
+        self.address = f"{host}:{self.port}"
         return self
 
     def stop(self, grace_s: float | None = 5.0) -> None:
         """Stop taking calls; calls under way get `grace_s` to finish (SIGTERM drains)."""
-        self._server.stop(grace_s).wait()
+        if self._server is not None:
+            self._server.stop(grace_s or 0.0)

@@ -10,7 +10,19 @@ a completed segment moves to object storage, where any node reads it once its lo
   (`UPLOAD_BLOCK_ENTRIES`, `UPLOAD_BLOCK_BYTES`), never from how this node's batches happened to
   arrive, and every put is create-if-absent: replicas hold byte-identical entries, so a second
   upload of the same segment, by a retry or by another node of the ensemble after this one died
-  mid-upload, writes the same keys with the same bytes and changes nothing.
+  mid-upload, writes the same keys with the same bytes and changes nothing. An upload first
+  reads what is there: blocks another upload left, cut another way (an earlier release's
+  layout) or not, are kept when they hold this node's entries byte for byte, and the upload
+  goes on after them; a copy holding other entries, or sealed at another end, is a conflict
+  (`EntryConflictError`), which no retry resolves (the client stops at it, `uploads.py`).
+- An upload and the deletion of its segment (truncation, retention, a deleted log) exclude each
+  other on a node (`uploading`): a deletion that meets an upload under way marks it, and the
+  upload, once its last put returned, deletes the segment again, local files and objects, and
+  fails; an upload that starts during or after a deletion finds the segment gone and refuses.
+  Deleting after, rather than holding the deletion until the upload ends, keeps a deletion
+  (and the truncation waiting on it) from waiting for an upload S3 holds up for minutes; and
+  aborting the puts at once could not help, since a put under way cannot be called back: only
+  a deletion after the last put leaves nothing under `sealed/`.
 - `drop_local` (the node's `LocalCopies` sweeper, once the metadata says SEALED and a grace period
   passed) leaves a tombstone (`SEALED_MARK`) in the segment's local directory, then removes its
   files. A segment with a tombstone is opened on the sealed store: reads come from object
@@ -25,10 +37,17 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 from .._core import concat
-from ..errors import CorruptEntryError, EntryConflictError, StorageUnavailableError
+from ..errors import (
+    CorruptEntryError,
+    EntryConflictError,
+    SegmentFencedError,
+    StorageUnavailableError,
+)
 from ..objectstore.base import ObjectStore
 from .blocks import decode_footer, encode_record
 from .segment_files import FileSegmentStorage
@@ -57,12 +76,25 @@ class StagedSegmentStorage(SegmentStorage):
         # uploads and reads only: no packs (they serve a takeover of an open object segment)
         self.sealed = ObjectSegmentStorage(sealed, pack_blocks=0)
         self._sweeper: LocalCopies | None = None
+        # uploads against deletions (`uploading`): the uploads under way per segment, those of
+        # them a deletion met, and the deletions under way ((log, None): a whole log's)
+        self._guard = threading.Lock()
+        self._uploading: Counter[tuple[int, int]] = Counter()
+        self._deleted_meanwhile: set[tuple[int, int]] = set()
+        self._deleting: Counter[tuple[int, int | None]] = Counter()
 
     def __repr__(self) -> str:
         return f"StagedSegmentStorage({self.local.root!r}, {self.sealed_store!r})"
 
     def _mark(self, log_id: int, segment_id: int) -> str:
         return os.path.join(self.local.segment_dir(log_id, segment_id), SEALED_MARK)
+
+    def uncached(self) -> StagedSegmentStorage:
+        """The local files as they are, and the sealed store read without the block cache (no
+        sweeper, no thread: nothing to close)."""
+        view = StagedSegmentStorage(self.local, self.sealed_store)
+        view.sealed = self.sealed.uncached()
+        return view
 
     def dropped(self, log_id: int, segment_id: int) -> bool:
         """True once the local copy was dropped (the segment is read from the sealed store)."""
@@ -75,17 +107,83 @@ class StagedSegmentStorage(SegmentStorage):
 
     # --- upload --------------------------------------------------------------------------------
 
+    @contextmanager
+    def uploading(self, log_id: int, segment_id: int) -> Iterator[None]:
+        """Hold an upload of the segment (the engine's whole `seal_segment`) against its deletion
+        (the module doc). Refuses (`SegmentFencedError`) while a deletion of it runs, or when
+        this node holds no copy of it (deleted, or never placed here); when a deletion met the
+        upload, deletes the segment again once the upload is over, and fails."""
+        key = (log_id, segment_id)
+        where = f"{log_id}/{segment_id}"
+        with self._guard:
+            if self._deleting[key] or self._deleting[(log_id, None)]:
+                raise SegmentFencedError(f"{where} is being deleted on this node: not uploaded")
+            self._uploading[key] += 1
+        try:
+            if not os.path.isdir(self.local.segment_dir(log_id, segment_id)):
+                raise SegmentFencedError(
+                    f"{where}: this node holds no copy of it (deleted, or never placed here)"
+                )
+            yield
+        finally:
+            with self._guard:
+                self._uploading[key] -= 1
+                deleted = key in self._deleted_meanwhile
+                if not self._uploading[key]:
+                    del self._uploading[key]
+                    self._deleted_meanwhile.discard(key)
+            if deleted:
+                # every put of this upload has returned: what it wrote after the deletion goes,
+                # and the upload fails as deleted, whatever else it met (its copy vanishing)
+                self._delete_copies(log_id, segment_id)
+                raise SegmentFencedError(
+                    f"{where} was deleted while this node uploaded it; what the upload wrote "
+                    "is deleted too"
+                )
+
+    @contextmanager
+    def _deletion(self, log_id: int, segment_id: int | None) -> Iterator[None]:
+        """A deletion of a segment (or, `segment_id` None, of a whole log): marks the uploads of
+        it under way, and refuses new ones until it is over (`uploading`)."""
+        with self._guard:
+            self._deleting[(log_id, segment_id)] += 1
+            for key in self._uploading:
+                if key[0] == log_id and segment_id in (None, key[1]):
+                    self._deleted_meanwhile.add(key)
+        try:
+            yield
+        finally:
+            with self._guard:
+                self._deleting[(log_id, segment_id)] -= 1
+                if not self._deleting[(log_id, segment_id)]:
+                    del self._deleting[(log_id, segment_id)]
+
     def upload(
         self, log_id: int, segment_id: int, node_id: str, chunks: Iterable[list[bytes]], last: int
     ) -> SealedSegment:
         """Write entries 0..`last` (`chunks`: lists of LogEntry bytes, in order) to the sealed
         store as blocks and then the footer (see the module doc); returns once every object is
-        written (durable when each put returns). Raises `EntryConflictError` when a footer with
-        another end is there, `CorruptEntryError` when the entries stop short of `last`."""
+        written (durable when each put returns). Blocks already there that hold the same entries
+        are kept. Raises `EntryConflictError` when the sealed store holds other entries or a
+        footer with another end, `CorruptEntryError` when the entries stop short of `last`."""
         handle = self.sealed.open(log_id, segment_id, node_id)
         where = f"{node_id}:{log_id}/{segment_id} upload"
         prefix = f"{log_id}/{segment_id}/"
-        blocks: list[tuple[int, int, int]] = []  # (first, last, block number)
+        there = handle.load()
+        kept = _kept_blocks(there.batches, where)  # (first, last, block number), in entry order
+        if there.completed_last is not None and there.completed_last != last:
+            raise EntryConflictError(
+                f"{where}: object storage holds this segment sealed at {there.completed_last}, "
+                f"not {last}"
+            )
+        covered = kept[-1][1] if kept else -1  # the kept blocks hold entries 0..covered
+        if covered > last or (there.completed_last is not None and covered != last):
+            raise EntryConflictError(
+                f"{where}: object storage holds blocks of entries 0..{covered} for a segment "
+                f"that ends at {last}"
+            )
+        held = _entries(handle, kept, where)
+        blocks: list[tuple[int, int, int]] = list(kept)  # (first, last, block number)
         records: list[bytes] = []
         size = 0
         entry = 0
@@ -101,6 +199,14 @@ class StagedSegmentStorage(SegmentStorage):
             for data in chunk:
                 if entry > last:
                     break
+                if entry <= covered:
+                    if next(held) != data:
+                        raise EntryConflictError(
+                            f"{where}: object storage holds entry {entry} with other bytes than "
+                            "this node's copy"
+                        )
+                    entry += 1
+                    continue
                 records.append(encode_record(data))
                 size += len(records[-1])
                 entry += 1
@@ -114,7 +220,7 @@ class StagedSegmentStorage(SegmentStorage):
             )
         if records:
             put()
-        other = handle.complete(last, blocks)
+        other = handle.complete(last, blocks) if there.completed_last is None else last
         if other is not None and other != last:
             raise EntryConflictError(
                 f"{where}: object storage holds this segment sealed at {other}, not {last}"
@@ -183,13 +289,18 @@ class StagedSegmentStorage(SegmentStorage):
         self._sweeper = LocalCopies(self, drop, is_sealed, grace_s).start()
         return self._sweeper
 
-    def delete_segment(self, log_id: int, segment_id: int) -> None:
+    def _delete_copies(self, log_id: int, segment_id: int) -> None:
         self.local.delete_segment(log_id, segment_id)
         self.sealed.delete_segment(log_id, segment_id)
 
+    def delete_segment(self, log_id: int, segment_id: int) -> None:
+        with self._deletion(log_id, segment_id):
+            self._delete_copies(log_id, segment_id)
+
     def delete_log(self, log_id: int) -> None:
-        self.local.delete_log(log_id)
-        self.sealed.delete_log(log_id)
+        with self._deletion(log_id, None):
+            self.local.delete_log(log_id)
+            self.sealed.delete_log(log_id)
 
     def close(self) -> None:
         if self._sweeper is not None:
@@ -268,3 +379,34 @@ class LocalCopies:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
+
+
+def _kept_blocks(batches: list[tuple[int, int, int]], where: str) -> list[tuple[int, int, int]]:
+    """The blocks an earlier upload left ((first, last, block number) from the sealed handle's
+    load), in entry order; they must be blocks 0, 1, ... holding entries 0, 1, ... back to back
+    (as every upload puts them), whatever their cut, else they are not an upload's."""
+    kept = sorted((n, first, end) for first, end, n in batches)
+    end = -1
+    for i, (n, first, last) in enumerate(kept):
+        if n != i or first != end + 1:
+            raise EntryConflictError(
+                f"{where}: object storage holds block {n} of entries {first}..{last}, which does "
+                f"not follow entries 0..{end} in blocks 0..{i - 1}: not an upload's blocks"
+            )
+        end = last
+    return [(first, last, n) for n, first, last in kept]
+
+
+def _entries(
+    handle: SegmentHandle, kept: list[tuple[int, int, int]], where: str
+) -> Iterator[bytes]:
+    """The entries of the kept blocks in order, a block at a time; a damaged one is a conflict
+    (the upload cannot complete that copy, and no retry changes it)."""
+    for first, last, n in kept:
+        try:
+            got = handle.read([(n, first, first, last)])
+        except CorruptEntryError as exc:
+            raise EntryConflictError(
+                f"{where}: object storage holds a damaged block: {exc}"
+            ) from exc
+        yield from got

@@ -148,6 +148,12 @@ class SegmentStorage(ABC):
     @abstractmethod
     def delete_log(self, log_id: int) -> None: ...
 
+    def uncached(self) -> SegmentStorage:
+        """A view of the same stored bytes that keeps nothing from one read to the next, for the
+        history checker's raw read (what the storage holds now, not what a read cached). Local
+        segment files keep nothing already: a handle reads the files."""
+        return self
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Make every acknowledged add durable now (a deferred sync) and stop background work."""
 
@@ -189,6 +195,11 @@ class ObjectSegmentStorage(SegmentStorage):
 
     def open(self, log_id: int, segment_id: int, node_id: str) -> SegmentHandle:
         return _BlockHandle(self, log_id, segment_id, node_id)
+
+    def uncached(self) -> ObjectSegmentStorage:
+        """The blocks read from the store at each read (no block cache, no pack served, no
+        thread: nothing to close)."""
+        return ObjectSegmentStorage(self.store, cache_bytes=0, read_threads=1, pack_blocks=0)
 
     def block(
         self,

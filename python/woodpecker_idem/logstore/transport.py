@@ -8,7 +8,8 @@ two to each other). The fault-injecting wrapper the tests use is `woodpecker_ide
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ..errors import NodeUnavailableError
 from .engine import LogStoreEngine
@@ -33,6 +34,23 @@ class LogStoreTransport(ABC):
         lac: int = -1,
         recovery: bool = False,
     ) -> int: ...
+
+    def start_add_entries(
+        self,
+        node_id: str,
+        log_id: int,
+        segment_id: int,
+        first_entry_id: int,
+        frame: bytes,
+        lac: int,
+        done: Callable[[Any, BaseException | None], None],
+    ) -> bool:
+        """Start `add_entries` without waiting for it, if this transport can: True, and
+        `done(last_entry_id, None)` or `done(None, error)` is called later, exactly once, on a
+        thread of the transport's (never the caller's); False, and nothing happens: the caller
+        makes the blocking call. Only a transport whose calls wait on the network starts any
+        (a node's sender then needs no thread per call in flight)."""
+        return False
 
     @abstractmethod
     def fence(self, node_id: str, log_id: int, segment_id: int) -> tuple[int, int]: ...
@@ -129,9 +147,10 @@ class InProcessTransport(LogStoreTransport):
         self._engine(node_id).delete_log(log_id)
 
     def raw_read(self, node_id, log_id, segment_id, from_entry_id, max_entries):
-        # A new engine over the node's storage: it loads the segment from the storage itself,
-        # where the live engine would answer from its index of what it was sent.
-        fresh = LogStoreEngine(self._engine(node_id).storage, node_id)
+        # A new engine over the node's storage, uncached: it loads the segment from the storage
+        # itself, where the live engine would answer from its index of what it was sent, and
+        # the storage from a block it read before.
+        fresh = LogStoreEngine(self._engine(node_id).storage.uncached(), node_id)
         return fresh.read(log_id, segment_id, from_entry_id, max_entries)
 
     def close(self) -> None:

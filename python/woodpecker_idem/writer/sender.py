@@ -45,6 +45,10 @@ class SenderView(Protocol):
     @property
     def fenced(self) -> bool: ...
 
+    @property
+    def stopped(self) -> bool:
+        """Closed (or closing) or fenced, as last recorded (asks nothing, takes no lock)."""
+
     def on_ack(self, node: str, seg: OpenSegment, batch: SentBatch) -> None: ...
 
     def on_node_failed(self, node: str, seg: OpenSegment, batch: SentBatch, exc: Exception) -> None:
@@ -82,6 +86,27 @@ class BatchSend:
         # on the node's sender, which sets the deadline
         return d.transport.add_entries(
             self.node, w.log_id, seg.segment_id, batch.first_entry_id, batch.frame, seg.lac
+        )
+
+    def start(self, answer: Callable[[Any, BaseException | None], None]) -> bool:
+        """Start one attempt without waiting, if the transport can (see `Job.start`): a batch
+        still to send, as `call` would send it. False: `call` runs on the node's worker, and
+        decides as ever. Called where its lane's turn comes, maybe under the writer's lock, so
+        it asks `stopped` (a flag), never `fenced` (which may fence, taking the lock)."""
+        d = self._dispatch
+        w = d.pipeline
+        seg = self.seg
+        batch = self.batch
+        if w.stopped or self.node in seg.failed_nodes:
+            return False  # a skip, or a writer closing: `call` answers it
+        if batch is None:
+            return d.transport.start_add_entries(
+                self.node, w.log_id, seg.segment_id, seg.lac + 1, b"", seg.lac, answer
+            )
+        if seg.status is SegmentStatus.FAILED or seg.status is SegmentStatus.DONE:
+            return False
+        return d.transport.start_add_entries(
+            self.node, w.log_id, seg.segment_id, batch.first_entry_id, batch.frame, seg.lac, answer
         )
 
     def done(self, result: Any, exc: BaseException | None) -> float | None:
@@ -154,7 +179,7 @@ class Dispatch:
         send = BatchSend(self, node, seg, batch)
         with self._quiet:
             self._sends += 1
-        if not self.ensemble.sender(node).submit(seg, Job(send.call, send.done)):
+        if not self.ensemble.sender(node).submit(seg, Job(send.call, send.done, start=send.start)):
             self.ended()  # the client is closing: nothing is sent any more
 
     def ended(self) -> None:

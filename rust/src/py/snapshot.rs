@@ -1,6 +1,7 @@
 //! `Snapshot` and the snapshot functions: a window's committed keys to bytes and back
 //! (`crate::snapshot` is the codec).
 
+use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
@@ -8,13 +9,21 @@ use super::convert::{entries_list, parse_max_keys, parse_window_ms};
 use super::window::PyDedupWindow;
 use crate::args;
 use crate::errors::{type_name, InvalidArgumentError, InvalidTypeError, SnapshotCorruptError};
-use crate::keys::KEY_LEN;
-use crate::snapshot::{self, SnapshotData, StreamEncoder};
+use crate::snapshot::{self, Positions, SnapshotData, StreamEncoder};
+use crate::window::Record;
 
-/// A decoded dedup snapshot.
+/// A decoded dedup snapshot. Its entries are held apart from the rest, so that `take_into` can
+/// hand them to a window; what the checks need of their positions is found once, at decode.
 #[pyclass(frozen, module = "woodpecker_idem._core", name = "Snapshot")]
 pub struct PySnapshot {
-    data: SnapshotData,
+    data: SnapshotData, // its `entries` are empty: they are in `entries`
+    /// Held only by code that needs no GIL (copying, moving, loading a window), never while a
+    /// Python object is made: making one can run the cycle collector, and Python code with it,
+    /// which lets another thread take the GIL and then wait here for ever (the holder waiting
+    /// for the GIL it holds). A thread holding the GIL may wait for it: its holder lets go
+    /// without the GIL.
+    entries: Mutex<Vec<Record>>,
+    positions: Positions,
 }
 
 fn window_arg<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, PyDedupWindow>> {
@@ -62,43 +71,56 @@ impl PySnapshot {
     }
 
     fn __len__(&self) -> usize {
-        self.data.entries.len()
+        self.entries.lock().len()
     }
 
     fn shared_position(&self) -> Option<(u32, u32)> {
-        self.data.shared_position()
+        self.positions.shared
     }
 
     fn segment_ends<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
-        for (seg, last) in self.data.segment_ends() {
+        for &(seg, last) in &self.positions.ends {
             d.set_item(seg, last)?;
         }
         Ok(d)
     }
 
     fn entries<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        entries_list(py, &self.data.entries)
+        let entries = py.detach(|| self.entries.lock().clone()); // see `entries`: no object made under it
+        entries_list(py, &entries)
     }
 
     fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let n = self.data.entries.len() * KEY_LEN;
-        PyBytes::new_with(py, n, |buf| {
-            for (dst, r) in buf.chunks_exact_mut(KEY_LEN).zip(&self.data.entries) {
-                dst.copy_from_slice(&r.key);
-            }
-            Ok(())
-        })
+        let keys: Vec<u8> = py.detach(|| {
+            let entries = self.entries.lock();
+            entries.iter().flat_map(|r| r.key).collect()
+        });
+        Ok(PyBytes::new(py, &keys))
     }
 
     fn load_into(&self, py: Python<'_>, window: &Bound<'_, PyAny>) -> PyResult<usize> {
         let window = window_arg(window)?.get();
-        let entries = &self.data.entries;
         Ok(py.detach(|| {
+            let entries = self.entries.lock();
             let mut window = window.inner.lock();
             window
-                .load_committed(entries)
+                .load_committed(&entries)
                 .unwrap_or_else(|| window.add_committed_many(entries.iter().copied()))
+        }))
+    }
+
+    /// `load_into`, handing the entries over instead of copying them: a new window takes them as
+    /// its ring. The snapshot holds no entries afterwards (its length is 0); the rest of it, and
+    /// what `segment_ends` and `shared_position` say, stays.
+    fn take_into(&self, py: Python<'_>, window: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let window = window_arg(window)?.get();
+        Ok(py.detach(|| {
+            let entries = std::mem::take(&mut *self.entries.lock());
+            let mut window = window.inner.lock();
+            window
+                .adopt_committed(entries)
+                .unwrap_or_else(|entries| window.add_committed_many(entries))
         }))
     }
 
@@ -121,11 +143,11 @@ impl PySnapshot {
         let mut w = PyDedupWindow::new_window(py, max_keys, window_ms)?;
         // Replaying everything into a smaller window would end with exactly the newest
         // `max_keys` entries; load only those, so the new window starts with zero evictions.
-        let all = &self.data.entries;
-        let entries = all
-            .get(all.len().saturating_sub(max_keys)..)
-            .unwrap_or_default();
         py.detach(|| {
+            let all = self.entries.lock();
+            let entries = all
+                .get(all.len().saturating_sub(max_keys)..)
+                .unwrap_or_default();
             w.load_committed(entries)
                 .unwrap_or_else(|| w.add_committed_many(entries.iter().copied()))
         });
@@ -138,7 +160,7 @@ impl PySnapshot {
             self.data.log_id,
             self.data.epoch,
             self.data.timestamp_ms,
-            self.data.entries.len(),
+            self.entries.lock().len(),
             self.data.window_max_keys,
             self.data.window_ms
         )
@@ -330,7 +352,16 @@ impl PySnapshotStream {
 pub fn decode_snapshot(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<PySnapshot> {
     let data = args::bytes_like(data, "data")?;
     let s = data.as_slice();
-    py.detach(|| snapshot::decode(s))
-        .map(|data| PySnapshot { data })
-        .map_err(|e| SnapshotCorruptError::new_err(e.0))
+    py.detach(|| {
+        snapshot::decode(s).map(|mut data| {
+            let positions = data.positions();
+            let entries = Mutex::new(std::mem::take(&mut data.entries));
+            PySnapshot {
+                data,
+                entries,
+                positions,
+            }
+        })
+    })
+    .map_err(|e| SnapshotCorruptError::new_err(e.0))
 }

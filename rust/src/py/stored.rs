@@ -7,6 +7,9 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyType};
 
 use super::tuples::{new_tuple_of, tuple_types, untrack};
 use crate::entry::{decode_entry, DecodedEntry};
+use crate::errors::InvalidArgumentError;
+use crate::keys::KEY_LEN;
+use crate::window::Record;
 
 /// One entry read back from a LogStore: `payload`, `properties` (a new dict each access),
 /// `timestamp_ms`, `idempotency_key` (b"" when the entry has none), `segment_id`, `entry_id`.
@@ -91,6 +94,94 @@ pub fn decode_entries<'py>(
         out.push(Py::new(py, entry)?);
     }
     Ok((out, None))
+}
+
+/// The keys of a run of entries read back from a LogStore, as recovery's replay adds them to
+/// the window (`DedupWindow.add_committed_keys`): one object for the run, none per entry.
+/// `len()` is the entries read, keyed or not.
+#[pyclass(frozen, module = "woodpecker_idem._core", name = "EntryKeys")]
+pub struct PyEntryKeys {
+    pub(super) records: Vec<Record>,
+    entries: usize,
+    last_timestamp_ms: Option<i64>,
+}
+
+#[pymethods]
+impl PyEntryKeys {
+    fn __len__(&self) -> usize {
+        self.entries
+    }
+
+    /// Entries that carry a key (a plain writer's carry none).
+    #[getter]
+    fn keyed(&self) -> usize {
+        self.records.len()
+    }
+
+    /// The timestamp of the last entry, None for no entries.
+    #[getter]
+    fn last_timestamp_ms(&self) -> Option<i64> {
+        self.last_timestamp_ms
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "EntryKeys({} entries, {} keyed)",
+            self.entries,
+            self.records.len()
+        )
+    }
+}
+
+/// `decode_entries` for recovery's replay: the keys (with their positions and timestamps) of
+/// the entries `raw`, as one `EntryKeys`, and `bad` as `decode_entries` gives it (the keys are
+/// then those of the entries before it). No payload is copied and no object made per entry.
+#[pyfunction]
+pub fn decode_entry_keys(
+    raw: &Bound<'_, PyList>,
+    segment_id: i64,
+    first_entry_id: i64,
+) -> PyResult<(PyEntryKeys, Option<(usize, String)>)> {
+    let (Ok(segment), Ok(_)) = (u32::try_from(segment_id), u32::try_from(first_entry_id)) else {
+        return Err(InvalidArgumentError::new_err(format!(
+            "position {segment_id}:{first_entry_id} is out of range 0..={}",
+            u32::MAX
+        )));
+    };
+    let mut keys = PyEntryKeys {
+        records: Vec::with_capacity(raw.len()),
+        entries: 0,
+        last_timestamp_ms: None,
+    };
+    for (i, item) in raw.iter().enumerate() {
+        let data = bytes_item(&item, i)?;
+        let want = first_entry_id + i as i64;
+        let e = match decode_entry(data.as_bytes()) {
+            Ok(e) => e,
+            Err(why) => return Ok((keys, Some((i, format!("unparseable entry ({why})"))))),
+        };
+        if e.segment_id != segment_id || e.entry_id != want {
+            let why = format!("stored entry says {}:{}", e.segment_id, e.entry_id);
+            return Ok((keys, Some((i, why))));
+        }
+        let Ok(entry_id) = u32::try_from(want) else {
+            return Ok((
+                keys,
+                Some((i, format!("entry id {want} is past {}", u32::MAX))),
+            ));
+        };
+        if let Ok(key) = <[u8; KEY_LEN]>::try_from(e.idempotency_key) {
+            keys.records.push(Record {
+                key,
+                segment_id: segment,
+                entry_id,
+                timestamp_ms: e.timestamp_ms,
+            });
+        }
+        keys.entries += 1;
+        keys.last_timestamp_ms = Some(e.timestamp_ms);
+    }
+    Ok((keys, None))
 }
 
 pyo3::import_exception!(woodpecker_idem.errors, CorruptEntryError);
@@ -197,5 +288,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decode_entries, m)?)?;
     m.add_function(wrap_pyfunction!(decode_messages, m)?)?;
     m.add_function(wrap_pyfunction!(check_entries, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_entry_keys, m)?)?;
+    m.add_class::<PyEntryKeys>()?;
     m.add_class::<PyStoredEntry>()
 }

@@ -9,7 +9,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use super::convert::{entries_list, parse_max_keys, parse_window_ms, record};
 use super::entry::{Held, Run, Stamps};
 use super::payloads::PayloadRows;
-use super::stored::PyStoredEntry;
+use super::stored::PyEntryKeys;
 use super::window_entry::PyWindowEntry;
 use crate::args;
 use crate::codec::Codec;
@@ -392,43 +392,21 @@ impl PyDedupWindow {
         py.detach(|| self.inner.lock().reserve_committed(additional));
     }
 
-    /// `add_committed` for the keyed entries of `entries` (`StoredEntry`s, as `decode_entries`
-    /// makes them) in order; entries without a 16-byte key are skipped. Recovery's replay: the
-    /// fields are read here, not by a Python loop over the entries.
-    fn add_committed_entries(
-        &self,
-        py: Python<'_>,
-        entries: &Bound<'_, PyList>,
-    ) -> PyResult<usize> {
-        let mut recs = Vec::with_capacity(entries.len());
-        for (i, item) in entries.iter().enumerate() {
-            let e = item.cast::<PyStoredEntry>().map_err(|_| {
-                InvalidTypeError::new_err(format!(
-                    "entries[{i}] must be a StoredEntry, not {}",
-                    type_name(&item)
-                ))
-            })?;
-            let e = e.get();
-            let key = e.idempotency_key.bind(py).as_bytes();
-            let Ok(key) = <[u8; KEY_LEN]>::try_from(key) else {
-                continue; // a plain writer's entry (b"")
-            };
-            let id = |name: &str, v: i64| {
-                u32::try_from(v).map_err(|_| {
-                    InvalidArgumentError::new_err(format!(
-                        "entries[{i}].{name} = {v} is out of range 0..={}",
-                        u32::MAX
-                    ))
-                })
-            };
-            recs.push(Record {
-                key,
-                segment_id: id("segment_id", e.segment_id)?,
-                entry_id: id("entry_id", e.entry_id)?,
-                timestamp_ms: e.timestamp_ms,
-            });
-        }
-        Ok(py.detach(|| self.inner.lock().add_committed_many(recs)))
+    /// `add_committed` for the keys of `keys` (`decode_entry_keys` made it) in order: recovery's
+    /// replay, with no object per entry between the read and the window.
+    fn add_committed_keys(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let keys = keys.cast::<PyEntryKeys>().map_err(|_| {
+            InvalidTypeError::new_err(format!(
+                "keys must be an EntryKeys, not {}",
+                type_name(keys)
+            ))
+        })?;
+        let records = &keys.get().records;
+        Ok(py.detach(|| {
+            self.inner
+                .lock()
+                .add_committed_many(records.iter().copied())
+        }))
     }
 
     fn __len__(&self, py: Python<'_>) -> usize {
