@@ -1,6 +1,7 @@
 """Spark: the `woodpecker` sink's rows/s, idempotent vs plain (`idempotent=false`) vs Spark's own
-parquet writer on the same prepared DataFrame, and Arrow key hashing (`idempotency_key`, Rust)
-vs Spark's built-in `md5` column function.
+parquet writer vs a no-op Python Data Source (`nullsink`: its tasks only read the Arrow batches,
+the ceiling of any Python sink) on the same prepared DataFrame, and Arrow key hashing
+(`idempotency_key`, Rust) vs Spark's built-in `md5` column function.
 
     .venv/bin/python -m pytest benches/bench_spark.py -p no:cacheprovider -s \
         --benchmark-json=bench-results/spark.json
@@ -8,28 +9,61 @@ vs Spark's built-in `md5` column function.
 Rows of ~100 B (`order_id` bigint key, a 100 B binary `body` written as is with `payloadColumn`),
 P = 4, local Spark (`local[2]`), embedded default (es=1, fsync before ack). Every write goes to a
 fresh log group (or parquet directory), so every row is new. The sides run interleaved (idem,
-plain, parquet; idem, plain, parquet; ...) and are compared on the median of per-round ratios.
+plain, parquet, null; idem, plain, parquet, null; ...) and are compared on the median of
+per-round ratios.
 `WOODPECKER_BENCH_SPARK_ROWS` (default 1,000,000, issue 14's size) and
 `WOODPECKER_BENCH_SPARK_ROUNDS` (default 3, after one untimed warm-up round) size it; a round is
 three writes of the whole DataFrame. `extra_info` of `--benchmark-json` holds the rows/s of each
 side (medians) and the ratios (medians of the per-round ratios): `idempotent_vs_plain`,
-`idempotent_vs_parquet`, `plain_vs_parquet`. Asserted: issue 14's target, idempotent >= 0.9x
-plain (one slow round moves a 3-round median a lot on the shared machine: raise the rounds to
-judge). Reported: vs parquet (issue 21's target, 0.9x, is not reached: see docs/spark.md,
-"Throughput") and key hashing vs md5.
+`idempotent_vs_parquet`, `plain_vs_parquet`, `idempotent_vs_null`. Asserted: issue 14's target,
+idempotent >= 0.9x plain, and issue 32's: idempotent >= 0.9x parquet on 100 B rows (>= 0.8x on
+the realistic rows), or, where a Python Data Source cannot get there, within 5% of the no-op
+Python sink on the same DataFrame (idempotent >= 0.95x null). One slow round moves a 3-round
+median a lot on the shared machine: raise the rounds to judge (`benches/README.md` quotes 5).
+Reported: key hashing vs md5.
 """
 
 from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 
 import pytest
+from pyspark import cloudpickle
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
 ROWS = int(os.environ.get("WOODPECKER_BENCH_SPARK_ROWS", "1000000"))
 ROUNDS = int(os.environ.get("WOODPECKER_BENCH_SPARK_ROUNDS", "3"))
 P = 4
+# issue 32: idempotent / parquet on 100 B rows and on the realistic rows, or idempotent / the
+# no-op Python sink where a Python Data Source cannot reach parquet
+VS_PARQUET, VS_PARQUET_REALISTIC, VS_NULL = 0.9, 0.8, 0.95
+
+
+class NullWriter(DataSourceArrowWriter):
+    """A task that only reads the Arrow batches Spark sends its Python worker."""
+
+    def write(self, iterator):  # type: ignore[no-untyped-def]
+        for _batch in iterator:
+            pass
+        return WriterCommitMessage()
+
+
+class NullSink(DataSource):
+    """`format("nullsink")`: what any Python Data Source costs before it does anything."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "nullsink"
+
+    def writer(self, schema, overwrite):  # type: ignore[no-untyped-def]
+        return NullWriter()
+
+
+# The Python workers cannot import this file: its classes go to them by value
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +72,7 @@ def spark():
 
     # Spark's default stream buffer (the pipeline shrinks it so injected failures leave prefixes)
     session = local_spark(2, 10_000, {"spark.buffer.size": "65536"})
+    session.dataSource.register(NullSink)
     yield session
     session.stop()
 
@@ -75,20 +110,25 @@ def test_sink_rows_per_second_idempotent_plain_parquet(spark, tmp_path, benchmar
             .save
         )
 
-    times: dict[str, list[float]] = {"idempotent": [], "plain": [], "parquet": []}
+    times: dict[str, list[float]] = {"idempotent": [], "plain": [], "parquet": [], "null": []}
 
     def parquet_round(r: int) -> float:
         return timed(lambda: prepared.write.mode("overwrite").parquet(str(tmp_path / f"pq-{r}")))
 
+    def null_round() -> float:
+        return timed(lambda: prepared.write.format("nullsink").mode("append").save())
+
     sink("warm-up-idem", True)()  # Python workers, JIT, first-use costs: not timed
     sink("warm-up-plain", False)()
     parquet_round(-1)
+    null_round()
 
     def all_rounds() -> None:
         for r in range(ROUNDS):
             times["idempotent"].append(timed(sink(f"idem-{r}", True)))
             times["plain"].append(timed(sink(f"plain-{r}", False)))
             times["parquet"].append(parquet_round(r))
+            times["null"].append(null_round())
             took = ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items())
             print(f"round {r + 1}/{ROUNDS}: {took}", flush=True)
 
@@ -102,6 +142,9 @@ def test_sink_rows_per_second_idempotent_plain_parquet(spark, tmp_path, benchmar
     plain_vs_parquet = statistics.median(
         q / p for p, q in zip(times["plain"], times["parquet"], strict=True)
     )
+    vs_null = statistics.median(
+        n / i for i, n in zip(times["idempotent"], times["null"], strict=True)
+    )
     rates = {k: ROWS / statistics.median(v) for k, v in times.items()}
     benchmark.extra_info.update(
         {
@@ -111,6 +154,7 @@ def test_sink_rows_per_second_idempotent_plain_parquet(spark, tmp_path, benchmar
             "idempotent_vs_plain": vs_plain,
             "idempotent_vs_parquet": vs_parquet,
             "plain_vs_parquet": plain_vs_parquet,
+            "idempotent_vs_null": vs_null,
             "row_bytes": 100,
             "partitions": P,
             "seconds": times,
@@ -119,11 +163,15 @@ def test_sink_rows_per_second_idempotent_plain_parquet(spark, tmp_path, benchmar
     print(
         f"\nspark sink, {ROWS:,} rows of 100 B, P={P}, {ROUNDS} interleaved rounds (medians): "
         f"idempotent {rates['idempotent']:,.0f} rows/s, plain {rates['plain']:,.0f} rows/s, "
-        f"parquet {rates['parquet']:,.0f} rows/s; idempotent/plain {vs_plain:.2f}x (target "
-        f">= 0.9x), idempotent/parquet {vs_parquet:.2f}x (target 0.9x, not reached; reported), "
-        f"plain/parquet {plain_vs_parquet:.2f}x"
+        f"parquet {rates['parquet']:,.0f} rows/s, no-op Python sink {rates['null']:,.0f} "
+        f"rows/s; idempotent/plain {vs_plain:.2f}x (target >= 0.9x), idempotent/parquet "
+        f"{vs_parquet:.2f}x (target >= {VS_PARQUET}x, or idempotent/null >= {VS_NULL}x), "
+        f"idempotent/null {vs_null:.2f}x, plain/parquet {plain_vs_parquet:.2f}x"
     )
     assert vs_plain >= 0.9, f"idempotent/plain {vs_plain:.2f}x: {times}"
+    assert vs_parquet >= VS_PARQUET or vs_null >= VS_NULL, (
+        f"idempotent/parquet {vs_parquet:.2f}x, idempotent/null {vs_null:.2f}x: {times}"
+    )
 
 
 def realistic(spark):
@@ -149,8 +197,9 @@ def realistic(spark):
 
 @pytest.mark.timeout(3600)
 def test_sink_realistic_rows_vs_parquet(spark, tmp_path, benchmark):
-    """The sink (idempotent, defaults: canonical JSON payloads) against Spark's parquet writer on
-    the same prepared DataFrame of realistic rows, interleaved. Asserted: >= 0.7x (issue 21)."""
+    """The sink (idempotent, defaults: canonical JSON payloads) against Spark's parquet writer and
+    the no-op Python sink on the same prepared DataFrame of realistic rows, interleaved.
+    Asserted: >= 0.7x parquet (issue 21), and >= 0.8x parquet or >= 0.95x null (issue 32)."""
     from woodpecker_idem.spark import prepare
 
     prepared = prepare(realistic(spark), "order_id", P).cache()
@@ -170,14 +219,19 @@ def test_sink_realistic_rows_vs_parquet(spark, tmp_path, benchmark):
     def parquet(r: int) -> float:
         return timed(lambda: prepared.write.mode("overwrite").parquet(str(tmp_path / f"pq-{r}")))
 
+    def null() -> float:
+        return timed(lambda: prepared.write.format("nullsink").mode("append").save())
+
     sink("warm-up")()
     parquet(-1)
-    times: dict[str, list[float]] = {"idempotent": [], "parquet": []}
+    null()
+    times: dict[str, list[float]] = {"idempotent": [], "parquet": [], "null": []}
 
     def all_rounds() -> None:
         for r in range(ROUNDS):
             times["idempotent"].append(timed(sink(f"idem-{r}")))
             times["parquet"].append(parquet(r))
+            times["null"].append(null())
             took = ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items())
             print(f"round {r + 1}/{ROUNDS}: {took}", flush=True)
 
@@ -185,17 +239,32 @@ def test_sink_realistic_rows_vs_parquet(spark, tmp_path, benchmark):
     ratio = statistics.median(
         q / i for i, q in zip(times["idempotent"], times["parquet"], strict=True)
     )
+    vs_null = statistics.median(
+        n / i for i, n in zip(times["idempotent"], times["null"], strict=True)
+    )
     rates = {k: ROWS / statistics.median(v) for k, v in times.items()}
     benchmark.extra_info.update(
-        {"rows": ROWS, "rounds": ROUNDS, "rows_per_s": rates, "idempotent_vs_parquet": ratio}
+        {
+            "rows": ROWS,
+            "rounds": ROUNDS,
+            "rows_per_s": rates,
+            "idempotent_vs_parquet": ratio,
+            "idempotent_vs_null": vs_null,
+            "seconds": times,
+        }
     )
     print(
         f"\nspark sink, {ROWS:,} realistic rows (10 columns, canonical JSON), P={P}, {ROUNDS} "
         f"interleaved rounds (medians): idempotent {rates['idempotent']:,.0f} rows/s, parquet "
-        f"{rates['parquet']:,.0f} rows/s; idempotent/parquet {ratio:.2f}x (target >= 0.7x)"
+        f"{rates['parquet']:,.0f} rows/s, no-op Python sink {rates['null']:,.0f} rows/s; "
+        f"idempotent/parquet {ratio:.2f}x (target >= {VS_PARQUET_REALISTIC}x, or idempotent/null "
+        f">= {VS_NULL}x), idempotent/null {vs_null:.2f}x"
     )
     prepared.unpersist()
     assert ratio >= 0.7, f"idempotent/parquet {ratio:.2f}x on realistic rows: {times}"
+    assert ratio >= VS_PARQUET_REALISTIC or vs_null >= VS_NULL, (
+        f"idempotent/parquet {ratio:.2f}x, idempotent/null {vs_null:.2f}x, realistic rows: {times}"
+    )
 
 
 @pytest.mark.timeout(1800)

@@ -3,7 +3,8 @@
 the Arrow batches: the Python Data Source's own cost), Spark's parquet writer, and a count of the
 prepared DataFrame (source, routes, shuffle: no write), interleaved. Each round reads the CPU time
 of the JVM's threads (executor task threads, JIT compilers, GC, the rest) and of the Python
-workers (`/proc/<pid>/stat`: a process's time includes its threads'), and prints medians.
+workers (`/proc/<pid>/stat`: a process's time includes its threads'), of this process's
+descendants only (another Spark on the machine is not counted), and prints medians.
 
     .venv/bin/python benches/spark_cpu_probe.py 5            # rounds
     WOODPECKER_BENCH_SPARK_ROWS=1000 ... benches/spark_cpu_probe.py 7          # per-job costs
@@ -21,8 +22,6 @@ import sys
 import tempfile
 import time
 
-from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_spark  # noqa: E402
 
@@ -31,22 +30,6 @@ from woodpecker_idem.spark.orders_job import local_spark  # noqa: E402
 
 SIDES = ("idempotent", "plain", "null", "parquet", "count")
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-class NullWriter(DataSourceArrowWriter):
-    def write(self, iterator):  # type: ignore[no-untyped-def]
-        for _batch in iterator:
-            pass
-        return WriterCommitMessage()
-
-
-class NullSink(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return "nullsink"
-
-    def writer(self, schema, overwrite):  # type: ignore[no-untyped-def]
-        return NullWriter()
 
 
 def _read(path: str) -> bytes:
@@ -59,9 +42,27 @@ def _cpu(stat_path: str) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
 
 
+def _descendants(root: int) -> list[str]:
+    """The /proc directories of `root`'s descendants: this Spark's JVM and its Python workers,
+    not another Spark's on the same machine."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for proc in glob.glob("/proc/[0-9]*"):
+        try:
+            ppid = int(_read(proc + "/stat").rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):  # ended meanwhile
+            continue
+        children[ppid].append(int(proc[6:]))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            out.append(f"/proc/{child}")
+            todo.append(child)
+    return out
+
+
 def cpu_by_group() -> collections.Counter[str]:
     out: collections.Counter[str] = collections.Counter()
-    for proc in glob.glob("/proc/[0-9]*"):
+    for proc in _descendants(os.getpid()):
         try:
             argv = _read(proc + "/cmdline").split(b"\0")
             if argv[0].endswith(b"java"):
@@ -86,7 +87,7 @@ def cpu_by_group() -> collections.Counter[str]:
 
 def main(rounds: int) -> None:
     spark = local_spark(2, 10_000, {"spark.buffer.size": "65536"})
-    spark.dataSource.register(NullSink)
+    spark.dataSource.register(bench_spark.NullSink)
     tmp = tempfile.mkdtemp()
     prepared = prepare(bench_spark.source(spark), "order_id", bench_spark.P)
 

@@ -13,8 +13,8 @@ writer.write(b"payload", idempotency_id="order-42")   # retries return the origi
 
 import logging as _logging
 
+from ._core import Payloads, content_key, content_keys, explicit_key, explicit_keys
 from ._core import __version__ as __version__  # Cargo.toml's version: written in one place
-from ._core import content_key, content_keys, explicit_key, explicit_keys
 from .client import LogHandle, LogReader, WoodpeckerClient
 from .clock import Clock, ManualClock, SystemClock
 from .config import Config, load_config
@@ -100,6 +100,7 @@ __all__ = [
     "MetadataConflictError",
     "MetadataLostError",
     "NodeUnavailableError",
+    "Payloads",
     "ObjectStoreOwnedError",
     "PayloadTooLargeError",
     "Processor",

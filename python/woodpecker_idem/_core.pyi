@@ -11,7 +11,7 @@ because a writable exporter could change under a batch that runs without the GIL
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, Self, TypeVar, final
+from typing import Any, Self, TypeVar, final, overload
 
 from typing_extensions import Buffer
 
@@ -28,6 +28,7 @@ __all__ = [
     "KeyPipe",
     "NodeChannel",
     "NodeServer",
+    "Payloads",
     "RpcError",
     "SegmentAppender",
     "StoredEntry",
@@ -40,6 +41,7 @@ __all__ = [
     "arrow_first_misrouted",
     "arrow_rows",
     "check_entries",
+    "chunk_end",
     "concat",
     "content_key",
     "content_keys",
@@ -54,8 +56,6 @@ __all__ = [
     "decode_snapshot",
     "encode_entry",
     "encode_frame",
-    "first_bad_payloads",
-    "payload_bytes",
     "encode_snapshot",
     "explicit_key",
     "explicit_keys",
@@ -105,7 +105,7 @@ def explicit_key(idempotency_id: str | bytes) -> bytes:
         InvalidTypeError: `idempotency_id` is neither `str` nor `bytes`.
     """
 
-def content_keys(payloads: Sequence[Buffer]) -> bytes:
+def content_keys(payloads: Sequence[Buffer] | Payloads) -> bytes:
     """Content keys of many payloads at once, concatenated (N*16 bytes).
 
     One call per batch keeps Python overhead out of the per-entry cost: hashing runs without the
@@ -113,7 +113,8 @@ def content_keys(payloads: Sequence[Buffer]) -> bytes:
     split over the available cores.
 
     Args:
-        payloads: A sequence (list, tuple or other iterable) of bytes-like payloads.
+        payloads: A sequence (list, tuple or other iterable) of bytes-like payloads, or a
+            `Payloads` (read in place).
 
     Raises:
         InvalidTypeError: `payloads` is a lone str/bytes or not iterable, or `payloads[i]` is
@@ -211,13 +212,15 @@ def arrow_rows(
     key: str | _ArrowData | None = None,
     payload: str | None = None,
     exclude: Sequence[str] = ...,
-) -> tuple[list[bytes], bytes]:
-    """Payloads and keys (N*16 bytes) of the rows of `data`, validated as a whole.
+) -> tuple[Payloads, bytes]:
+    """Payloads and keys (N*16 bytes) of the rows of `data`, validated as a whole: no Python
+    object per row.
 
     `data` is a record batch or table, or a single binary/string column of payloads. Payloads:
-    the column named `payload` as is, else the canonical JSON of each row without the `exclude`
-    columns. Keys: explicit keys of the column named `key` (or of the Arrow column `key`), else
-    the content keys of the payloads.
+    the column named `payload` as is (its Arrow buffers shared, not copied, when it is one chunk
+    of binary, large binary, string or large string), else the canonical JSON of each row
+    without the `exclude` columns (one buffer). Keys: explicit keys of the column named `key`
+    (or of the Arrow column `key`), else the content keys of the payloads.
 
     Raises:
         InvalidArgumentError: a missing column, a null, a bad id, mismatched lengths.
@@ -265,25 +268,23 @@ def encode_entry(
             dict of str to str.
     """
 
-def payload_bytes(payloads: list[bytes], start: int, end: int, overhead: int) -> int:
-    """Bytes of the payloads `start..end` of `payloads`, with `overhead` more per row (what a
-    chunk of rows counts against the batch limits).
+def chunk_end(
+    payloads: list[bytes] | Payloads, start: int, end: int, limit: int, overhead: int
+) -> tuple[int, int]:
+    """`(bytes, end)`: the rows from `start` (before `end`) whose bytes, `overhead` more each,
+    fit `limit` (at least one row), and what they count: where a run of one AddEntries batch
+    ends. A `Payloads` answers by bisection over its offsets, without reading a row.
 
     Raises:
         InvalidArgumentError: the range is outside `payloads`.
         InvalidTypeError: a payload in the range is not bytes.
     """
 
-def first_bad_payloads(payloads: list[bytes], max_bytes: int) -> tuple[int | None, int | None]:
-    """The first row that is not exactly `bytes`, and the first one longer than `max_bytes`
-    (None for either when there is none): one pass over a batch checked whole before any of it
-    is written."""
-
 def encode_frame(
     segment_id: int,
     first_entry_id: int,
     timestamp_ms: int | Buffer,
-    payloads: list[bytes],
+    payloads: list[bytes] | Payloads,
     start: int,
     end: int,
     keys: Buffer | None = None,
@@ -292,8 +293,9 @@ def encode_frame(
     compression: int = 0,
 ) -> tuple[bytes, int]:
     """One frame (records as `encode_entry`, end to end, entry ids counting up from
-    `first_entry_id`) of the rows `start..end` of `payloads`: every writer's encoding, one call
-    and one `bytes` per run of entries. Returns `(frame, records)`.
+    `first_entry_id`) of the rows `start..end` of `payloads` (the queue's list of `bytes`, or a
+    batch call's `Payloads`): every writer's encoding, one call and one `bytes` per run of
+    entries, written in place into that `bytes`. Returns `(frame, records)`.
 
     Args:
         timestamp_ms: One int for every row, or an int64 column (e.g. `array("q")`) with one
@@ -703,6 +705,40 @@ class DedupWindow:
                 multiple of 16 bytes, or the new rows could pass entry id 2**32-1. Nothing is
                 reserved in that case.
         """
+    def reserve_frame(
+        self,
+        keys: Buffer,
+        start: int,
+        end: int,
+        timestamp_ms: int | Buffer,
+        segment_id: int,
+        first_entry_id: int,
+        payloads: list[bytes] | Payloads,
+        properties: list[dict[str, str] | None] | None = None,
+        compression: int = 0,
+    ) -> tuple[bytes, bytes, bytes, bytes, int]:
+        """A writer's run in one call: rows `start..end` judged as `reserve_many` judges them
+        and the new ones encoded as `encode_frame` encodes them (their keys in the records,
+        entry ids from `first_entry_id`), compressed per `compression`.
+
+        Every argument is checked before any key is reserved, so the keys of a run are reserved
+        only together with its frame.
+
+        Args:
+            keys: N*16 bytes, one key per row of the whole `payloads`.
+            timestamp_ms: One int for every row, or an int64 column of N (queueing times).
+            payloads: The queue's list of `bytes`, or a batch call's `Payloads`.
+            properties: One `dict[str, str]` or None per row of the whole list.
+
+        Returns:
+            `(status, segment_ids, entry_ids, frame, count)`: `reserve_many`'s answer for the
+            run's rows, the frame of its new rows and how many records it holds.
+
+        Raises:
+            InvalidArgumentError: the range is outside `payloads`, a column does not match, the
+                new rows could pass entry id 2**32-1, or `compression` is no codec.
+            InvalidTypeError: a payload is not bytes, or properties are not `dict[str, str]`.
+        """
     def add_committed_many(
         self, keys: Buffer, segment_ids: Buffer, entry_ids: Buffer, timestamps_ms: Buffer
     ) -> int:
@@ -777,6 +813,81 @@ class DedupWindow:
     def committed_entries(self) -> list[tuple[bytes, int, int, int]]:
         """`(key, segment_id, entry_id, timestamp_ms)` in commit order, oldest first (tests and
         tools; use `SnapshotStream` or `encode_snapshot` for bulk export)."""
+
+# --- payloads --------------------------------------------------------------------------------
+
+@final
+class Payloads:
+    """A batch's payloads as one buffer and its offsets (Arrow's binary layout): what the batch
+    calls (`write_many`, `write_keyed`, `write_arrow`, the Spark sink) hand the writer instead of
+    one `bytes` object per row. Immutable. The bytes of any range of rows, and where a run of
+    rows fits a byte limit, come from the offsets alone.
+
+    Made from a sequence of bytes (bytearray and memoryview rows too), copied into one buffer in
+    one pass (`Payloads(rows)`), or from an Arrow binary or string column without a copy
+    (`Payloads.from_arrow`); given to Arrow without a copy (`pyarrow.array(payloads)`, through
+    `__arrow_c_array__`). It compares equal to a `Payloads` or a list of bytes with the same
+    rows, and indexes like a list (`p[i]` is a `bytes` copy of row i, `p[a:b]` a `Payloads`
+    sharing the buffer).
+    """
+
+    def __new__(cls, rows: Sequence[Buffer] | Payloads) -> Self:
+        """The rows laid end to end, in one new buffer (a `Payloads` is shared, not copied).
+
+        Raises:
+            InvalidTypeError: `rows` is not a sequence (a lone bytes or str is not), or
+                `payloads[i]` is not bytes, bytearray or memoryview.
+        """
+    @staticmethod
+    def from_arrow(column: _ArrowData) -> Payloads:
+        """The values of a binary or string Arrow column (any object with `__arrow_c_array__`
+        or `__arrow_c_stream__`): one chunk of binary, large binary, string or large string
+        is shared, not copied; other byte types and several chunks are copied in one pass.
+
+        Raises:
+            InvalidArgumentError: a null value (naming its row), or offsets outside the values.
+            InvalidTypeError: not Arrow data, or not a binary or string column.
+        """
+    def __len__(self) -> int: ...
+    @overload
+    def __getitem__(self, key: int, /) -> bytes: ...
+    @overload
+    def __getitem__(self, key: slice, /) -> Payloads: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every row together."""
+    @property
+    def longest(self) -> int:
+        """Length of the longest row (0 for none), known once the batch is made."""
+    def range_bytes(self, start: int, end: int, overhead: int = 0) -> int:
+        """Bytes of the rows `start..end`, `overhead` more per row, from two offsets.
+
+        Raises:
+            InvalidArgumentError: the range is not within the rows.
+        """
+    def first_longer(self, max_bytes: int) -> int | None:
+        """The first row longer than `max_bytes`, or None (then no row is read)."""
+    def fit(self, start: int, end: int, limit: int, overhead: int = 0) -> tuple[int, int]:
+        """`(bytes, end)`: the rows from `start` (before `end`) whose bytes, `overhead` more
+        each, fit `limit` (at least one row), and what they count.
+
+        Raises:
+            InvalidArgumentError: the range is not within the rows.
+        """
+    def take(self, rows: Sequence[int] | Buffer) -> Payloads:
+        """The rows numbered in `rows` (ints, or an int64 buffer such as `array("q")`), in that
+        order, copied into a new batch.
+
+        Raises:
+            InvalidArgumentError: `rows[i]` is not a row.
+            InvalidTypeError: `rows` is neither.
+        """
+    def to_list(self) -> list[bytes]:
+        """Every row as `bytes`."""
+    def __arrow_c_array__(self, requested_schema: object = None) -> tuple[object, object]:
+        """The Arrow PyCapsule interface: the rows as an Arrow binary (or large binary) array
+        sharing this batch's buffers."""
 
 # --- key pipe --------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ use arrow_array::{Array, ArrayRef, StructArray};
 use arrow_schema::{DataType, TimeUnit};
 
 use crate::keys::{self, Key, KEY_LEN};
+use crate::payloads::{BadOffsets, Payloads};
 
 /// Why a column cannot be keyed: a wrong type, or a bad value (null, empty id, ...).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -257,25 +258,49 @@ pub fn content_keys(values: &[&[u8]]) -> Vec<u8> {
     keys::hash_batch(values, total, keys::content_keys_into)
 }
 
-/// Row payloads in one buffer: row `i` is `data[offsets[i]..offsets[i + 1]]`.
-#[derive(Debug, Default)]
-pub struct Rows {
-    pub data: Vec<u8>,
-    pub offsets: Vec<usize>,
-}
-
-impl Rows {
-    pub fn len(&self) -> usize {
-        self.offsets.len().saturating_sub(1)
+/// The payloads of a payload column (binary or string): its buffers shared, not copied, when it
+/// is one chunk of a binary or string type with 32- or 64-bit offsets; otherwise (several
+/// chunks, views, fixed-size binary) the values copied into one buffer, in one pass.
+pub fn payload_column(chunks: &[ArrayRef], what: &str) -> Result<Payloads> {
+    let shared = |p: std::result::Result<Payloads, BadOffsets>| {
+        p.map_err(|BadOffsets(why)| ArrowKeyError::Value(format!("{what}: {why}")))
+    };
+    if let [chunk] = chunks {
+        let arr = chunk.as_ref();
+        no_nulls(arr, 0, what)?;
+        match arr.data_type() {
+            DataType::Binary => {
+                let a = arr.as_binary::<i32>();
+                return shared(Payloads::from_arrow_i32(
+                    a.values().clone(),
+                    a.offsets().clone(),
+                ));
+            }
+            DataType::Utf8 => {
+                let a = arr.as_string::<i32>();
+                return shared(Payloads::from_arrow_i32(
+                    a.values().clone(),
+                    a.offsets().clone(),
+                ));
+            }
+            DataType::LargeBinary => {
+                let a = arr.as_binary::<i64>();
+                return shared(Payloads::from_arrow_i64(
+                    a.values().clone(),
+                    a.offsets().clone(),
+                ));
+            }
+            DataType::LargeUtf8 => {
+                let a = arr.as_string::<i64>();
+                return shared(Payloads::from_arrow_i64(
+                    a.values().clone(),
+                    a.offsets().clone(),
+                ));
+            }
+            _ => {}
+        }
     }
-
-    pub fn row(&self, i: usize) -> &[u8] {
-        &self.data[self.offsets[i]..self.offsets[i + 1]]
-    }
-
-    pub fn slices(&self) -> Vec<&[u8]> {
-        (0..self.len()).map(|i| self.row(i)).collect()
-    }
+    Ok(Payloads::from_rows(payload_values(chunks, what)?))
 }
 
 /// The top-level columns of a batch chunk (a struct array), with their names.
@@ -304,23 +329,22 @@ pub fn struct_of<'a>(chunk: &'a ArrayRef, what: &str) -> Result<&'a StructArray>
 /// - lists: `[v,...]`.
 ///
 /// Each column is made ready once per chunk ([`Col`]), then its values are written row by row.
-pub fn json_rows(chunks: &[ArrayRef], exclude: &[String]) -> Result<Rows> {
-    let mut rows = Rows {
-        data: Vec::new(),
-        offsets: vec![0],
-    };
+pub fn json_rows(chunks: &[ArrayRef], exclude: &[String]) -> Result<Payloads> {
+    let mut data = Vec::new();
+    let mut ends = Vec::with_capacity(chunks.iter().map(|c| c.len()).sum());
     let mut base = 0;
     for chunk in chunks {
         let batch = struct_of(chunk, "the batch")?;
         let fields = sorted_fields(batch, &|name| !exclude.iter().any(|e| e == name))?;
-        rows.data.reserve(batch.len() * 64);
+        data.reserve(batch.len() * 64);
         for i in 0..batch.len() {
-            write_object(&fields, i, &mut rows.data).map_err(|e| at_row(e, base + i))?;
-            rows.offsets.push(rows.data.len());
+            write_object(&fields, i, &mut data).map_err(|e| at_row(e, base + i))?;
+            ends.push(data.len());
         }
         base += batch.len();
     }
-    Ok(rows)
+    // the ends were taken as the rows were written: in order, within the data
+    Payloads::from_ends(data, &ends).map_err(|BadOffsets(why)| ArrowKeyError::Value(why))
 }
 
 fn at_row(e: ArrowKeyError, row: usize) -> ArrowKeyError {
@@ -1007,7 +1031,7 @@ mod tests {
             None,
         );
         let rows2 = json_rows(&[Arc::new(s2) as ArrayRef], &["route".to_owned()]).unwrap();
-        assert_eq!(rows.data, rows2.data);
+        assert_eq!(rows, rows2);
     }
 
     #[test]

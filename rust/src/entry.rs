@@ -2,8 +2,9 @@
 //! (`proto/logstore.proto`). The writer encodes each entry once, here, so resends are
 //! byte-identical; nodes count and split frames without parsing the entries.
 
+use prost::bytes::BufMut;
 use prost::encoding::{
-    decode_key, decode_varint, encode_key, encode_varint, encoded_len_varint, WireType,
+    decode_key, decode_varint, encode_key, encode_varint, encoded_len_varint, key_len, WireType,
 };
 
 /// Record header: entry length and CRC32C of the entry bytes, both little-endian u32.
@@ -19,38 +20,36 @@ pub struct EntryFields<'a> {
     pub idempotency_key: &'a [u8],
 }
 
-fn put_int64(out: &mut Vec<u8>, field: u32, v: i64) {
+fn put_int64(out: &mut impl BufMut, field: u32, v: i64) {
     if v != 0 {
         encode_key(field, WireType::Varint, out);
         encode_varint(v as u64, out); // proto3 int64: two's complement as a 64-bit varint
     }
 }
 
+fn int64_len(field: u32, v: i64) -> usize {
+    if v == 0 {
+        0
+    } else {
+        key_len(field) + encoded_len_varint(v as u64)
+    }
+}
+
 /// A length-delimited field from a borrowed slice (prost's `bytes::encode` wants an owned
 /// `BytesAdapter`, which would copy every payload once more).
-fn put_bytes(out: &mut Vec<u8>, field: u32, v: &[u8]) {
+fn put_bytes(out: &mut impl BufMut, field: u32, v: &[u8]) {
     encode_key(field, WireType::LengthDelimited, out);
     encode_varint(v.len() as u64, out);
-    out.extend_from_slice(v);
+    out.put_slice(v);
 }
 
-/// Encode a record: header, then the `LogEntry` in field order with proto3 defaults omitted
-/// (exactly what protobuf's own serializer emits for these fields).
-pub fn encode_record(e: &EntryFields<'_>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(record_len_hint(e));
-    encode_record_into(&mut out, e);
-    out
+fn bytes_len(field: u32, len: usize) -> usize {
+    key_len(field) + encoded_len_varint(len as u64) + len
 }
 
-/// Bytes a record of `e` takes, about (a capacity hint: exact without properties).
-pub fn record_len_hint(e: &EntryFields<'_>) -> usize {
-    RECORD_HEADER_LEN + 40 + e.payload.len() + e.idempotency_key.len() + e.properties.len() * 32
-}
-
-/// Append the record of `e` to `out` (a frame is records end to end, `count_records`).
-pub fn encode_record_into(out: &mut Vec<u8>, e: &EntryFields<'_>) {
-    let start = out.len();
-    out.extend_from_slice(&[0u8; RECORD_HEADER_LEN]);
+/// The `LogEntry` fields of `e` in field order, proto3 defaults omitted (exactly what
+/// protobuf's own serializer emits for these fields).
+fn put_entry(out: &mut impl BufMut, e: &EntryFields<'_>) {
     put_int64(out, 1, e.segment_id);
     put_int64(out, 2, e.entry_id);
     put_int64(out, 3, e.timestamp_ms);
@@ -60,25 +59,73 @@ pub fn encode_record_into(out: &mut Vec<u8>, e: &EntryFields<'_>) {
     for (k, v) in e.properties {
         // map entry: message { string key = 1; string value = 2; } (both always written, as
         // protobuf's serializer writes map entries)
-        let inner = 1
-            + encoded_len_varint(k.len() as u64)
-            + k.len()
-            + 1
-            + encoded_len_varint(v.len() as u64)
-            + v.len();
         encode_key(5, WireType::LengthDelimited, out);
-        encode_varint(inner as u64, out);
+        encode_varint(map_entry_len(k, v) as u64, out);
         put_bytes(out, 1, k);
         put_bytes(out, 2, v);
     }
     if !e.idempotency_key.is_empty() {
         put_bytes(out, 6, e.idempotency_key);
     }
-    let body = start + RECORD_HEADER_LEN;
-    let body_len = (out.len() - body) as u32;
-    let crc = crc32c::crc32c(&out[body..]);
-    out[start..start + 4].copy_from_slice(&body_len.to_le_bytes());
-    out[start + 4..body].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn map_entry_len(k: &[u8], v: &[u8]) -> usize {
+    bytes_len(1, k.len()) + bytes_len(2, v.len())
+}
+
+/// Bytes of the `LogEntry` of `e` (what [`put_entry`] writes).
+fn entry_len(e: &EntryFields<'_>) -> usize {
+    let mut n =
+        int64_len(1, e.segment_id) + int64_len(2, e.entry_id) + int64_len(3, e.timestamp_ms);
+    if !e.payload.is_empty() {
+        n += bytes_len(4, e.payload.len());
+    }
+    for (k, v) in e.properties {
+        n += bytes_len(5, map_entry_len(k, v));
+    }
+    if !e.idempotency_key.is_empty() {
+        n += bytes_len(6, e.idempotency_key.len());
+    }
+    n
+}
+
+/// Encode a record: header, then the `LogEntry`.
+pub fn encode_record(e: &EntryFields<'_>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(record_len(e));
+    encode_record_into(&mut out, e);
+    out
+}
+
+/// Bytes the record of `e` takes, exactly.
+pub fn record_len(e: &EntryFields<'_>) -> usize {
+    RECORD_HEADER_LEN + entry_len(e)
+}
+
+/// Append the record of `e` to `out` (a frame is records end to end, `count_records`).
+pub fn encode_record_into(out: &mut Vec<u8>, e: &EntryFields<'_>) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; RECORD_HEADER_LEN]);
+    put_entry(out, e);
+    seal(&mut out[start..]);
+}
+
+/// Write the record of `e` at the start of `out`, which holds at least [`record_len`] bytes;
+/// returns how many it wrote. The writer fills a frame's `bytes` in place with it.
+pub fn encode_record_at(out: &mut [u8], e: &EntryFields<'_>) -> usize {
+    let len = record_len(e);
+    let (record, _) = out.split_at_mut(len);
+    let mut body = &mut record[RECORD_HEADER_LEN..];
+    put_entry(&mut body, e);
+    debug_assert!(body.is_empty(), "record_len and put_entry disagree");
+    seal(record);
+    len
+}
+
+/// Fill in the header of `record` (its length and the CRC of the entry after the header).
+fn seal(record: &mut [u8]) {
+    let (header, body) = record.split_at_mut(RECORD_HEADER_LEN);
+    header[..4].copy_from_slice(&(body.len() as u32).to_le_bytes());
+    header[4..].copy_from_slice(&crc32c::crc32c(body).to_le_bytes());
 }
 
 /// Number of records in a frame, checking that the lengths tile it exactly.
@@ -234,6 +281,34 @@ mod tests {
             ..fields(&props)
         });
         assert_eq!(into, [&[9u8][..], &one, &two].concat());
+    }
+
+    /// `record_len` is exact and `encode_record_at` writes what `encode_record` makes, across
+    /// varint widths (0, 1, 5, 10 bytes), empty and long payloads, properties and keys.
+    #[test]
+    fn records_written_in_place_are_the_records() {
+        let long = vec![b'p'; 300];
+        let props: [(&[u8], &[u8]); 2] = [(b"k", b"v"), (&long, b"")];
+        for ids in [0i64, 1, 127, 128, 1 << 35, -1] {
+            for payload in [&b""[..], b"x", &long] {
+                for (properties, key) in [(&props[..], &[3u8; 16][..]), (&[][..], &[][..])] {
+                    let e = EntryFields {
+                        segment_id: ids,
+                        entry_id: ids / 2,
+                        timestamp_ms: ids,
+                        payload,
+                        properties,
+                        idempotency_key: key,
+                    };
+                    let want = encode_record(&e);
+                    assert_eq!(record_len(&e), want.len());
+                    let mut at = vec![0xAAu8; want.len() + 3];
+                    assert_eq!(encode_record_at(&mut at, &e), want.len());
+                    assert_eq!(&at[..want.len()], &want[..]);
+                    assert_eq!(&at[want.len()..], &[0xAA; 3]);
+                }
+            }
+        }
     }
 
     fn fields<'a>(props: &'a [(&'a [u8], &'a [u8])]) -> EntryFields<'a> {

@@ -1,7 +1,8 @@
 //! `woodpecker_idem._core`: the Rust core of woodpecker_idem — idempotency keys, the dedup window,
-//! the dedup snapshot codec, LogStore record encoding and the local store's durable put. The
-//! pure-Rust modules (`keys`, `hasher`, `window` with its `slot_index` and `pending`, `snapshot`,
-//! `entry`, `fileput`) have no Python dependency and are unit-tested with `cargo test`; `py` (one
+//! the dedup snapshot codec, LogStore record encoding, columnar payload batches and the local
+//! store's durable put. The pure-Rust modules (`keys`, `hasher`, `window` with its `slot_index`
+//! and `pending`, `snapshot`, `entry`, `payloads`, `fileput`) have no Python dependency and are
+//! unit-tested with `cargo test`; `py` (one
 //! file per class), `args` and `errors` are the PyO3 layer. The contract is `docs/core-api.md`.
 
 #![deny(unsafe_code)] // exceptions, each proven sound where it is: md5x::digest_many, py::arrow (Arrow C data interface import), py::tuples::new_tuple_of (a NamedTuple built in place) and untrack, slot_index::prefetch_read (a cache hint)
@@ -16,6 +17,7 @@ mod hasher;
 mod keys;
 mod md5x;
 mod net;
+mod payloads;
 mod pending;
 mod py;
 mod segfile;
@@ -58,6 +60,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<py::PySnapshot>()?;
     m.add_class::<py::PySnapshotStream>()?;
     m.add_class::<py::PyKeyPipe>()?;
+    m.add_class::<py::PyPayloads>()?;
     m.add_function(wrap_pyfunction!(py::content_key, m)?)?;
     m.add_function(wrap_pyfunction!(py::explicit_key, m)?)?;
     m.add_function(wrap_pyfunction!(py::content_keys, m)?)?;
@@ -69,8 +72,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py::encode_entry, m)?)?;
     m.add_function(wrap_pyfunction!(py::write_results, m)?)?;
     m.add_function(wrap_pyfunction!(py::encode_frame, m)?)?;
-    m.add_function(wrap_pyfunction!(py::payload_bytes, m)?)?;
-    m.add_function(wrap_pyfunction!(py::first_bad_payloads, m)?)?;
+    m.add_function(wrap_pyfunction!(py::chunk_end, m)?)?;
     m.add_function(wrap_pyfunction!(py::count_records, m)?)?;
     m.add_function(wrap_pyfunction!(py::decompress_frame, m)?)?;
     m.add_function(wrap_pyfunction!(py::frame_codec, m)?)?;

@@ -12,14 +12,13 @@ from hypothesis import strategies as st
 from woodpecker_idem import CorruptEntryError, InvalidArgumentError, InvalidTypeError
 from woodpecker_idem._core import (
     check_entries,
+    chunk_end,
     concat,
     count_records,
     crc32c,
     decode_entries,
     decode_messages,
     encode_entry,
-    first_bad_payloads,
-    payload_bytes,
 )
 from woodpecker_idem._proto.logstore_pb2 import LogEntry
 from woodpecker_idem.types import LogMessage, LogMessageId
@@ -203,28 +202,15 @@ def test_check_entries_passes_what_decodes_and_names_the_first_bad_entry() -> No
 
 
 @given(st.lists(st.binary(max_size=40), max_size=30), st.data())
-def test_payload_bytes_counts_a_range_with_its_overhead(payloads, data):
+def test_chunk_end_counts_a_range_with_its_overhead(payloads, data):
     start = data.draw(st.integers(0, len(payloads)))
     end = data.draw(st.integers(start, len(payloads)))
     want = sum(len(p) for p in payloads[start:end]) + 64 * (end - start)
-    assert payload_bytes(payloads, start, end, 64) == want
+    assert chunk_end(payloads, start, end, 2**40, 64) == (want, end)
 
 
-def test_payload_bytes_refuses_a_bad_range_or_row():
+def test_chunk_end_refuses_a_bad_range_or_row():
     with pytest.raises(InvalidArgumentError, match=r"rows 1\.\.3 are not within the 2 payloads"):
-        payload_bytes([b"a", b"b"], 1, 3, 0)
+        chunk_end([b"a", b"b"], 1, 3, 100, 0)
     with pytest.raises(InvalidTypeError, match=r"payloads\[1\] must be bytes, not str"):
-        payload_bytes([b"a", "b"], 0, 2, 0)
-
-
-def test_first_bad_payloads_finds_the_first_of_each_kind():
-    assert first_bad_payloads([b"a", b"bb"], 2) == (None, None)
-    assert first_bad_payloads([], 0) == (None, None)
-    assert first_bad_payloads([b"a", b"toolong", b"x", b"also long"], 3) == (None, 1)
-
-    class Sub(bytes):
-        pass
-
-    # not exactly bytes: a bytearray (or a bytes subclass) is the batch's first bad row
-    assert first_bad_payloads([b"toolong", bytearray(b"a"), b"z"], 3) == (1, 0)
-    assert first_bad_payloads([b"a", Sub(b"b")], 3) == (1, None)
+        chunk_end([b"a", "b"], 0, 2, 100, 0)

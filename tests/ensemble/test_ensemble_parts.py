@@ -191,6 +191,69 @@ def test_a_lane_sends_in_submit_order_and_a_retry_holds_back_only_its_own_lane(s
     sender.close(WAIT_S)
 
 
+def test_a_call_that_returned_lets_its_lane_go_on_while_its_done_runs(scheduler):
+    """The next call of a lane (a writer's next durable add) runs beside the `done` of the one
+    before (the writer's commit of it); the lane's `done`s are still told one at a time, in call
+    order, and while one is slow the node's workers serve other lanes."""
+    sender = NodeSender("n0", scheduler, deadline_s=WAIT_S)
+    next_call_ran, other_lane_told, all_told = (
+        threading.Event(),
+        threading.Event(),
+        threading.Event(),
+    )
+    told: list[object] = []
+
+    def slow_done(result, error):  # e.g. waiting for the writer's lock
+        ran = next_call_ran.wait(WAIT_S) and other_lane_told.wait(WAIT_S)
+        told.append(("first", ran))
+
+    def tell(name: str, last: bool = False):
+        def done(result, error):
+            told.append(name)
+            if last:
+                all_told.set()
+
+        return done
+
+    sender.submit("a", Job(lambda: None, slow_done))
+    for i in range(5):
+        call = next_call_ran.set if i == 0 else (lambda: None)
+        sender.submit("a", Job(call, tell(f"a{i}", last=i == 4)))
+    sender.submit("b", Job(lambda: None, lambda r, e: other_lane_told.set()))
+    assert all_told.wait(WAIT_S)
+    assert told == [("first", True), "a0", "a1", "a2", "a3", "a4"]
+    sender.close(WAIT_S)
+
+
+def test_a_failed_call_holds_its_lane_until_its_done_answers(scheduler):
+    """A call that failed is not over until its job says so: the lane's next call waits for the
+    answer (here a retry, which then succeeds), and the outcomes are told in order."""
+    sender = NodeSender("n0", scheduler, deadline_s=WAIT_S)
+    attempts: list[str] = []
+    told: list[object] = []
+    all_told = threading.Event()
+
+    def flaky():
+        attempts.append("first")
+        if attempts.count("first") == 1:
+            raise NodeUnavailableError("transient (test)")
+
+    def first_done(result, error):
+        told.append(("first", error is None))
+        return 0.01 if error is not None else None
+
+    def second_done(result, error):
+        told.append("second")
+        all_told.set()
+
+    sender.submit("a", Job(flaky, first_done))
+    sender.submit("a", Job(lambda: attempts.append("second"), second_done))
+    assert all_told.wait(WAIT_S)
+    assert attempts == ["first", "first", "second"]
+    assert told == [("first", False), ("first", True), "second"]
+    sender.close(WAIT_S)
+
+
 def test_a_busy_lane_does_not_starve_another(scheduler):
     """Head of line: busy lanes keep every worker of the node busy with many calls queued; a
     call of another lane submitted after them waits for about one call of each busy lane, not

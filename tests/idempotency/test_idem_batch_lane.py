@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 import woodpecker_idem as wp
@@ -395,6 +396,40 @@ def test_write_keyed_refuses_a_row_over_the_entry_limit_naming_it(env_factory):
         w.write_keyed(big, keys)
     assert len(w.window) == 0  # nothing of the batch was written
     assert not any(w.write_keyed(payloads, keys).duplicate)
+
+
+def test_payloads_over_the_entry_limit_are_refused_naming_the_row(env_factory):
+    """A `Payloads` is checked from its longest row: a row over append.max_entry_bytes refuses
+    the batch, naming the row, whichever call and however the batch was made."""
+    env = env_factory(**{"append.max_entry_bytes": 1024})
+    w = env.writer()
+    payloads, ids = rows(4)
+    keys = b"".join(explicit_key(i) for i in ids)
+    big = [payloads[0], payloads[1], b"y" * 1025, b"z" * 5000]
+    for batch in (wp.Payloads(big), wp.Payloads.from_arrow(pa.array(big, pa.binary()))):
+        with pytest.raises(wp.PayloadTooLargeError, match=r"row 2: payload is 1025 bytes"):
+            w.write_keyed(batch, keys)
+        with pytest.raises(wp.PayloadTooLargeError, match=r"payloads\[2\]: payload is 1025"):
+            w.write_many(batch, ids)
+    assert len(w.window) == 0 and w.window.pending_count == 0  # nothing of either was written
+    res = w.write_keyed(wp.Payloads(payloads), keys)
+    assert not any(res.duplicate)
+    again = w.write_many(wp.Payloads.from_arrow(pa.array(payloads)), ids)  # answered
+    assert all(again.duplicate) and list(again.entry_ids) == list(res.entry_ids)
+    w.close()
+    assert [m.payload for m in env.log.open_reader()] == payloads
+
+
+def test_a_plain_writer_takes_payloads_and_names_a_row_over_the_limit(tmp_path):
+    client = wp.connect(tmp_path, {"append.max_entry_bytes": 1024, **QUIET})
+    log = client.open_log("plain", create=True)
+    with log.open_writer() as w:
+        with pytest.raises(wp.PayloadTooLargeError, match=r"payloads\[1\]: payload is 2000"):
+            w.write_many(wp.Payloads([b"a", b"x" * 2000]))
+        res = w.write_many(wp.Payloads.from_arrow(pa.array(["é", "b"], pa.large_string())))
+        assert list(res.entry_ids) == [0, 1]
+    assert [m.payload for m in log.open_reader()] == ["é".encode(), b"b"]
+    client.close()
 
 
 def _snapshots_by_keys(tmp_path):

@@ -75,12 +75,15 @@ def test_ctrl_c_while_queued_writes_become_entries_loses_none(
     """SIGINT lands while the caller's thread turns queued writes into entries (here: inside
     the frame encoding of its 3rd admission): the call raises KeyboardInterrupt once the writes
     are entries, and every write accepted lands, in order, without a gap."""
-    from woodpecker_idem.writer import accumulator as module
+    from woodpecker_idem.idempotency.stage import WindowStage
+    from woodpecker_idem.writer import accumulator
 
     client = wp_connect(tmp_path, {"append.max_batch_entries": 5})
     log = client.create_log("a")
     writer = log.open_writer(idempotent=True) if idempotent else log.open_writer()
-    real, calls = module.encode_frame, [0]
+    # the idempotent writer encodes a run's frame in the stage's one call that reserves its keys
+    module, name = (WindowStage, "reserve_locked") if idempotent else (accumulator, "encode_frame")
+    real, calls = getattr(module, name), [0]
 
     def encode_frame(*args, **kwargs):
         if threading.current_thread() is threading.main_thread():  # Ctrl-C lands there only
@@ -89,7 +92,7 @@ def test_ctrl_c_while_queued_writes_become_entries_loses_none(
                 _interrupt_self()
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(module, "encode_frame", encode_frame)
+    monkeypatch.setattr(module, name, encode_frame)
     futures, interrupted = {}, []
     for i in range(200):
         try:

@@ -108,23 +108,23 @@ def test_write_async_futures_resolve_in_order(tmp_path, wp_connect):
 
 
 def test_ctrl_c_while_a_batch_is_cut_loses_no_entry(tmp_path, wp_connect, monkeypatch):
-    """A KeyboardInterrupt raised in the caller's thread while it cuts a batch (here: in the
-    frame concat) leaves every queued entry to be sent: the writer flushes, closes and the log
-    has no gap. Before, the entries were out of both the unsent list and the batches: never
-    sent, while later batches committed past them."""
+    """A KeyboardInterrupt raised in the caller's thread while it cuts a batch (here: as the
+    batch is made, after its frame) leaves every queued entry to be sent: the writer flushes,
+    closes and the log has no gap. Before, the entries were out of both the unsent list and the
+    batches: never sent, while later batches committed past them."""
     from woodpecker_idem.writer import segments as segment
 
     client = wp_connect(tmp_path, {"append.max_batch_entries": 5})
     writer = client.create_log("a").open_writer()
-    real, calls = segment.concat, [0]
+    real, calls = segment.SentBatch, [0]
 
-    def concat(parts):
+    def sent_batch(*args):
         calls[0] += 1
         if calls[0] == 3:
             raise KeyboardInterrupt
-        return real(parts)
+        return real(*args)
 
-    monkeypatch.setattr(segment, "concat", concat)
+    monkeypatch.setattr(segment, "SentBatch", sent_batch)
     futures, interrupted = {}, 0
     for i in range(200):
         try:
@@ -139,6 +139,54 @@ def test_ctrl_c_while_a_batch_is_cut_loses_no_entry(tmp_path, wp_connect, monkey
     assert ids_contiguous([m.message_id for m in msgs])
     landed = {m.payload: m.message_id for m in msgs}
     assert {p: landed.get(p) for p in acked} == acked
+
+
+class _FramesSent(FaultInjectingTransport):
+    """Keeps every frame handed to a node's add."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.frames: list[bytes] = []
+
+    def add_entries(self, node_id, log_id, segment_id, first_entry_id, frame, lac=-1, **kw):
+        self.frames.append(frame)
+        return super().add_entries(node_id, log_id, segment_id, first_entry_id, frame, lac, **kw)
+
+
+@pytest.mark.parametrize("idempotent", [False, True], ids=["plain", "idempotent"])
+def test_a_run_alone_in_its_batch_is_sent_as_encoded_not_copied(
+    tmp_path, wp_connect, monkeypatch, idempotent
+):
+    """A batch call's runs fill a batch each: the node is handed the very `bytes` the encoder
+    made (a copy would be a second pass over every byte of the batch, and twice its memory)."""
+    from woodpecker_idem.idempotency.stage import WindowStage
+    from woodpecker_idem.writer import accumulator
+
+    client = wp_connect(tmp_path, {"append.max_batch_entries": 100, "storage.fsync": "never"})
+    sent = _FramesSent(client.transport)
+    client.transport = sent
+    log = client.create_log("lone")
+    writer = log.open_writer(idempotent=idempotent)
+    encoded: list[bytes] = []
+    module, name = (WindowStage, "reserve_locked") if idempotent else (accumulator, "encode_frame")
+    real = getattr(module, name)
+
+    def recorded(*args, **kwargs):
+        out = real(*args, **kwargs)
+        encoded.append(out[-2])  # (frame, count) or (status, segs, ents, frame, count)
+        return out
+
+    monkeypatch.setattr(module, name, recorded)
+    rows = [b"row %d" % i for i in range(450)]
+    if idempotent:
+        writer.write_many(rows, [str(i) for i in range(450)])
+    else:
+        writer.write_many(rows)
+    writer.close()
+    batches = [f for f in sent.frames if f]  # LAC-only updates carry no frame
+    assert len(batches) == len(encoded) == 5  # runs of 100, 100, 100, 100, 50
+    assert all(any(f is e for e in encoded) for f in batches)
+    assert [m.payload for m in read_all(client.open_log("lone"))] == rows
 
 
 def test_flush_commits_and_resolves_everything_queued(tmp_path, wp_connect):

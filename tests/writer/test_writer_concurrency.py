@@ -1,5 +1,6 @@
 """Several producer threads into backpressure, on one writer: every call of every kind at once
-(`write`, `write_async` bursts, `write_many`, `write_keyed`, `write_arrow`), overlapping keys,
+(`write`, `write_async` bursts, `write_many`, `write_keyed`, `write_arrow`, the batch calls
+with lists and with `Payloads`, over an Arrow column's buffers too), overlapping keys,
 limits so small that producers wait for room, batches are cut and segments roll all the time.
 The history checker judges the log; every accepted write must end at the entry holding its key.
 
@@ -23,7 +24,7 @@ import pyarrow as pa
 import pytest
 
 import woodpecker_idem as wp
-from woodpecker_idem import WoodpeckerError, explicit_key, explicit_keys
+from woodpecker_idem import Payloads, WoodpeckerError, explicit_key, explicit_keys
 from woodpecker_idem.testing import FaultInjectingTransport
 from woodpecker_idem.testing.history import History, Stamp
 
@@ -137,8 +138,15 @@ class Stress:
                 result = self.writer.write_many(payloads, idents, timeout=wait)
             elif how == "many":
                 result = self.writer.write_many(payloads, timeout=wait)
+            elif how == "columnar":  # a Payloads made from the list (one buffer)
+                result = self.writer.write_many(Payloads(payloads), timeout=wait)
             elif how == "keyed":
                 result = self.writer.write_keyed(payloads, explicit_keys(idents), timeout=wait)
+            elif how == "keyed-columnar":  # a Payloads over an Arrow column's buffers, sliced
+                column = pa.array([b"not written", *payloads], pa.large_binary()).slice(1)
+                result = self.writer.write_keyed(
+                    Payloads.from_arrow(column), explicit_keys(idents), timeout=wait
+                )
             else:  # arrow: a key column and a payload column
                 table = pa.table({"id": idents, "body": payloads})
                 result = self.writer.write_arrow(
@@ -165,7 +173,13 @@ class Stress:
         calls: list[Callable[[random.Random], None]] = [self.one_write, self.burst]
         calls.append(lambda r: self.batch(r, "many"))
         if self.idempotent:
-            calls += [lambda r: self.batch(r, "keyed"), lambda r: self.batch(r, "arrow")]
+            calls += [
+                lambda r: self.batch(r, "keyed"),
+                lambda r: self.batch(r, "keyed-columnar"),
+                lambda r: self.batch(r, "arrow"),
+            ]
+        else:
+            calls.append(lambda r: self.batch(r, "columnar"))
         for _ in range(self.rounds):
             if self.stop.is_set():
                 return

@@ -8,6 +8,13 @@ threads, so a log sending large batches delays another by one call at most (no h
 blocking). A call that fails may ask to be retried after a delay (`Job.done` returns it): its lane
 waits on the scheduler's timer, holding back only that lane.
 
+A call that returns moves its lane on at once, before its `Job.done` hears the result: the next
+call of the lane (the next batch's write and fdatasync) runs while the writer commits the one
+before, so a commit is not on the path from one durable add to the next. A lane's `done`s are
+still told one at a time, in call order: a worker that ends a call while an earlier outcome of
+its lane is being told leaves its own to that teller (`_Lane.outcomes`) and goes on to other
+work, so a slow `done` (waiting for the writer's lock) holds back no other lane's calls.
+
 Every call has a deadline (the sender's `deadline_s`, or the call's own). A call still running
 past it is answered with a retriable `NodeUnavailableError` (the caller retries or gives up as for
 any unreachable node) and its worker is written off: a fresh worker takes its place, so the
@@ -51,11 +58,14 @@ Answer = Callable[[Any, BaseException | None], None]
 
 
 class Job:
-    """One call of a lane. `call()` runs on a worker; `done(result, error)` then says what next:
-    None (the lane moves on) or a delay in seconds after which `call` runs again. `deadline_s`:
-    this call's own deadline (None: the sender's). `start(answer)`, if given, is tried first:
-    it starts the attempt without blocking and returns True (then `answer(result, error)` comes
-    later from another thread, exactly once), or returns False (then `call` runs on a worker)."""
+    """One call of a lane. `call()` runs on a worker; `done(result, error)` then hears how it
+    went, after the lane's earlier calls' `done`s. A call that returned is over (the lane's next
+    call may already run beside its `done`, whose answer is not asked); after a failure `done`
+    says what next: None (the lane moves on) or a delay in seconds after which `call` runs again.
+    `deadline_s`: this call's own deadline (None: the sender's). `start(answer)`, if given, is
+    tried first: it starts the attempt without blocking and returns True (then `answer(result,
+    error)` comes later from another thread, exactly once), or returns False (then `call` runs on
+    a worker)."""
 
     __slots__ = ("call", "done", "deadline_s", "start", "started", "answered")
 
@@ -74,6 +84,18 @@ class Job:
         self.answered = False  # the running attempt was answered (by its worker or the deadline)
 
 
+class _Lane:
+    """A lane's calls not over yet (the head one running, or parked for its retry), and the
+    outcomes of its calls not told yet, in call order."""
+
+    __slots__ = ("calls", "outcomes", "telling")
+
+    def __init__(self) -> None:
+        self.calls: deque[Job] = deque()
+        self.outcomes: deque[tuple[Job, Any, BaseException | None]] = deque()
+        self.telling = False  # a worker is running this lane's `done`s
+
+
 class NodeSender:
     """The calls to one node (see the module doc). Thread-safe."""
 
@@ -83,7 +105,7 @@ class NodeSender:
         self._scheduler = scheduler
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
-        self._lanes: dict[Hashable, deque[Job]] = {}
+        self._lanes: dict[Hashable, _Lane] = {}
         self._ready: deque[Hashable] = deque()
         self._running: dict[threading.Thread, tuple[Hashable, Job]] = {}
         self._workers: set[threading.Thread] = set()
@@ -106,11 +128,11 @@ class NodeSender:
         with self._lock:
             if self._closed:
                 return False
-            queue = self._lanes.get(lane)
-            if queue is None:
-                queue = self._lanes[lane] = deque()
-            queue.append(job)
-            if len(queue) == 1:
+            state = self._lanes.get(lane)
+            if state is None:
+                state = self._lanes[lane] = _Lane()
+            state.calls.append(job)
+            if len(state.calls) == 1:
                 self._ready_locked(lane)
             return True
 
@@ -135,7 +157,7 @@ class NodeSender:
         return out[0]
 
     def _ready_locked(self, lane: Hashable) -> None:
-        job = self._lanes[lane][0]
+        job = self._lanes[lane].calls[0]
         if job.start is not None:
             try:
                 if job.start(lambda r, e: self._finish(lane, job, r, e)):
@@ -160,7 +182,8 @@ class NodeSender:
     def _unpark(self, lane: Hashable) -> float | None:
         """A lane's retry is due (on the timer thread)."""
         with self._lock:
-            if not self._closed and self._lanes.get(lane):
+            state = self._lanes.get(lane)
+            if not self._closed and state is not None and state.calls:
                 self._ready_locked(lane)
         return None
 
@@ -178,7 +201,7 @@ class NodeSender:
                     self._workers.discard(me)
                     return
                 lane = self._ready.popleft()
-                job = self._lanes[lane][0]
+                job = self._lanes[lane].calls[0]
                 job.started = time.monotonic()
                 job.answered = False
                 self._running[me] = (lane, job)
@@ -201,26 +224,57 @@ class NodeSender:
             del job, result, error  # not kept while this worker waits for the next call
 
     def _finish(self, lane: Hashable, job: Job, result: Any, error: BaseException | None) -> None:
-        """Hand the attempt's outcome to the job (without the lock: it may submit more), then
-        move its lane on, or park it until the retry the job asked for."""
+        """The attempt is over: a call that returned moves its lane on at once (its next call
+        may start); then its outcome is told to the job, after the lane's earlier ones (see the
+        module doc). A failed call's lane waits for its job's answer: move on, or retry."""
+        with self._lock:
+            state = self._lanes.get(lane)
+            if state is not None:
+                if error is None:
+                    self._next_locked(lane, state)
+                state.outcomes.append((job, result, error))
+                if state.telling:
+                    return  # the worker telling this lane's earlier outcomes tells this one
+                state.telling = True
+        if state is None:  # closed: the lanes were dropped
+            self._done(job, result, error)
+        else:
+            self._tell(lane, state)
+
+    def _tell(self, lane: Hashable, state: _Lane) -> None:
+        """Tell the lane's outcomes in call order, without the lock (a job may submit more),
+        until none is left."""
+        while True:
+            with self._lock:
+                if not state.outcomes:
+                    state.telling = False
+                    if not state.calls and self._lanes.get(lane) is state:
+                        del self._lanes[lane]
+                    return
+                job, result, error = state.outcomes.popleft()
+            delay = self._done(job, result, error)
+            if error is None:
+                continue  # its lane moved on when the call returned
+            if delay is None:
+                with self._lock:
+                    if self._lanes.get(lane) is state:
+                        self._next_locked(lane, state)
+                continue
+            timer = self._scheduler.timer(lambda: self._unpark(lane), f"retry-{self.node}")
+            timer.at(time.monotonic() + delay)
+
+    def _done(self, job: Job, result: Any, error: BaseException | None) -> float | None:
         try:
-            delay = job.done(result, error)
+            return job.done(result, error)
         except Exception:  # a bug in a callback must not stall the lane
             log.exception("LogStore node %s: a call's callback failed", self.node)
-            delay = None
-        with self._lock:
-            queue = self._lanes.get(lane)
-            if queue is None:
-                return
-            if delay is None:
-                queue.popleft()
-                if queue:
-                    self._ready_locked(lane)
-                else:
-                    del self._lanes[lane]
-                return
-        timer = self._scheduler.timer(lambda: self._unpark(lane), f"retry-{self.node}")
-        timer.at(time.monotonic() + delay)
+            return None
+
+    def _next_locked(self, lane: Hashable, state: _Lane) -> None:
+        """The call at the lane's head is over: its next one, if any, is ready to run."""
+        state.calls.popleft()
+        if state.calls:
+            self._ready_locked(lane)
 
     def _check_deadlines(self) -> float | None:
         """On the timer thread: answer calls past their deadline, and replace their workers."""
@@ -241,7 +295,7 @@ class NodeSender:
             if len(self._stuck) > MAX_STUCK_PER_NODE:  # no worker left to try: fail what waits
                 while self._ready:
                     lane = self._ready.popleft()
-                    overdue.append((lane, self._lanes[lane][0]))
+                    overdue.append((lane, self._lanes[lane].calls[0]))
             due = min(
                 (
                     job.started + (job.deadline_s or self.deadline_s)

@@ -20,9 +20,9 @@ import warnings
 from array import array
 from typing import TYPE_CHECKING
 
-from .._core import SnapshotStream
+from .._core import Payloads, SnapshotStream
 from ..errors import EarlyEvictionWarning, WriterFencedError
-from ..writer.dedup import Answer
+from ..writer.dedup import Answer, Run
 from .rebuild import RecoveryReport, open_window, rebuild_window
 from .snapshot import SnapshotPrefetch, SnapshotSource, Snapshotter
 
@@ -118,12 +118,24 @@ class WindowStage:
         return self.window.get_many(keys, now_ms)
 
     def reserve_locked(
-        self, keys: bytes, stamps: array, segment_id: int, first_entry_id: int
-    ) -> Answer:
-        if stamps[0] >= self._next_evict_ms:  # lookups ignore expired keys in between
-            self.window.evict(stamps[0])
-            self._next_evict_ms = stamps[0] + self._evict_every_ms
-        return self.window.reserve_many(keys, stamps, segment_id, first_entry_id)
+        self,
+        keys: bytes,
+        start: int,
+        end: int,
+        stamps: int | array,
+        segment_id: int,
+        first_entry_id: int,
+        payloads: list[bytes] | Payloads,
+        properties: list[dict | None] | None,
+        codec: int,
+    ) -> Run:
+        oldest = stamps if isinstance(stamps, int) else stamps[start]
+        if oldest >= self._next_evict_ms:  # lookups ignore expired keys in between
+            self.window.evict(oldest)
+            self._next_evict_ms = oldest + self._evict_every_ms
+        return self.window.reserve_frame(
+            keys, start, end, stamps, segment_id, first_entry_id, payloads, properties, codec
+        )
 
     # --- what happened to entries (the pipeline's lock is held) ---------------------------------
 

@@ -32,6 +32,7 @@ from ..meta.base import TxnMeta
 from ..types import LogMessageId
 
 if TYPE_CHECKING:
+    from .._core import Payloads
     from ..client.client import WoodpeckerClient
     from ..client.log import LogHandle
 
@@ -93,11 +94,11 @@ class RouteBatch:
         self.skipped = 0  # rows not written: the batch is committed (DONE) or newer exists
         self.replayed = 0  # rows not written: an earlier attempt of the batch wrote them
 
-    def filter(self, payloads: list[bytes], keys: bytes) -> tuple[list[bytes], bytes]:
+    def filter(self, payloads: Payloads, keys: bytes) -> tuple[Payloads, bytes]:
         """The rows still to write."""
         if self.mode == self.DONE:
             self.skipped += len(payloads)
-            return [], b""
+            return payloads[:0], b""
         if self.mode == self.NEW or not self.written:
             return payloads, keys
         seen = self.written
@@ -105,7 +106,7 @@ class RouteBatch:
         if len(keep) == len(payloads):
             return payloads, keys
         self.replayed += len(payloads) - len(keep)
-        return [payloads[i] for i in keep], b"".join(keys[16 * i : 16 * i + 16] for i in keep)
+        return payloads.take(keep), b"".join(keys[16 * i : 16 * i + 16] for i in keep)
 
 
 def begin_done(handle: LogHandle, batch: BatchId, have: TxnMeta, writer: str) -> RouteBatch:

@@ -36,6 +36,7 @@ from typing import Any
 import pyarrow as pa
 
 from .. import errors
+from .._core import Payloads
 from ..errors import HandoffError, WoodpeckerError
 
 log = logging.getLogger(__name__)
@@ -166,19 +167,20 @@ def _read(sock: socket.socket, n: int, eof_ok: bool = False) -> bytearray | None
     return buf
 
 
-def encode_rows(payloads: list[bytes], keys: bytes) -> pa.Buffer:
+def encode_rows(payloads: Payloads, keys: bytes) -> pa.Buffer:
     n = len(payloads)
     key_array = pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), n, [None, pa.py_buffer(keys)])
-    batch = pa.record_batch([pa.array(payloads, pa.binary()), key_array], names=["payload", "key"])
+    # the payloads' buffers as they are (Arrow's C data interface), no object per row
+    batch = pa.record_batch([pa.array(payloads), key_array], names=["payload", "key"])
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
     return sink.getvalue()
 
 
-def decode_rows(body: bytearray) -> tuple[list[bytes], bytes]:
+def decode_rows(body: bytearray) -> tuple[Payloads, bytes]:
     batch = pa.ipc.open_stream(pa.py_buffer(body)).read_next_batch()
-    payloads = batch.column(0).to_pylist()
+    payloads = Payloads.from_arrow(batch.column(0))  # over the message's buffer, no copy
     key_array = batch.column(1)
     keys = key_array.buffers()[1].to_pybytes()
     start = key_array.offset * 16

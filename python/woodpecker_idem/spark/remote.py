@@ -25,6 +25,7 @@ from .route_write import RouteReport
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from .._core import Payloads
     from ..client.log import LogHandle
     from .batches import BatchId
     from .options import SinkOptions
@@ -106,7 +107,7 @@ class RemoteRoute:
         log.debug("log %s: written through worker %d's writer", handle.name, holder.pid)
         return cls(sock, holder, handle.name)
 
-    def write(self, payloads: list[bytes], keys: bytes) -> int:
+    def write(self, payloads: Payloads, keys: bytes) -> int:
         """As RouteWrite.write, in the holder."""
         reply = self._call({"op": "write"}, handoff.encode_rows(payloads, keys))
         return int(reply["duplicates"])

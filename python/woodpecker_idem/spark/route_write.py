@@ -16,6 +16,7 @@ from ..types import LogMessageId
 from .batches import BatchId, RouteBatch, begin
 
 if TYPE_CHECKING:
+    from .._core import Payloads
     from ..client.client import WoodpeckerClient
     from ..client.log import LogHandle
     from ..writer.api import IdempotentLogWriter
@@ -61,7 +62,7 @@ class RouteWrite:
         start = self.tail if self.tail is not None else _log_end(handle)
         self.batch = begin(client, handle, w.epoch, batch, writer_name, start)
 
-    def write(self, payloads: list[bytes], keys: bytes) -> int:
+    def write(self, payloads: Payloads, keys: bytes) -> int:
         """Write the rows the batch still needs; returns the rows not written because the log
         has them."""
         n = len(payloads)

@@ -14,10 +14,12 @@ or with a wrong one are refused before anything of their batch is written.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 import uuid
@@ -34,7 +36,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from .._core import arrow_first_misrouted, arrow_rows, route_keys
+from .._core import Payloads, arrow_first_misrouted, arrow_rows, route_keys
 from ..errors import (
     InvalidArgumentError,
     LogGroupSizeMismatchError,
@@ -177,7 +179,7 @@ class TaskWriters:
             raise
         return RouteWrite(handle.name, writer, client)
 
-    def write(self, route: int, payloads: list[bytes], keys: bytes) -> int:
+    def write(self, route: int, payloads: Payloads, keys: bytes) -> int:
         """Write one route's rows; returns the rows not written because the log has them."""
         if not self._opts.idempotent:
             plain = self._plain.get(route)
@@ -231,8 +233,8 @@ class TaskWriters:
 
 
 def _split_by_route(
-    payloads: list[bytes], keys: bytes, routes: memoryview
-) -> dict[int, tuple[list[bytes], bytes]]:
+    payloads: Payloads, keys: bytes, routes: memoryview
+) -> dict[int, tuple[Payloads, bytes]]:
     n = len(payloads)
     first = routes[0]
     if routes.tobytes() == first.to_bytes(4, "little", signed=True) * n:
@@ -241,7 +243,7 @@ def _split_by_route(
     for i, r in enumerate(routes):
         groups.setdefault(r, []).append(i)
     return {
-        r: ([payloads[i] for i in rows], b"".join(keys[16 * i : 16 * i + 16] for i in rows))
+        r: (payloads.take(rows), b"".join(keys[16 * i : 16 * i + 16] for i in rows))
         for r, rows in groups.items()
     }
 
@@ -257,9 +259,7 @@ class _WriteThread:
     def __init__(self, task: TaskWriters, msg: WoodpeckerCommitMessage):
         self._task = task
         self._msg = msg
-        self._queue: queue.Queue[tuple[int, list[bytes], bytes, int] | None] = queue.Queue(
-            self.DEPTH
-        )
+        self._queue: queue.Queue[tuple[int, Payloads, bytes, int] | None] = queue.Queue(self.DEPTH)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="wp-sink-writer", daemon=True)
         self._thread.start()
@@ -282,7 +282,7 @@ class _WriteThread:
         if self._error is not None:
             raise self._error
 
-    def put(self, route: int, payloads: list[bytes], keys: bytes, batch_rows: int = 0) -> None:
+    def put(self, route: int, payloads: Payloads, keys: bytes, batch_rows: int = 0) -> None:
         """Queue one route's rows of a batch (`batch_rows`: the batch's rows, on its last part)."""
         self._raise()
         self._queue.put((route, payloads, keys, batch_rows))
@@ -339,6 +339,35 @@ def write_batches(
         task.close(ok)
 
 
+# Spark's Python worker collects its garbage after every task it runs (pyspark's daemon.py calls
+# gc.collect()): a full collection, over every object the worker holds. Its imports (pyspark,
+# pyarrow, pandas, this package: ~80,000 objects in a task's worker, ~50,000 in the one that
+# plans a write) made that 40-240 ms of CPU per task on the development machine, where a task's
+# own garbage costs 1-3 ms. The first time this package runs in such a worker, before it makes
+# anything of its own, it moves what the worker holds into the collector's permanent generation
+# (`gc.freeze`, as pre-fork servers do): later collections walk only what came after. No writer or
+# client exists yet then, so nothing a task leaves in a reference cycle is kept.
+_FROZEN_IN = 0  # the process that froze its objects (each forked worker freezes its own)
+
+
+def freeze_worker_heap() -> None:
+    """Once per Spark Python worker process (not in a driver or any other process): see above."""
+    global _FROZEN_IN
+    if os.getpid() == _FROZEN_IN:
+        return
+    _FROZEN_IN = os.getpid()
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if main is None or not main.name.startswith("pyspark."):  # python -m pyspark.daemon, ...
+        return
+    import pyarrow
+
+    # the import pyspark's worker makes for every task's commit message (`pa.array` imports
+    # pandas, if installed), made now so that it is frozen too
+    pyarrow.array([b""])
+    gc.collect()
+    gc.freeze()
+
+
 class WoodpeckerArrowWriter(DataSourceArrowWriter):
     """Batch writer: one task attempt per Spark partition, Arrow batches in."""
 
@@ -348,6 +377,7 @@ class WoodpeckerArrowWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WoodpeckerCommitMessage:
         from pyspark import TaskContext
 
+        freeze_worker_heap()
         ctx = TaskContext.get()
         msg = WoodpeckerCommitMessage(
             partition=ctx.partitionId() if ctx else -1, attempt=ctx.attemptNumber() if ctx else 0
@@ -623,6 +653,7 @@ class WoodpeckerDataSource(DataSource):
         return opts
 
     def writer(self, schema: StructType, overwrite: bool) -> WoodpeckerArrowWriter:
+        freeze_worker_heap()  # the Python worker planning the write
         opts = self._write_options(schema, overwrite)
         if opts.batch_id is None and opts.idempotent:
             # A job that names no batch still has one for its own task retries: they read the
@@ -632,6 +663,7 @@ class WoodpeckerDataSource(DataSource):
         return WoodpeckerArrowWriter(opts)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> WoodpeckerStreamWriter:  # noqa: N802
+        freeze_worker_heap()
         opts = self._write_options(schema, overwrite)
         if opts.batch_id is not None:
             raise InvalidArgumentError(

@@ -33,7 +33,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .._core import KeyPipe, encode_frame
+from .._core import KeyPipe, Payloads, chunk_end, encode_frame
 from ..errors import ConditionFailedError, WoodpeckerError, WriteTimeoutError
 from ..logstore.blocks import CODECS
 from ..types import UNCONDITIONAL, ExpectedLast, LogMessageId, WriteManyResult, WriteResult
@@ -49,7 +49,7 @@ from .results import (
     finish,
     resolve,
 )
-from .segments import ROW_OVERHEAD, PendingEntry, chunk_end, span
+from .segments import ROW_OVERHEAD, PendingEntry, span
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -505,7 +505,12 @@ class Accumulator:
         return out
 
     def _run_locked(
-        self, lane: Lane, payloads: list[bytes], keys: bytes | None, start: int, limit: int
+        self,
+        lane: Lane,
+        payloads: list[bytes] | Payloads,
+        keys: bytes | None,
+        start: int,
+        limit: int,
     ) -> int:
         """The one run builder of both lanes: rows `start..limit` of `lane`, or the first of
         them (what fits one AddEntries batch within the current segment's roll limits), as one
@@ -540,8 +545,8 @@ class Accumulator:
             first = seg.next_entry_id
             rows = end - start
             stamps = lane.timestamps
-            now = self._clock.now_ms() if stamps is None else 0  # a batch call's rows
-            times: int | array = now if stamps is None else stamps
+            # each row's queueing time, or the admission time of a batch call's rows
+            times: int | array = self._clock.now_ms() if stamps is None else stamps
             status: bytes | None = None
             segs = ents = b""
             if keys is None:
@@ -557,23 +562,15 @@ class Accumulator:
                     lane.properties,
                     self._codec,
                 )
-            else:  # reserves the new keys' ids: the run must be enqueued
-                status, segs, ents = self._dedup.reserve_locked(
-                    keys[16 * start : 16 * end],
-                    array("q", (now,)) * rows if stamps is None else stamps[start:end],
-                    segment_id,
-                    first,
-                )
-                mixed = status if status.count(0) != rows else None
-                frame, count = encode_frame(
-                    segment_id,
-                    first,
-                    times,
-                    payloads,
+            else:  # one native call: the run's keys judged (new ones reserved) and its frame
+                status, segs, ents, frame, count = self._dedup.reserve_locked(
+                    keys,
                     start,
                     end,
-                    keys,
-                    mixed,
+                    times,
+                    segment_id,
+                    first,
+                    payloads,
                     lane.properties,
                     self._codec,
                 )
@@ -663,14 +660,14 @@ class Accumulator:
 
     def write_rows(
         self,
-        payloads: list[bytes],
+        payloads: Payloads,
         keys: bytes | None,
         wait: float | None,
         pending_text: Callable[[], str],
         expected: ExpectedLast = UNCONDITIONAL,
     ) -> WriteManyResult:
-        """A batch call (lock NOT held): `payloads` (bytes within append.max_entry_bytes, checked)
-        in order, with their N*16-byte `keys` when the stage keys writes; in runs of one
+        """A batch call (lock NOT held): `payloads` (within append.max_entry_bytes, checked) in
+        order, with their N*16-byte `keys` when the stage keys writes; in runs of one
         AddEntries batch, after the writes queued before the call; waits up to `wait` seconds in
         all (room included) for every row. Rows whose keys are committed are answered without
         touching the queue; a repeat within the call joins the first row's entry. A conditional
@@ -707,7 +704,7 @@ class Accumulator:
                         self.duplicates += end - start
                     start = end
                     continue
-                nbytes, end = chunk_end(payloads, start, end, self._batch_bytes)
+                nbytes, end = chunk_end(payloads, start, end, self._batch_bytes, ROW_OVERHEAD)
                 with self._lock:
                     self._make_room_locked(nbytes, end - start, deadline, outcomes)
                     with HOLD_INTERRUPTS:  # not across the wait for room: Ctrl-C ends that

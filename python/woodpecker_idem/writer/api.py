@@ -20,19 +20,18 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from .._core import (
+    Payloads,
     arrow_rows,
     content_key,
     content_keys,
     explicit_key,
     explicit_keys,
-    first_bad_payloads,
 )
 from ..args import timeout_arg, wait_for
 from ..errors import (
     InvalidArgumentError,
     InvalidTypeError,
     PayloadTooLargeError,
-    WoodpeckerError,
 )
 from ..types import (
     UNCONDITIONAL,
@@ -214,16 +213,17 @@ class LogWriter(_Writer):
 
     def write_many(
         self,
-        payloads: Sequence[bytes],
+        payloads: Sequence[bytes] | Payloads,
         *,
         timeout: float | None = None,
         expected_last: ExpectedLast = UNCONDITIONAL,
     ) -> WriteManyResult:
-        """Append a batch in order, in runs of one AddEntries batch (one frame and one waiter
-        each, no future per row); columnar results. Every row and `timeout` are checked before
-        any row is queued. A failure raises the lowest failed row's error, carrying the result
-        and which rows were acknowledged (`batch_result`, `acknowledged`); a retry on this plain
-        writer appends the rows again (the idempotent writer's `write_many` answers them).
+        """Append a batch (a sequence of bytes, or a `Payloads`) in order, in runs of one
+        AddEntries batch (one frame and one waiter each, no future per row); columnar results.
+        Every row and `timeout` are checked before any row is queued. A failure raises the
+        lowest failed row's error, carrying the result and which rows were acknowledged
+        (`batch_result`, `acknowledged`); a retry on this plain writer appends the rows again
+        (the idempotent writer's `write_many` answers them).
         `expected_last`: a conditional batch: the rows land one after another right after that
         entry, or from the first row that would not on, none of them does
         (`ConditionFailedError`; a resumable bulk load, docs/semantics.md)."""
@@ -336,7 +336,7 @@ class IdempotentLogWriter(_Writer):
 
     def write_many(
         self,
-        payloads: Sequence[bytes],
+        payloads: Sequence[bytes] | Payloads,
         ids: Sequence[str | bytes] | None = None,
         timeout: float | None = None,
         *,
@@ -351,15 +351,14 @@ class IdempotentLogWriter(_Writer):
         wait = timeout_arg(timeout, allow_zero=False)
         if expected_last is not UNCONDITIONAL:
             expected_last = expected_last_arg(expected_last)
-        for name, rows in (("payloads", payloads), ("ids", ids)):
-            if rows is not None and not (hasattr(rows, "__len__") and hasattr(rows, "__getitem__")):
-                raise InvalidTypeError(
-                    f"{name} must be a sequence (a list or tuple), not {type(rows).__name__}"
-                )
-        keys = content_keys(payloads) if ids is None else explicit_keys(ids)  # checks types
-        if ids is not None and len(ids) != len(payloads):
-            raise InvalidArgumentError(f"ids has {len(ids)} items but payloads has {len(payloads)}")
+        if ids is not None and not (hasattr(ids, "__len__") and hasattr(ids, "__getitem__")):
+            raise InvalidTypeError(
+                f"ids must be a sequence (a list or tuple), not {type(ids).__name__}"
+            )
         checked = checked_payloads(payloads, self._max_entry_bytes)
+        keys = content_keys(checked) if ids is None else explicit_keys(ids)  # checks types
+        if ids is not None and len(ids) != len(checked):
+            raise InvalidArgumentError(f"ids has {len(ids)} items but payloads has {len(checked)}")
         self._pipeline.check_process()
         return self._acc.write_rows(checked, keys, wait, self._still_pending_text, expected_last)
 
@@ -392,14 +391,15 @@ class IdempotentLogWriter(_Writer):
 
     def write_keyed(
         self,
-        payloads: list[bytes],
+        payloads: Payloads | list[bytes],
         keys: bytes,
         timeout: float | None = None,
         *,
         expected_last: ExpectedLast = UNCONDITIONAL,
     ) -> WriteManyResult:
-        """Write payloads whose 16-byte keys were computed already (N*16 bytes, by the `_core`
-        key functions, e.g. `arrow_rows`); checked whole before anything is queued.
+        """Write payloads (a `Payloads`, as `arrow_rows` gives them, or a list of bytes) whose
+        16-byte keys were computed already (N*16 bytes, by the `_core` key functions, e.g.
+        `arrow_rows`); checked whole before anything is queued.
         `expected_last`: a conditional batch, as `write_many`'s."""
         if expected_last is not UNCONDITIONAL:
             expected_last = expected_last_arg(expected_last)
@@ -408,7 +408,11 @@ class IdempotentLogWriter(_Writer):
         )
 
     def _write_keyed(
-        self, payloads: list[bytes], keys: bytes, wait: float | None, expected: ExpectedLast
+        self,
+        payloads: Payloads | list[bytes],
+        keys: bytes,
+        wait: float | None,
+        expected: ExpectedLast,
     ) -> WriteManyResult:
         """`write_keyed` with its timeout and `expected` checked already (`write_arrow` checks
         them before it reads the Arrow data)."""
@@ -494,47 +498,36 @@ def coerce_message(
     return payload, props
 
 
-def checked_payloads(payloads: Sequence[bytes], max_bytes: int) -> list[bytes]:
-    """A batch's payloads as bytes, every row checked (type, size) before any is queued: a bad
-    row refuses the whole batch, naming it."""
-    if not (hasattr(payloads, "__len__") and hasattr(payloads, "__getitem__")):
-        raise InvalidTypeError(
-            f"payloads must be a sequence (a list or tuple), not {type(payloads).__name__}"
+def checked_payloads(payloads: Sequence[bytes] | Payloads, max_bytes: int) -> Payloads:
+    """A batch's payloads as one `Payloads` (a sequence of bytes is copied into one in one
+    pass), every row checked (type, size) before any is queued: a bad row refuses the whole
+    batch, naming it."""
+    rows = payloads if type(payloads) is Payloads else Payloads(payloads)  # names a bad row
+    over = rows.first_longer(max_bytes)  # from the longest row: no pass when none is over
+    if over is not None:
+        raise PayloadTooLargeError(
+            f"payloads[{over}]: payload is {rows.range_bytes(over, over + 1)} bytes; "
+            f"append.max_entry_bytes allows {max_bytes}"
         )
-    if type(payloads) is list and first_bad_payloads(payloads, max_bytes) == (None, None):
-        return payloads  # plain bytes within the limit need nothing more (the common case)
-    return [
-        p if isinstance(p, bytes) and len(p) <= max_bytes else _checked_row(p, i, max_bytes)
-        for i, p in enumerate(payloads)
-    ]
+    return rows
 
 
-def _checked_row(row: object, i: int, max_bytes: int) -> bytes:
+def keyed_rows(payloads: Payloads | list[bytes], keys: bytes, max_bytes: int) -> Payloads:
+    """`write_keyed`'s rows, checked whole before any is queued (N*16 key bytes, payloads within
+    append.max_entry_bytes): a bad row refuses the batch, naming it. No Python work per row (the
+    Spark sink's path): a `Payloads` is checked from its offsets."""
     try:
-        payload, _ = coerce_message(row, None, max_bytes)  # type: ignore[arg-type]
-    except WoodpeckerError as exc:
-        raise type(exc)(f"payloads[{i}]: {exc}") from None
-    return payload
-
-
-def keyed_rows(payloads: list[bytes], keys: bytes, max_bytes: int) -> list[bytes]:
-    """`write_keyed`'s rows, checked whole before any is queued (N*16 key bytes, bytes payloads
-    within append.max_entry_bytes): a bad row refuses the batch, naming it. No Python work per
-    row when every row is fine (the Spark sink's path)."""
-    n = len(payloads)
+        rows = payloads if type(payloads) is Payloads else Payloads(payloads)
+    except InvalidTypeError as exc:
+        raise InvalidTypeError(f"{exc}; nothing of the batch was written") from None
+    n = len(rows)
     if len(keys) != 16 * n:
         raise InvalidArgumentError(f"keys has {len(keys)} bytes; {n} payloads need {16 * n}")
-    rows = payloads if type(payloads) is list else list(payloads)
-    not_bytes, too_large = first_bad_payloads(rows, max_bytes)  # one pass, in Rust
-    if not_bytes is not None:
-        raise InvalidTypeError(
-            f"payloads[{not_bytes}] must be bytes, not {type(rows[not_bytes]).__name__}; "
-            "nothing of the batch was written"
-        )
+    too_large = rows.first_longer(max_bytes)
     if too_large is not None:
         raise PayloadTooLargeError(
-            f"row {too_large}: payload is {len(rows[too_large])} bytes; append.max_entry_bytes "
-            f"allows {max_bytes}; nothing of the batch was written"
+            f"row {too_large}: payload is {rows.range_bytes(too_large, too_large + 1)} bytes; "
+            f"append.max_entry_bytes allows {max_bytes}; nothing of the batch was written"
         )
     return rows
 

@@ -17,12 +17,17 @@ holding the keys (`segs`, `ents`: little-endian int64 per row; the reserved ids 
 from __future__ import annotations
 
 from array import array
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import WriterFencedError
 
+if TYPE_CHECKING:
+    from .._core import Payloads
+
 # (status, segment ids, entry ids): see the module doc
 Answer = tuple[bytes, bytes, bytes]
+# an Answer for a run's rows, then the frame of its new rows and how many records it holds
+Run = tuple[bytes, bytes, bytes, bytes, int]
 
 
 class Dedup(Protocol):
@@ -45,12 +50,24 @@ class Dedup(Protocol):
         """What the log holds of each key, reserving nothing (new rows answer status 0)."""
 
     def reserve_locked(
-        self, keys: bytes, stamps: array, segment_id: int, first_entry_id: int
-    ) -> Answer:
-        """Judge a run of keys (row i as of `stamps[i]`, ms), in order: a new key is reserved at
-        the next id from `first_entry_id` of `segment_id` (pending until committed or dropped);
-        a repeat within the run, or a key pending or committed already, is answered with the
-        entry that holds it."""
+        self,
+        keys: bytes,
+        start: int,
+        end: int,
+        stamps: int | array,
+        segment_id: int,
+        first_entry_id: int,
+        payloads: list[bytes] | Payloads,
+        properties: list[dict | None] | None,
+        codec: int,
+    ) -> Run:
+        """Judge the run of rows `start..end` (their keys in `keys`, N*16 bytes for all of
+        `payloads`; row i as of `stamps[i]` ms, or all as of `stamps`), in order, and encode
+        the new ones, in one native call: a new key is reserved at the next id from
+        `first_entry_id` of `segment_id` (pending until committed or dropped) and its row goes
+        into the frame (compressed per `codec`); a repeat within the run, or a key pending or
+        committed already, is answered with the entry that holds it. Keys are reserved only
+        together with their frame."""
 
     def committed_locked(self, segment_id: int, last_entry_id: int) -> None:
         """Every entry of `segment_id` up to `last_entry_id` reached its ack quorum."""
@@ -97,8 +114,17 @@ class NoDedup:
         raise TypeError("a plain writer keeps no keys")
 
     def reserve_locked(
-        self, keys: bytes, stamps: array, segment_id: int, first_entry_id: int
-    ) -> Answer:
+        self,
+        keys: bytes,
+        start: int,
+        end: int,
+        stamps: int | array,
+        segment_id: int,
+        first_entry_id: int,
+        payloads: list[bytes] | Payloads,
+        properties: list[dict | None] | None,
+        codec: int,
+    ) -> Run:
         raise TypeError("a plain writer keeps no keys")
 
     def committed_locked(self, segment_id: int, last_entry_id: int) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, cast
 
-from .._core import concat, payload_bytes
+from .._core import Payloads, chunk_end, concat
 from ..errors import WriterFencedError
 from ..logstore.blocks import split_frame
 from ..meta.base import SegmentMeta
@@ -49,21 +49,6 @@ RETRY_MAX_S = 2.0
 
 # Bytes a row counts against the batch and in-flight limits before its record exists
 ROW_OVERHEAD = 64
-
-
-def chunk_end(payloads: list[bytes], start: int, end: int, limit: int) -> tuple[int, int]:
-    """(bytes, end) of the rows from `start` (before `end`) whose payloads fit `limit` bytes
-    with their overhead (at least one row)."""
-    nbytes = payload_bytes(payloads, start, end, ROW_OVERHEAD)
-    if nbytes <= limit:
-        return nbytes, end
-    nbytes = 0
-    for i in range(start, end):
-        size = len(payloads[i]) + ROW_OVERHEAD
-        if i > start and nbytes + size > limit:
-            return nbytes, i
-        nbytes += size
-    return nbytes, end
 
 
 class SegmentStatus(enum.Enum):
@@ -213,7 +198,9 @@ class OpenSegment:
             size += len(entry.record)
             items += 1
         entries = self.unsent[:items]
-        batch = SentBatch(entries[0].entry_id, entries, concat([e.record for e in entries]))
+        # a lone entry's frame is sent as it is (the batch lane's runs fill a batch alone)
+        frame = entries[0].record if items == 1 else concat([e.record for e in entries])
+        batch = SentBatch(entries[0].entry_id, entries, frame)
         # Only now change state, with no Python call between the steps: a KeyboardInterrupt
         # (raised after a call returns) cannot leave entries out of both `unsent` and `batches`,
         # which would never be sent while later batches commit past them.
@@ -375,7 +362,9 @@ class OpenSegments:
             return None
         return self._roll_locked(seg) if self._needs_roll(seg, time.monotonic()) else seg
 
-    def run_end_locked(self, seg: OpenSegment, payloads: list[bytes], start: int, n: int) -> int:
+    def run_end_locked(
+        self, seg: OpenSegment, payloads: list[bytes] | Payloads, start: int, n: int
+    ) -> int:
         """Where the run of rows from `start` (of `n`) ends: one AddEntries batch
         (append.max_batch_entries / max_batch_bytes, a payload counting ROW_OVERHEAD more) within
         `seg`'s roll limits. A segment past them (it could not be rolled) takes one batch more."""
@@ -383,7 +372,7 @@ class OpenSegments:
         if room <= 0 or room_bytes <= 0:
             room, room_bytes = n, self._batch_bytes
         end = min(n, start + room, start + self._batch_entries)
-        return chunk_end(payloads, start, end, min(room_bytes, self._batch_bytes))[1]
+        return chunk_end(payloads, start, end, min(room_bytes, self._batch_bytes), ROW_OVERHEAD)[1]
 
     def idle_locked(self) -> bool:
         """Nothing is in flight in the current segment (or there is none: being repaired)."""

@@ -10,6 +10,7 @@ use arrow_schema::DataType;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyCapsule, PyCapsuleMethods, PyList, PyString, PyTuple};
 
+use super::payloads::PyPayloads;
 use crate::arrow_keys::{self, ArrowKeyError};
 use crate::errors::{type_name, InvalidArgumentError, InvalidTypeError};
 use crate::keys::KEY_LEN;
@@ -140,10 +141,12 @@ pub fn arrow_canonical_json<'py>(
     let rows = py
         .detach(|| arrow_keys::json_rows(&chunks, &exclude))
         .map_err(to_py)?;
-    bytes_list(py, &rows.slices())
+    bytes_list(py, &rows.rows(0, rows.len()).collect::<Vec<_>>())
 }
 
-/// Payloads and keys of the rows of `data`, for `IdempotentLogWriter.write_arrow`.
+/// Payloads (a `Payloads`: the payload column's buffers, shared, or the rows' canonical JSON in
+/// one buffer) and keys of the rows of `data`, for `IdempotentLogWriter.write_arrow` and the
+/// Spark sink: no Python object per row.
 #[pyfunction]
 #[pyo3(signature = (data, *, key = None, payload = None, exclude = Vec::new()))]
 pub fn arrow_rows<'py>(
@@ -152,7 +155,7 @@ pub fn arrow_rows<'py>(
     key: Option<&Bound<'py, PyAny>>,
     payload: Option<String>,
     exclude: Vec<String>,
-) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyBytes>)> {
+) -> PyResult<(Bound<'py, PyPayloads>, Bound<'py, PyBytes>)> {
     let chunks = import_arrow(data, "data")?;
     let batch = is_batch(&chunks);
     let key_chunks = match key {
@@ -183,22 +186,14 @@ pub fn arrow_rows<'py>(
         || "the payload column".to_owned(),
         |n| format!("payload column '{n}'"),
     );
-    let json = match &payload_chunks {
-        None => Some(
-            py.detach(|| arrow_keys::json_rows(&chunks, &exclude))
-                .map_err(to_py)?,
-        ),
-        Some(_) => None,
-    };
     let (rows, keys) = py
         .detach(|| {
-            let rows: Vec<&[u8]> = match (&json, &payload_chunks) {
-                (Some(j), _) => j.slices(),
-                (None, Some(p)) => arrow_keys::payload_values(p, &what)?,
-                (None, None) => Vec::new(),
+            let rows = match &payload_chunks {
+                None => arrow_keys::json_rows(&chunks, &exclude)?,
+                Some(p) => arrow_keys::payload_column(p, &what)?,
             };
             let keys = match &key_chunks {
-                None => arrow_keys::content_keys(&rows),
+                None => arrow_keys::content_keys(&rows.rows(0, rows.len()).collect::<Vec<_>>()),
                 Some((k, what)) => {
                     let keys = arrow_keys::explicit_keys(k, what)?;
                     if keys.len() != rows.len() * KEY_LEN {
@@ -214,7 +209,10 @@ pub fn arrow_rows<'py>(
             Ok((rows, keys))
         })
         .map_err(to_py)?;
-    Ok((bytes_list(py, &rows)?, PyBytes::new(py, &keys)))
+    Ok((
+        Bound::new(py, PyPayloads { inner: rows })?,
+        PyBytes::new(py, &keys),
+    ))
 }
 
 fn partitions_arg(partitions: i64) -> PyResult<u32> {

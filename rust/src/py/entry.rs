@@ -3,6 +3,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 
+use super::payloads::PayloadRows;
 use crate::args;
 use crate::codec::{self, Codec};
 use crate::entry::{self, EntryFields};
@@ -63,67 +64,280 @@ fn property_strings<'py>(
     Ok(owned)
 }
 
-/// Bytes of the payloads `start..end` of `payloads` (a list of bytes, as the batch lane keeps
-/// them), with `overhead` more per row: what a chunk of rows counts against the batch limits.
+/// `(bytes, end)`: the rows of `payloads` (a list of bytes or a `Payloads`) from `start` (before
+/// `end`) whose bytes, `overhead` more each, fit `limit` (at least one row), and what they
+/// count: where a run of one AddEntries batch ends. A `Payloads` answers from its offsets.
 #[pyfunction]
-pub fn payload_bytes(
-    payloads: &Bound<'_, PyList>,
+pub fn chunk_end(
+    payloads: &Bound<'_, PyAny>,
     start: usize,
     end: usize,
+    limit: usize,
     overhead: usize,
-) -> PyResult<usize> {
-    let n = payloads.len();
+) -> PyResult<(usize, usize)> {
+    let rows = PayloadRows::of(payloads)?;
+    let n = rows.len();
     if start > end || end > n {
         return Err(InvalidArgumentError::new_err(format!(
             "rows {start}..{end} are not within the {n} payloads"
         )));
     }
-    let mut total = overhead * (end - start);
+    let list = match rows {
+        PayloadRows::Batch(p) => return Ok(p.get().inner.fit(start, end, limit, overhead)),
+        PayloadRows::List(list) => list,
+    };
+    let mut total = 0usize;
     for i in start..end {
-        let item = payloads.get_item(i)?;
+        let item = list.get_item(i)?;
         let bytes = item.cast::<PyBytes>().map_err(|_| {
             InvalidTypeError::new_err(format!(
                 "payloads[{i}] must be bytes, not {}",
                 type_name(&item)
             ))
         })?;
-        total += bytes.as_bytes().len();
+        let size = bytes.as_bytes().len() + overhead;
+        if i > start && total + size > limit {
+            return Ok((total, i));
+        }
+        total += size;
     }
-    Ok(total)
+    Ok((total, end))
 }
 
-/// The first row of `payloads` (a list) that is not `bytes`, and the first one longer than
-/// `max_bytes`: (None, None) when every row is bytes within the limit. One pass, for a batch
-/// checked whole before any of it is written.
-#[pyfunction]
-pub fn first_bad_payloads(
-    payloads: &Bound<'_, PyList>,
-    max_bytes: usize,
-) -> (Option<usize>, Option<usize>) {
-    let mut too_large = None;
-    for (i, item) in payloads.iter().enumerate() {
-        // exactly bytes, as the Python check (`type(p) is bytes`) had it
-        match item.cast_exact::<PyBytes>() {
-            Ok(b) => {
-                if too_large.is_none() && b.as_bytes().len() > max_bytes {
-                    too_large = Some(i);
-                }
+/// Each row's timestamp: one for all, or a column with one per row of the whole list.
+pub(super) enum Stamps<'py> {
+    One(i64),
+    Column(args::I64Column<'py>),
+}
+
+impl<'py> Stamps<'py> {
+    pub(super) fn of(obj: &Bound<'py, PyAny>, n: usize) -> PyResult<Self> {
+        if obj.is_instance_of::<PyInt>() {
+            return Ok(Stamps::One(args::int_i64(obj, "timestamp_ms")?));
+        }
+        let col = args::i64_column(obj, "timestamp_ms")?;
+        if col.len() != n {
+            return Err(InvalidArgumentError::new_err(format!(
+                "timestamp_ms holds {} values but payloads {n} rows",
+                col.len()
+            )));
+        }
+        Ok(Stamps::Column(col))
+    }
+
+    /// The timestamps of rows `start..end`, each checked to fit int64.
+    pub(super) fn range(&self, py: Python<'_>, start: usize, end: usize) -> PyResult<Vec<i64>> {
+        match self {
+            Stamps::One(t) => Ok(vec![*t; end - start]),
+            Stamps::Column(col) => {
+                let view = col.view(py);
+                (start..end)
+                    .map(|i| match view.get(i).map(i64::try_from) {
+                        Some(Ok(t)) => Ok(t),
+                        v => Err(InvalidArgumentError::new_err(format!(
+                            "timestamp_ms[{i}] = {v:?} does not fit int64"
+                        ))),
+                    })
+                    .collect()
             }
-            _ => return (Some(i), too_large),
         }
     }
-    (None, too_large)
+}
+
+/// The rows `start..end` of a frame to be, every argument checked (payload types, keys,
+/// properties, timestamps), before anything is reserved or encoded: once made, encoding it
+/// cannot fail, so a run whose keys were reserved is always encoded.
+pub(super) struct Run<'a, 'py> {
+    segment_id: i64,
+    first_entry_id: i64,
+    start: usize,
+    stamps: Vec<i64>,
+    payloads: Vec<&'a [u8]>,
+    keys: Option<&'a [u8]>,
+    properties: Vec<Vec<(&'a [u8], &'a [u8])>>,
+    codec: Codec,
+    _py: Python<'py>,
+}
+
+/// What a `Run` borrows its rows from: the payload objects and property strings, kept alive.
+#[derive(Default)]
+pub(super) struct Held<'py> {
+    rows: Vec<Bound<'py, PyBytes>>,
+    props: Vec<Vec<(Bound<'py, PyString>, Bound<'py, PyString>)>>,
+}
+
+impl<'py> Held<'py> {
+    /// Checks the rows `start..end` of `payloads` (a list must hold `bytes`) and of
+    /// `properties` (a list of N dicts or None), holding what a `Run` borrows.
+    pub(super) fn new(
+        py: Python<'py>,
+        payloads: &PayloadRows<'py>,
+        start: usize,
+        end: usize,
+        properties: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Self> {
+        let n = payloads.len();
+        if start > end || end > n {
+            return Err(InvalidArgumentError::new_err(format!(
+                "rows {start}..{end} are not within the {n} payloads"
+            )));
+        }
+        let mut held = Held::default();
+        if let PayloadRows::List(list) = payloads {
+            held.rows.reserve(end - start);
+            for i in start..end {
+                let item = list.get_item(i)?;
+                held.rows.push(item.cast_into::<PyBytes>().map_err(|e| {
+                    InvalidTypeError::new_err(format!(
+                        "payloads[{i}] must be bytes, not {}",
+                        type_name(e.into_inner().as_any())
+                    ))
+                })?);
+            }
+        }
+        if let Some(p) = properties.filter(|p| !p.is_none()) {
+            let list = p.cast::<PyList>().map_err(|_| {
+                InvalidTypeError::new_err(format!(
+                    "properties must be a list (one dict or None per row), not {}",
+                    type_name(p)
+                ))
+            })?;
+            if list.len() != n {
+                return Err(InvalidArgumentError::new_err(format!(
+                    "properties holds {} rows but payloads {n}",
+                    list.len()
+                )));
+            }
+            held.props.reserve(end - start);
+            for i in start..end {
+                held.props
+                    .push(property_strings(Some(&list.get_item(i)?)).map_err(|e| {
+                        InvalidTypeError::new_err(format!("properties[{i}]: {}", e.value(py)))
+                    })?);
+            }
+        }
+        Ok(held)
+    }
+}
+
+impl<'a, 'py> Run<'a, 'py> {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        py: Python<'py>,
+        segment_id: i64,
+        first_entry_id: i64,
+        stamps: Vec<i64>,
+        payloads: &'a PayloadRows<'py>,
+        held: &'a Held<'py>,
+        start: usize,
+        keys: Option<&'a [u8]>,
+        codec: Codec,
+    ) -> PyResult<Self> {
+        let count = stamps.len();
+        let rows: Vec<&'a [u8]> = match payloads {
+            PayloadRows::List(_) => held.rows.iter().map(|b| b.as_bytes()).collect(),
+            PayloadRows::Batch(p) => p.get().inner.rows(start, start + count).collect(),
+        };
+        if let Some(k) = keys {
+            let n = payloads.len();
+            if k.len() != n * 16 {
+                return Err(InvalidArgumentError::new_err(format!(
+                    "keys holds {} keys but payloads {n} rows",
+                    k.len() / 16
+                )));
+            }
+        }
+        let mut properties = Vec::with_capacity(held.props.len());
+        for row in &held.props {
+            let mut pairs = Vec::with_capacity(row.len());
+            for (k, v) in row {
+                pairs.push((k.to_str()?.as_bytes(), v.to_str()?.as_bytes()));
+            }
+            properties.push(pairs);
+        }
+        Ok(Run {
+            segment_id,
+            first_entry_id,
+            start,
+            stamps,
+            payloads: rows,
+            keys,
+            properties,
+            codec,
+            _py: py,
+        })
+    }
+
+    /// Each row's timestamp, in order.
+    pub(super) fn stamps(&self) -> &[i64] {
+        &self.stamps
+    }
+
+    fn fields(&self, k: usize, entry_id: i64) -> EntryFields<'_> {
+        let i = self.start + k;
+        EntryFields {
+            segment_id: self.segment_id,
+            entry_id,
+            timestamp_ms: self.stamps[k],
+            payload: self.payloads[k],
+            properties: self.properties.get(k).map_or(&[], |p| p.as_slice()),
+            idempotency_key: self
+                .keys
+                .and_then(|keys| keys.get(i * 16..i * 16 + 16))
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The frame of the rows whose `status` byte is 0 (all of them without one), entry ids
+    /// counting up from `first_entry_id`, and how many records it holds. Written in place into
+    /// the `bytes` returned (no second copy); compressed in the same call when the run's codec
+    /// says so, without the GIL.
+    pub(super) fn encode(
+        &self,
+        py: Python<'py>,
+        status: Option<&[u8]>,
+    ) -> PyResult<(Bound<'py, PyBytes>, usize)> {
+        let picked: Vec<usize> = (0..self.stamps.len())
+            .filter(|&k| status.is_none_or(|s| s[k] == 0))
+            .collect();
+        let ids = self.first_entry_id..;
+        let count = picked.len();
+        if self.codec == Codec::None || picked.is_empty() {
+            let total = picked
+                .iter()
+                .zip(ids.clone())
+                .map(|(&k, id)| entry::record_len(&self.fields(k, id)))
+                .sum();
+            let frame = PyBytes::new_with(py, total, |buf| {
+                let mut at = 0;
+                for (&k, id) in picked.iter().zip(ids) {
+                    at += entry::encode_record_at(&mut buf[at..], &self.fields(k, id));
+                }
+                Ok(())
+            })?;
+            return Ok((frame, count));
+        }
+        let mut frame = Vec::new();
+        for (&k, id) in picked.iter().zip(ids) {
+            entry::encode_record_into(&mut frame, &self.fields(k, id));
+        }
+        let codec = self.codec;
+        let units = py
+            .detach(|| codec::compress(codec, &frame))
+            .map_err(InvalidArgumentError::new_err)?;
+        Ok((PyBytes::new(py, &units), count))
+    }
 }
 
 /// One frame (records end to end, entry ids counting up from `first_entry_id`) of the rows
-/// `start..end` of `payloads` (a list of bytes), skipping rows whose `status` byte (one per row of
-/// the range, as `DedupWindow.reserve_many` gives) is not 0. `timestamp_ms` is one int for every
-/// row or an int64 column (one per row of the whole list: each write's queueing time); `keys`
-/// (N*16 bytes for the whole list) gives each row its idempotency key, `properties` (a list of
-/// N dicts or None) its properties. Returns `(frame, records)`: every writer's encoding, one call
-/// and one `bytes` per run of entries instead of one per row. `compression` (0 none, 1 lz4,
-/// 2 zstd: `append.compression`) compresses the whole frame into one compressed unit in the same
-/// call, without the GIL (`codec.rs`).
+/// `start..end` of `payloads` (a list of bytes, or a `Payloads`), skipping rows whose `status`
+/// byte (one per row of the range, as `DedupWindow.reserve_many` gives) is not 0.
+/// `timestamp_ms` is one int for every row or an int64 column (one per row of the whole list:
+/// each write's queueing time); `keys` (N*16 bytes for the whole list) gives each row its
+/// idempotency key, `properties` (a list of N dicts or None) its properties. Returns `(frame,
+/// records)`: every writer's encoding, one call and one `bytes` per run of entries instead of
+/// one per row. `compression` (0 none, 1 lz4, 2 zstd: `append.compression`) compresses the
+/// whole frame in the same call, without the GIL (`codec.rs`).
 #[pyfunction]
 #[pyo3(signature = (segment_id, first_entry_id, timestamp_ms, payloads, start, end, keys=None, status=None, properties=None, compression=0))]
 #[allow(clippy::too_many_arguments)]
@@ -132,7 +346,7 @@ pub fn encode_frame<'py>(
     segment_id: i64,
     first_entry_id: i64,
     timestamp_ms: &Bound<'py, PyAny>,
-    payloads: &Bound<'py, PyList>,
+    payloads: &Bound<'py, PyAny>,
     start: usize,
     end: usize,
     keys: Option<&Bound<'py, PyAny>>,
@@ -141,43 +355,14 @@ pub fn encode_frame<'py>(
     compression: u8,
 ) -> PyResult<(Bound<'py, PyBytes>, usize)> {
     let codec = Codec::from_u8(compression).map_err(InvalidArgumentError::new_err)?;
-    let n = payloads.len();
-    if start > end || end > n {
-        return Err(InvalidArgumentError::new_err(format!(
-            "rows {start}..{end} are not within the {n} payloads"
-        )));
-    }
-    let one_stamp = if timestamp_ms.is_instance_of::<PyInt>() {
-        Some(args::int_i64(timestamp_ms, "timestamp_ms")?)
-    } else {
-        None
-    };
-    let stamps = match one_stamp {
-        Some(_) => None,
-        None => Some(args::i64_column(timestamp_ms, "timestamp_ms")?),
-    };
-    if let Some(col) = &stamps {
-        if col.len() != n {
-            return Err(InvalidArgumentError::new_err(format!(
-                "timestamp_ms holds {} values but payloads {n} rows",
-                col.len()
-            )));
-        }
-    }
-    let stamps = stamps.as_ref().map(|c| c.view(py));
+    let rows = PayloadRows::of(payloads)?;
+    let n = rows.len();
+    let held = Held::new(py, &rows, start, end, properties)?;
+    let stamps = Stamps::of(timestamp_ms, n)?.range(py, start, end)?;
     let keys = keys
         .filter(|k| !k.is_none())
         .map(|k| args::key_buffer(k, "keys"))
         .transpose()?;
-    let keys = keys.as_ref().map(|k| k.as_slice());
-    if let Some(k) = keys {
-        if k.len() != n * 16 {
-            return Err(InvalidArgumentError::new_err(format!(
-                "keys holds {} keys but payloads {n} rows",
-                k.len() / 16
-            )));
-        }
-    }
     let status = status
         .filter(|s| !s.is_none())
         .map(|s| args::bytes_like(s, "status"))
@@ -192,87 +377,19 @@ pub fn encode_frame<'py>(
             )));
         }
     }
-    let properties = match properties.filter(|p| !p.is_none()) {
-        None => None,
-        Some(p) => {
-            let list = p.cast::<PyList>().map_err(|_| {
-                InvalidTypeError::new_err(format!(
-                    "properties must be a list (one dict or None per row), not {}",
-                    type_name(p)
-                ))
-            })?;
-            if list.len() != n {
-                return Err(InvalidArgumentError::new_err(format!(
-                    "properties holds {} rows but payloads {n}",
-                    list.len()
-                )));
-            }
-            Some(list)
-        }
-    };
-    let mut rows: Vec<(usize, Bound<'py, PyBytes>)> = Vec::with_capacity(end - start);
-    let mut total = 0usize;
-    for i in start..end {
-        if status.is_some_and(|s| s[i - start] != 0) {
-            continue;
-        }
-        let item = payloads.get_item(i)?;
-        let payload = item.cast_into::<PyBytes>().map_err(|e| {
-            InvalidTypeError::new_err(format!(
-                "payloads[{i}] must be bytes, not {}",
-                type_name(e.into_inner().as_any())
-            ))
-        })?;
-        total += payload.as_bytes().len() + 64;
-        rows.push((i, payload));
-    }
-    let mut frame = Vec::with_capacity(total);
-    for (entry_id, (i, payload)) in (first_entry_id..).zip(rows.iter()) {
-        let i = *i;
-        let timestamp_ms = match (&stamps, one_stamp) {
-            (Some(col), _) => match col.get(i).map(i64::try_from) {
-                Some(Ok(t)) => t,
-                v => {
-                    return Err(InvalidArgumentError::new_err(format!(
-                        "timestamp_ms[{i}] = {v:?} does not fit int64"
-                    )))
-                }
-            },
-            (None, one) => one.unwrap_or_default(),
-        };
-        let owned = match properties {
-            Some(list) => property_strings(Some(&list.get_item(i)?)).map_err(|e| {
-                InvalidTypeError::new_err(format!("properties[{i}]: {}", e.value(py)))
-            })?,
-            None => Vec::new(),
-        };
-        let mut pairs: Vec<(&[u8], &[u8])> = Vec::with_capacity(owned.len());
-        for (k, v) in &owned {
-            pairs.push((k.to_str()?.as_bytes(), v.to_str()?.as_bytes()));
-        }
-        entry::encode_record_into(
-            &mut frame,
-            &EntryFields {
-                segment_id,
-                entry_id,
-                timestamp_ms,
-                payload: payload.as_bytes(),
-                properties: &pairs,
-                idempotency_key: keys
-                    .and_then(|k| k.get(i * 16..i * 16 + 16))
-                    .unwrap_or_default(),
-            },
-        );
-    }
-    if codec == Codec::None || rows.is_empty() {
-        return Ok((PyBytes::new(py, &frame), rows.len()));
-    }
-    let count = rows.len();
-    drop(rows); // the payloads are in the frame; the compression runs without the GIL
-    let units = py
-        .detach(|| codec::compress(codec, &frame))
-        .map_err(InvalidArgumentError::new_err)?;
-    Ok((PyBytes::new(py, &units), count))
+    let keys = keys.as_ref().map(|k| k.as_slice());
+    let run = Run::new(
+        py,
+        segment_id,
+        first_entry_id,
+        stamps,
+        &rows,
+        &held,
+        start,
+        keys,
+        codec,
+    )?;
+    run.encode(py, status)
 }
 
 /// Number of entries in a frame (plain records and compressed units); the lengths must tile it

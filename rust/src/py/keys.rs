@@ -3,6 +3,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
+use super::payloads::PyPayloads;
 use crate::args::{self, ByteArg};
 use crate::errors::{type_name, InvalidArgumentError, InvalidTypeError};
 use crate::keys;
@@ -114,6 +115,12 @@ pub fn content_keys<'py>(
     py: Python<'py>,
     payloads: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyBytes>> {
+    if let Ok(batch) = payloads.cast::<PyPayloads>() {
+        // immutable, and held by `payloads` while the GIL is released
+        let p = &batch.get().inner;
+        let slices: Vec<&[u8]> = p.rows(0, p.len()).collect();
+        return Ok(keys_bytes(py, &slices, keys::content_keys_into));
+    }
     let items = sequence_items(payloads, "payloads", "bytes-like objects")?;
     // `items` holds one reference per payload, so the borrowed `bytes` data stays alive (and,
     // being immutable, unchanged) while the GIL is released. Other bytes-like items are copied.

@@ -8,6 +8,7 @@ mod entry;
 mod fileput;
 mod keypipe;
 mod keys;
+mod payloads;
 mod segfile;
 mod snapshot;
 mod stored;
@@ -17,14 +18,14 @@ mod window_entry;
 
 pub use arrow::register as register_arrow;
 pub use entry::{
-    concat, count_records, decompress_frame, encode_entry, encode_frame, first_bad_payloads,
-    frame_codec, payload_bytes,
+    chunk_end, concat, count_records, decompress_frame, encode_entry, encode_frame, frame_codec,
 };
 pub use fileput::put_file;
 pub use keypipe::PyKeyPipe;
 pub use keys::{
     content_key, content_keys, content_keys_arrow, explicit_key, explicit_keys, py_crc32c,
 };
+pub use payloads::PyPayloads;
 pub use segfile::register as register_segfile;
 pub use snapshot::{decode_snapshot, encode_snapshot, PySnapshot, PySnapshotStream};
 pub use stored::register as register_stored;

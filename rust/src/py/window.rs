@@ -7,9 +7,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use super::convert::{entries_list, parse_max_keys, parse_window_ms, record};
+use super::entry::{Held, Run, Stamps};
+use super::payloads::PayloadRows;
 use super::stored::PyEntryKeys;
 use super::window_entry::PyWindowEntry;
 use crate::args;
+use crate::codec::Codec;
 use crate::errors::{out_of_memory, type_name, InvalidArgumentError, InvalidTypeError};
 use crate::keys::KEY_LEN;
 use crate::window::{Lookup, Record, Window};
@@ -211,6 +214,97 @@ impl PyDedupWindow {
             PyBytes::new(py, &segs),
             PyBytes::new(py, &ents),
         ))
+    }
+
+    /// A run's intake and its frame in one call: rows `start..end` of `payloads` (a list of
+    /// bytes or a `Payloads`) with their keys (`keys`: N*16 bytes for the whole list) judged as
+    /// `reserve_many` judges them (each as of its `timestamp_ms`: one int, or an int64 column of
+    /// N), and the new ones encoded as `encode_frame` encodes them, compressed per
+    /// `compression`. Every argument is checked before a key is reserved, so a run whose keys
+    /// were reserved always gets its frame. Returns `(status, segment_ids, entry_ids, frame,
+    /// count)`.
+    #[pyo3(signature = (keys, start, end, timestamp_ms, segment_id, first_entry_id, payloads, properties=None, compression=0))]
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn reserve_frame<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        start: usize,
+        end: usize,
+        timestamp_ms: &Bound<'py, PyAny>,
+        segment_id: &Bound<'py, PyAny>,
+        first_entry_id: &Bound<'py, PyAny>,
+        payloads: &Bound<'py, PyAny>,
+        properties: Option<&Bound<'py, PyAny>>,
+        compression: u8,
+    ) -> PyResult<(
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        usize,
+    )> {
+        let codec = Codec::from_u8(compression).map_err(InvalidArgumentError::new_err)?;
+        let rows = PayloadRows::of(payloads)?;
+        let n = rows.len();
+        let keys = args::key_buffer(keys, "keys")?;
+        let all = keys.as_slice();
+        if all.len() != n * KEY_LEN {
+            return Err(InvalidArgumentError::new_err(format!(
+                "keys holds {} keys but payloads {n} rows",
+                all.len() / KEY_LEN
+            )));
+        }
+        let held = Held::new(py, &rows, start, end, properties)?;
+        let stamps = Stamps::of(timestamp_ms, n)?.range(py, start, end)?;
+        let segment = args::int_u32(segment_id, "segment_id")?;
+        let first = args::int_u32(first_entry_id, "first_entry_id")?;
+        if u64::from(first) + (end - start) as u64 > u64::from(u32::MAX) + 1 {
+            return Err(InvalidArgumentError::new_err(format!(
+                "first_entry_id {first} + {} rows exceeds the uint32 entry id range",
+                end - start
+            )));
+        }
+        let run = Run::new(
+            py,
+            i64::from(segment),
+            i64::from(first),
+            stamps,
+            &rows,
+            &held,
+            start,
+            Some(all),
+            codec,
+        )?;
+        let run_keys = &all[start * KEY_LEN..end * KEY_LEN];
+        // as reserve_many: microseconds, with the GIL kept
+        let (status, segs, ents) =
+            self.lock(py)
+                .reserve_many(run_keys, run.stamps(), segment, first);
+        let mixed = status.iter().any(|&s| s != 0);
+        match run.encode(py, mixed.then_some(&status[..])) {
+            Ok((frame, count)) => Ok((
+                PyBytes::new(py, &status),
+                PyBytes::new(py, &segs),
+                PyBytes::new(py, &ents),
+                frame,
+                count,
+            )),
+            Err(e) => {
+                // no frame (a codec failed): the keys reserved for it go, as if never judged
+                let mut w = self.lock(py);
+                for (key, _) in run_keys
+                    .chunks_exact(KEY_LEN)
+                    .zip(&status)
+                    .filter(|(_, &s)| s == 0)
+                {
+                    if let Ok(k) = key.try_into() {
+                        w.drop_pending(&k);
+                    }
+                }
+                Err(e)
+            }
+        }
     }
 
     fn add_committed_many(
