@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
+#: AddEntries batches a writer's in-flight room holds by default (`append.max_inflight_entries`
+#: is this many `append.max_batch_entries`). Batches of up to 10,000 entries: with 100 B rows and
+#: an fdatasync per batch, batches of 1,000 made the syncs about half of a bulk write's CPU.
+BATCHES_IN_FLIGHT = 4
 
 ENV_PREFIX = "WOODPECKER_"
 
@@ -236,10 +240,22 @@ KEYS: tuple[Key, ...] = (
         "writer lives: drop-group refuses a log whose writer's lease is live, and a group "
         "writer's routes move to the other members once its lease (and membership) runs out",
     ),
-    _int("append.max_batch_entries", 1000, 1, 100_000, "most entries in one AddEntries batch"),
+    _int(
+        "append.max_batch_entries",
+        10_000,
+        1,
+        100_000,
+        "most entries in one AddEntries batch (unset: at most append.max_inflight_entries)",
+    ),
     _size("append.max_batch_bytes", 2 * MiB, KiB, 64 * MiB, "most bytes in one AddEntries batch"),
     _int("append.linger_ms", 2, 0, 1000, "most wait behind a batch a node is retrying"),
-    _int("append.max_inflight_entries", 10_000, 1, 10**7, "backpressure: entries not yet acked"),
+    _int(
+        "append.max_inflight_entries",
+        BATCHES_IN_FLIGHT * 10_000,
+        1,
+        10**7,
+        "backpressure: entries not yet acked (unset: at least four append.max_batch_entries)",
+    ),
     _size("append.max_inflight_bytes", 64 * MiB, KiB, 16 * GiB, "backpressure: bytes not acked"),
     _int("append.timeout_ms", 10_000, 1, 3_600_000, "per AppendOp: time to reach the ack quorum"),
     _int("append.max_retries", 3, 0, 100, "per AppendOp: resends to a node before giving up"),
@@ -650,6 +666,7 @@ class Config:
                 values[key.name] = _validate(key, explicit[key.name], _source)
             else:
                 values[key.name] = key.default
+        _fit_batches(values, explicit)
         _check_together(values)
         _check_backend_keys(explicit, values)
         norm = {k: values[k] for k in explicit}
@@ -736,6 +753,17 @@ class Config:
         """`objectstore.path`, or `<data_dir>/objects` when not set."""
         p = self._values["objectstore.path"]
         return Path(p) if p is not None else Path(data_dir) / "objects"
+
+
+def _fit_batches(v: dict[str, Any], explicit: Mapping[str, Any]) -> None:
+    """The batch and in-flight limits a config leaves unset follow the one it sets: a batch
+    never larger than what may be in flight, and room for `BATCHES_IN_FLIGHT` batches (one
+    being stored and synced while the next ones fill)."""
+    batch, in_flight = "append.max_batch_entries", "append.max_inflight_entries"
+    if batch in explicit and in_flight not in explicit:
+        v[in_flight] = max(v[in_flight], BATCHES_IN_FLIGHT * v[batch])
+    elif in_flight in explicit and batch not in explicit:
+        v[batch] = min(v[batch], v[in_flight])
 
 
 def _check_together(v: Mapping[str, Any]) -> None:

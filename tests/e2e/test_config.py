@@ -34,10 +34,12 @@ def test_defaults_match_the_design_table() -> None:
         "quorum.nodes": "embedded",
         "quorum.call_timeout_ms": 30_000,
         "writer.lease_ms": 30_000,
-        "append.max_batch_entries": 1000,
+        # the design's 1,000 / 10,000 made an fdatasync per 1,000 100 B rows about half of a
+        # bulk write's CPU (docs/operations.md, "Throughput: which call")
+        "append.max_batch_entries": 10_000,
         "append.max_batch_bytes": 2 * MiB,
         "append.linger_ms": 2,
-        "append.max_inflight_entries": 10_000,
+        "append.max_inflight_entries": 40_000,
         "append.max_inflight_bytes": 64 * MiB,
         "append.timeout_ms": 10_000,
         "append.max_retries": 3,
@@ -149,7 +151,7 @@ def test_precedence_defaults_file_env_overrides(tmp_path: Path) -> None:
     assert cfg.append.max_retries == 8  # env beats file
     assert cfg.append.timeout_ms == 100  # file beats default
     assert cfg.quorum.es == 3
-    assert cfg.append.max_batch_entries == 1000  # default
+    assert cfg.append.max_batch_entries == 10_000  # default
     assert load_config(f, env={}).append.linger_ms == 10
     assert load_config(str(f), env=env).append.linger_ms == 20
 
@@ -292,6 +294,22 @@ def test_bool_is_not_a_number(key: str) -> None:
     for value in (True, False):
         with pytest.raises(ConfigError, match=key):
             Config.from_dict({key: value})
+
+
+@pytest.mark.parametrize(
+    ("given", "batch", "in_flight"),
+    [
+        ({}, 10_000, 40_000),
+        ({"append.max_inflight_entries": 24}, 24, 24),  # a batch never exceeds what may fly
+        ({"append.max_inflight_entries": 100_000}, 10_000, 100_000),
+        ({"append.max_batch_entries": 200}, 200, 40_000),
+        ({"append.max_batch_entries": 50_000}, 50_000, 200_000),  # room for four batches
+        ({"append.max_batch_entries": 300, "append.max_inflight_entries": 600}, 300, 600),
+    ],
+)
+def test_the_batch_and_in_flight_limits_left_unset_follow_the_one_set(given, batch, in_flight):
+    append = Config.from_dict(given).append
+    assert (append.max_batch_entries, append.max_inflight_entries) == (batch, in_flight)
 
 
 def test_cross_key_rules() -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -229,7 +230,9 @@ def _killed_mid_upload(tmp_path: Path, s3, threads: int, cycles: int) -> None:
             writer = log.open_writer(idempotent=True)
             history = History(client.clock)
             stream = Stream(writer, history, threads=threads)
-            for _ in range(cycles):
+            landed, missed = 0, []
+            while landed < cycles:
+                assert len(missed) <= cycles, f"{landed} kills inside an upload; missed: {missed}"
                 stream.until_acked(stream.acked_now() + 30, "writes before the freeze")
                 s3.freeze()  # an upload that starts now stays in flight: the kill lands in it
                 try:
@@ -237,6 +240,7 @@ def _killed_mid_upload(tmp_path: Path, s3, threads: int, cycles: int) -> None:
                     in_flight = uploads.in_flight
                     assert in_flight is not None
                     key, victim = in_flight
+                    before = Counter(uploads.failures)
                     by_id[victim].kill()
                 finally:
                     s3.thaw()
@@ -245,11 +249,24 @@ def _killed_mid_upload(tmp_path: Path, s3, threads: int, cycles: int) -> None:
                     return any(k == key and n != victim for k, n in uploads.sealed_by)
 
                 until(sealed_elsewhere, "the segment sealed through another node")
-                # the kill landed inside the call: it failed on the lost connection (no answer
-                # of the node's: an upload S3 failed carries the node's own error)
-                ended = [e for k, n, e in uploads.failures if k == key and n == victim]
-                assert ended and "seal_segment failed: UNAVAILABLE" in ended[0], ended
                 assert (key, victim) not in uploads.sealed_by
+                new = Counter(uploads.failures) - before
+                ended = [e for k, n, e in uploads.failures if k == key and n == victim]
+                cut = [
+                    e
+                    for (k, n, e) in new
+                    if (k, n) == (key, victim)
+                    and "seal_segment failed: UNAVAILABLE" in e
+                    and "not connected" not in e  # a later call to the dead node
+                ]
+                if cut:
+                    landed += 1  # the kill cut the call: it failed on the lost connection
+                else:
+                    # a node that was down while the segment was written (an earlier victim)
+                    # answered at once that it lacks entries, just before the kill: not a kill
+                    # inside an upload, so the cycle goes again
+                    assert any("SegmentFencedError" in e for e in ended), ended
+                    missed.append((key, victim, ended))
                 stream.until_acked(stream.acked_now() + 30, "writes after the kill")
                 by_id[victim].start()  # its stale copy is dropped once it sees it SEALED
                 until_answers(client, victim)  # the checker reads every replica

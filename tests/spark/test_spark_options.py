@@ -13,8 +13,6 @@ from woodpecker_idem.errors import ConfigError, InvalidArgumentError
 from woodpecker_idem.spark import prepare
 from woodpecker_idem.spark.options import (
     READ_OPTIONS,
-    SINK_BATCH_ENTRIES,
-    SINK_BATCHES_IN_FLIGHT,
     SinkOptions,
 )
 
@@ -89,9 +87,10 @@ def test_numbers_in_text_are_read(tmp_path):
 @pytest.mark.parametrize(
     ("given", "batch", "in_flight"),
     [
-        ({}, SINK_BATCH_ENTRIES, SINK_BATCHES_IN_FLIGHT * SINK_BATCH_ENTRIES),
+        ({}, 10_000, 40_000),  # the config's defaults: in bulk, four batches in flight
         ({"append.max_inflight_entries": "5000"}, 5000, 5000),
-        ({"append.max_batch_entries": "200"}, 200, 10_000),  # the config's in-flight default
+        ({"append.max_batch_entries": "200"}, 200, 40_000),
+        ({"append.max_batch_entries": "20000"}, 20_000, 80_000),
         ({"append.max_batch_entries": "300", "append.max_inflight_entries": "600"}, 300, 600),
     ],
 )

@@ -47,13 +47,6 @@ ALL_OPTIONS = tuple(dict.fromkeys((*WRITE_OPTIONS, *BATCH_READ_OPTIONS, *STREAM_
 # its pages are touched as keys land: a window holds ~45 bytes of memory per key it holds.
 SINK_WINDOW_MAX_KEYS = 4_194_304
 COMPRESSIONS = ("none", "lz4", "zstd")  # the `compression` option: append.compression
-# The sink's AddEntries batch (entries) unless append.max_batch_entries says otherwise, with room
-# for four in flight unless append.max_inflight_entries says otherwise. A task hands its rows over
-# by the thousand, and every batch waits for its fsync before its ack (on the embedded store):
-# with the config's default (sized for a service's write() calls) a task spent most of its time
-# waiting on fsyncs. Batches stay within append.max_batch_bytes too.
-SINK_BATCH_ENTRIES = 10_000
-SINK_BATCHES_IN_FLIGHT = 4
 
 if TYPE_CHECKING:
     from ..client.client import WoodpeckerClient
@@ -96,7 +89,7 @@ class SinkOptions:
         name = get("log")
         if name is None:
             raise InvalidArgumentError('option "log" is required: the log group name')
-        settings = _bulk_batches(load_config(get("config"), overrides=_config_options(options)))
+        settings = load_config(get("config"), overrides=_config_options(options))
         compression = get("compression")
         if compression is not None:
             # the writers' append.compression: every writer a task opens (kept, taken over, plain)
@@ -230,30 +223,6 @@ def _batch_id(app_id: str | None, version: str | None) -> BatchId | None:
     number = int_option("txnVersion", version, 0)
     assert number is not None
     return BatchId(app_id, number)
-
-
-def _bulk_batches(settings: Config) -> Config:
-    """`settings` with the sink's batch sizes where the config leaves them at their defaults."""
-    given = (
-        settings.is_set("append.max_batch_entries"),
-        settings.is_set("append.max_inflight_entries"),
-    )
-    if all(given):
-        return settings
-    append = settings.append
-    batch = append.max_batch_entries
-    if not given[0]:
-        batch = (
-            SINK_BATCH_ENTRIES
-            if not given[1]
-            else min(SINK_BATCH_ENTRIES, append.max_inflight_entries)
-        )
-    out = {"append.max_batch_entries": batch}
-    if not given[1]:
-        out["append.max_inflight_entries"] = max(
-            append.max_inflight_entries, SINK_BATCHES_IN_FLIGHT * batch
-        )
-    return settings.with_overrides(out)
 
 
 def _config_options(options: Any) -> dict[str, Any]:

@@ -339,7 +339,7 @@ def write_batches(
         task.close(ok)
 
 
-# Spark's Python worker collects its garbage after every task it runs (pyspark's daemon.py calls
+# Spark's Python worker collects its garbage after every task it runs (pyspark's worker daemon calls
 # gc.collect()): a full collection, over every object the worker holds. Its imports (pyspark,
 # pyarrow, pandas, this package: ~80,000 objects in a task's worker, ~50,000 in the one that
 # plans a write) made that 40-240 ms of CPU per task on the development machine, where a task's
