@@ -35,7 +35,40 @@ if [ "$(java_major)" -lt 17 ]; then  # Spark 4 (the spark extra) runs on Java 17
   fi
 fi
 rm -rf dist
+# The Python dependencies install while the extension builds (pip waits on the network and the
+# disk much of the time; the build's fat LTO keeps one core): the project's dependencies and
+# those of its extras (WOODPECKER_EXTRAS, comma-separated), read from pyproject.toml.
+DEPS_LOG=$(mktemp)
+.venv/bin/python - "${WOODPECKER_EXTRAS:-test}" >"$DEPS_LOG.txt" <<'PY'
+import re
+import sys
+import tomllib
+
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+extras = project.get("optional-dependencies", {})
+wanted, done, out = list(filter(None, sys.argv[1].split(","))), set(), list(project["dependencies"])
+while wanted:
+    extra = wanted.pop()
+    if extra in done:
+        continue
+    done.add(extra)
+    for req in extras.get(extra, []):  # an unknown extra: pip warns at the install below
+        own = re.fullmatch(r"woodpecker-idem\[([\w,-]+)\]", req.strip())
+        if own:
+            wanted.extend(own.group(1).split(","))
+        else:
+            out.append(req)
+print("\n".join(dict.fromkeys(out)))
+PY
+.venv/bin/python -m pip install -q -r "$DEPS_LOG.txt" >"$DEPS_LOG" 2>&1 &
+DEPS=$!
+trap 'kill "$DEPS" 2>/dev/null || true; rm -f "$DEPS_LOG" "$DEPS_LOG.txt"' EXIT
 .venv/bin/maturin build --release --out dist -q 2>&1 | grep -v '^📦\|^🍹\|^🔗\|^🐍' || true
+if ! wait "$DEPS"; then
+  cat "$DEPS_LOG" >&2
+  echo "setup: installing the Python dependencies failed" >&2
+  exit 1
+fi
 WHEELS=(dist/woodpecker_idem-*.whl)
 WHEEL=${WHEELS[0]}
 .venv/bin/python -m pip install -q --force-reinstall --no-deps "$WHEEL"
