@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from heldputs import HeldPuts
 
 import woodpecker_idem as wp
 from woodpecker_idem._core import encode_entry
@@ -165,25 +166,6 @@ def test_a_sealed_segment_is_read_from_object_storage_with_every_node_down(tmp_p
         client.close()
 
 
-class _HeldPuts:
-    """An object store whose puts wait at `release` once `hold` is set (`held` says one is)."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.hold = threading.Event()
-        self.held = threading.Event()
-        self.release = threading.Event()
-
-    def put(self, key, data, *, if_none_match=False):
-        if self.hold.is_set():
-            self.held.set()
-            assert self.release.wait(WAIT_S), "never released"
-        return self.inner.put(key, data, if_none_match=if_none_match)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
 def _storages(client: wp.WoodpeckerClient) -> list[StagedSegmentStorage]:
     engines = client.transport.engines  # type: ignore[attr-defined]
     return [engines[n].storage for n in sorted(engines)]
@@ -203,7 +185,7 @@ def test_retention_that_drops_a_segment_while_it_uploads_leaves_no_object_behind
     client = wp.connect(data, STAGED, clock=clock)
     try:
         storages = _storages(client)
-        held = _HeldPuts(storages[0].sealed.store)
+        held = HeldPuts(storages[0].sealed.store)
         for storage in storages:
             storage.sealed.store = held
         held.hold.set()

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from heldputs import HeldPuts
 
 from woodpecker_idem._core import encode_entry
 from woodpecker_idem.errors import (
@@ -418,31 +419,12 @@ def test_a_sealed_copy_holding_other_entries_is_a_conflict(staged, tmp_path: Pat
     other_storage.close()
 
 
-class _HeldPuts:
-    """An object store whose puts wait at `release` once `hold` is set (`held` says one is)."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.hold = threading.Event()
-        self.held = threading.Event()
-        self.release = threading.Event()
-
-    def put(self, key, data, *, if_none_match=False):
-        if self.hold.is_set():
-            self.held.set()
-            assert self.release.wait(WAIT_S), "never released"
-        return self.inner.put(key, data, if_none_match=if_none_match)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
 def test_a_segment_deleted_while_its_upload_runs_leaves_nothing_behind(staged):
     """The segment is deleted (truncation, retention) while its upload waits in a put: the
     upload's puts land after the deletion, and the upload deletes the segment again once they
     returned, local copy and objects, and fails; a later upload finds nothing to upload."""
     transport, storage = staged
-    held = _HeldPuts(storage.sealed.store)
+    held = HeldPuts(storage.sealed.store)
     storage.sealed.store = held
     transport.add_entries(NODE, LOG, SEG, 0, frame(0, 9))
     held.hold.set()
