@@ -261,6 +261,20 @@ class EntryTruncatedError(WoodpeckerError):
         self.first_kept = first_kept  # a LogMessageId (object here: types imports errors)
 
 
+class TruncationPendingError(WoodpeckerError, TimeoutError):
+    """`truncate` found a segment before the truncation point still open past
+    `append.timeout_ms`: its writer has not completed it yet (a writer completes the segments it
+    rolled past in the background), or died (opening a writer on the log recovers them). Nothing
+    was truncated; `segments` names them. Retriable: call `truncate` again."""
+
+    code = "TRUNCATION_PENDING"
+    retriable = True
+
+    def __init__(self, message: str = "", segments: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.segments = segments
+
+
 # --- Spark -------------------------------------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from woodpecker_idem.errors import (
     InvalidTypeError,
     NodeUnavailableError,
     ReaderFencedError,
+    TruncationPendingError,
 )
 from woodpecker_idem.idempotency.snapshot import list_snapshots
 from woodpecker_idem.retention import RetentionPolicy, apply
@@ -280,6 +282,113 @@ def test_truncate_while_a_writer_seals_the_same_segment(tmp_path: Path, wp_conne
     assert raced == [0]
     states = [s.state for s in log.segments()]
     assert states[:2] == [SegmentState.TRUNCATED] * 2
+    assert [m.message_id for m in log.open_reader()] == ids[8:]
+
+
+class HeldCompletions:
+    """Holds the writer's background completion of segments (its metadata update to
+    COMPLETED) until released: the state of a log right after a burst of writes, or of one
+    whose writer died after rolling past a segment."""
+
+    def __init__(self, meta: Any) -> None:
+        self.meta, self.real = meta, meta.update_segment
+        self.gate, self.reached = threading.Event(), threading.Event()
+        self.held: set[int] = set()
+        meta.update_segment = self.update
+
+    def update(self, epoch: Any, seg: Any) -> Any:
+        if seg.state is SegmentState.COMPLETED and not self.gate.is_set():
+            self.held.add(seg.segment_id)
+            self.reached.set()
+            self.gate.wait(60)
+        return self.real(epoch, seg)
+
+    def wait_held(self) -> None:
+        assert self.reached.wait(60), "no completion was held: the test did not set up its race"
+
+    def release(self) -> None:
+        self.gate.set()
+        self.meta.update_segment = self.real
+
+
+def test_truncate_right_after_a_burst_drops_the_segments_the_writer_is_completing(
+    tmp_path: Path, wp_connect
+) -> None:
+    """After a burst, the writer's quorum acknowledged every entry but it completes the segments
+    it rolled past in the background: `truncate` waits for them instead of passing over them
+    (which left their entries stored and readable past the truncation point for ever, and
+    `cat --follow` behind it reading on instead of ending with EntryTruncatedError)."""
+    client = wp_connect(tmp_path, {"segment.max_entries": 4})
+    log = client.create_log("t")
+    held = HeldCompletions(client.meta)
+    writer = log.open_writer()
+    try:
+        futures = [writer.write_async(b"m%d" % i) for i in range(40)]  # segments 0..9
+        ids = [f.result(60).message_id for f in futures]
+        held.wait_held()
+        listed = threading.Semaphore(0)
+        real_list = client.meta.list_segments
+
+        def list_segments(log_id: int) -> Any:
+            listed.release()
+            return real_list(log_id)
+
+        client.meta.list_segments = list_segments  # type: ignore[method-assign]
+        done: list[BaseException | None] = []
+
+        def truncate() -> None:
+            try:
+                log.truncate(LogMessageId(9, 0))
+                done.append(None)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                done.append(exc)
+            for _ in range(4):  # a truncate that did not wait fails the test at once
+                listed.release()
+
+        worker = threading.Thread(target=truncate)
+        worker.start()
+        for _ in range(4):  # it looked, and looked again: it waits for the held segments
+            assert listed.acquire(timeout=60)
+        assert not done, f"truncate returned while segments before the point were open: {done}"
+        held.release()
+        worker.join(60)
+        client.meta.list_segments = real_list  # type: ignore[method-assign]
+        assert done == [None]
+    finally:
+        held.release()
+        writer.close()
+    states = [s.state for s in log.segments()]
+    assert states[:9] == [SegmentState.TRUNCATED] * 9, states
+    assert [m.message_id for m in log.open_reader()] == ids[36:]
+
+
+def test_truncate_past_a_segment_a_dead_writer_left_open_changes_nothing(
+    tmp_path: Path, wp_connect
+) -> None:
+    """A segment before the point stays open past `append.timeout_ms` (its writer died before
+    completing it): `truncate` raises the retriable TruncationPendingError naming it and changes
+    nothing; once a writer completes it, truncate drops it."""
+    client = wp_connect(tmp_path, {"segment.max_entries": 4})
+    log = client.create_log("t")
+    held = HeldCompletions(client.meta)
+    writer = log.open_writer()
+    try:
+        ids = [f.result(60).message_id for f in [writer.write_async(b"m") for _ in range(12)]]
+        held.wait_held()
+        # another client of the same store, whose append.timeout_ms is short: its truncate
+        # gives up on the open segments at once
+        impatient = wp_connect(tmp_path, {"segment.max_entries": 4, "append.timeout_ms": 1})
+        other = impatient.open_log("t")
+        with pytest.raises(TruncationPendingError, match="still open") as info:
+            other.truncate(LogMessageId(2, 0))
+        assert info.value.retriable and set(info.value.segments) <= {0, 1}
+        assert info.value.segments and client.meta.get_log_by_id(log.log_id).truncated_to is None
+        assert all(s.state is not SegmentState.TRUNCATED for s in log.segments())
+        held.release()
+        log.truncate(LogMessageId(2, 0))  # this client waits for the writer to complete them
+    finally:
+        held.release()
+        writer.close()
     assert [m.message_id for m in log.open_reader()] == ids[8:]
 
 

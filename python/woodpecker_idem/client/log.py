@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import TYPE_CHECKING, Literal, Protocol, cast, overload
 
 from .. import registry
 from ..args import bool_arg, message_id_arg
-from ..errors import InvalidArgumentError, MetadataConflictError, NodeUnavailableError
+from ..errors import (
+    InvalidArgumentError,
+    MetadataConflictError,
+    NodeUnavailableError,
+    TruncationPendingError,
+)
 from ..meta.base import SegmentMeta
 from ..types import LogMessageId, ReaderInfo, SegmentState
 from .keyarchive import archive_keys, archive_prefix
@@ -201,6 +207,7 @@ class LogHandle:
             )
         client = self.client
         meta = client.meta
+        self._await_completed_before(message_id)
         now = client.clock.now_ms()
         horizon = now - int(client.config.idempotency.window_duration_s * 1000)
         meta.set_truncation(self.log_id, message_id)
@@ -225,6 +232,35 @@ class LogHandle:
                         exc,
                     )
         self._drop_old_archives(horizon)
+
+    def _await_completed_before(self, message_id: LogMessageId) -> None:
+        """Wait until every segment before `message_id`'s is completed (or gone). A writer
+        completes the segments it rolled past in the background, after it acknowledged their
+        entries: right after a burst of writes most of them are still open, and a truncation
+        that passed over them would leave their entries stored and readable for ever after.
+        `TruncationPendingError` (nothing changed) if one is still open after
+        `append.timeout_ms`: its writer died (a new writer recovers it) or is stuck."""
+        deadline = time.monotonic() + self.client.config.append.timeout_ms / 1000
+        delay = 0.002
+        while True:
+            open_ = tuple(
+                s.segment_id
+                for s in self.segments()
+                if s.segment_id < message_id.segment_id and s.state is SegmentState.ACTIVE
+            )
+            if not open_:
+                return
+            if time.monotonic() >= deadline:
+                raise TruncationPendingError(
+                    f"log {self.name!r}: segments {', '.join(map(str, open_))} before "
+                    f"{message_id} are still open after append.timeout_ms: their writer has not "
+                    "completed them (it does so in the background after a roll), or died (opening "
+                    "a writer on the log recovers them). Nothing was truncated; call truncate "
+                    "again",
+                    segments=open_,
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
 
     def _mark_truncated(self, seg: SegmentMeta) -> bool:
         """Mark `seg` TRUNCATED; False if it is gone meanwhile. A live writer may move a
