@@ -20,6 +20,47 @@ for _folder in sorted(p for p in _HERE.iterdir() if p.is_dir() and p.name.isiden
     sys.path.insert(0, str(_folder))
 sys.path.insert(0, str(_HERE / "support"))
 
+# --- the order of the files ----------------------------------------------------------------------
+
+# `scripts/test` runs the suite in two workers, a file at a time each, in collection order
+# (`--dist loadfile --no-loadscope-reorder`). The files that take longest go first, longest first,
+# so that the two workers end together instead of one running a long file alone at the end. The
+# order comes from the `--durations` list of CI runs; a file missing here only runs later.
+_LONGEST_FIRST = (
+    "e2e/test_cluster.py",
+    "client/test_processor.py",
+    "spark/test_spark_txn.py",
+    "spark/test_spark_pipeline_kill.py",
+    "e2e/test_staged_service.py",
+    "e2e/test_idem_campaign.py",
+    "e2e/test_shared_etcd_s3.py",
+    "spark/test_spark_kept.py",
+    "spark/test_pipeline.py",
+    "spark/test_spark_kill.py",
+    "client/test_named_readers.py",
+    "spark/test_spark_discovery.py",
+    "spark/test_spark_source.py",
+    "e2e/test_service_faults.py",
+    "idempotency/test_idem_stateful.py",
+    "client/test_group_writer.py",
+    "spark/test_spark_sink.py",
+    "spark/test_spark_shared.py",
+    "spark/test_spark_options.py",
+    "spark/test_spark_defaults.py",
+    "e2e/test_harness.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    last = len(_LONGEST_FIRST)
+
+    def key(item: pytest.Item) -> int:
+        return rank.get(item.nodeid.split("::", 1)[0].removeprefix("tests/"), last)
+
+    items.sort(key=key)  # stable: the files not named keep their order, and so do the tests
+
+
 # --- object storage (support/s3server.py, python/woodpecker_idem/objectstore) ---------------------
 
 S3_TEST_ACCESS_KEY = "testing"
