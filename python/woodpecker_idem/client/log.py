@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from typing import TYPE_CHECKING, Literal, Protocol, cast, overload
 
 from .. import registry
@@ -16,6 +15,7 @@ from ..errors import (
     TruncationPendingError,
 )
 from ..meta.base import SegmentMeta
+from ..retry import Backoff
 from ..types import LogMessageId, ReaderInfo, SegmentState
 from .keyarchive import archive_keys, archive_prefix
 from .reader import LogReader, entries_from, last_entry, visible_last
@@ -240,8 +240,7 @@ class LogHandle:
         that passed over them would leave their entries stored and readable for ever after.
         `TruncationPendingError` (nothing changed) if one is still open after
         `append.timeout_ms`: its writer died (a new writer recovers it) or is stuck."""
-        deadline = time.monotonic() + self.client.config.append.timeout_ms / 1000
-        delay = 0.002
+        backoff = Backoff(0.002, 0.1, self.client.config.append.timeout_ms / 1000)
         while True:
             open_ = tuple(
                 s.segment_id
@@ -250,7 +249,7 @@ class LogHandle:
             )
             if not open_:
                 return
-            if time.monotonic() >= deadline:
+            if not backoff.wait():
                 raise TruncationPendingError(
                     f"log {self.name!r}: segments {', '.join(map(str, open_))} before "
                     f"{message_id} are still open after append.timeout_ms: their writer has not "
@@ -259,8 +258,6 @@ class LogHandle:
                     "again",
                     segments=open_,
                 )
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
 
     def _mark_truncated(self, seg: SegmentMeta) -> bool:
         """Mark `seg` TRUNCATED; False if it is gone meanwhile. A live writer may move a
