@@ -169,6 +169,13 @@ class SegmentFencedError(WoodpeckerError):
     code = "SEGMENT_FENCED"
 
 
+class SegmentIncompleteError(SegmentFencedError):
+    """A LogStore node asked to upload a segment (staged storage) lacks entries up to its end
+    (completed while its last batch was on the way): upload it through another node."""
+
+    code = "SEGMENT_INCOMPLETE"
+
+
 class EntryConflictError(WoodpeckerError):
     """A LogStore holds different bytes at that (segment, entry): never overwritten."""
 

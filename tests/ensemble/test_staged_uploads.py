@@ -213,6 +213,55 @@ def test_retention_that_drops_a_segment_while_it_uploads_leaves_no_object_behind
         client.close()
 
 
+def test_an_upload_meeting_a_conflict_where_the_other_node_lacks_entries_stops(
+    tmp_path: Path, caplog
+):
+    """As below, but one node of the ensemble lacks entries of the segment (completed while its
+    last batch was on the way: often, on a loaded machine) and can never upload it: the
+    conflict the others found stops the upload all the same, instead of a warning every few
+    seconds for ever."""
+    import logging
+
+    from woodpecker_idem.errors import SegmentIncompleteError
+    from woodpecker_idem.logstore.engine import LogStoreEngine
+    from woodpecker_idem.logstore.segment_files import FileSegmentStorage
+
+    data = tmp_path / "data"
+    client = wp.connect(data, STAGED)
+    try:
+        log = client.open_log("conflict", create=True)
+        sealed = client.objects.child("sealed")
+        other = LogStoreEngine(
+            StagedSegmentStorage(FileSegmentStorage(tmp_path / "other", fsync=False), sealed),
+            "other",
+        )
+        for i in range(20):
+            record = encode_record(encode_entry(0, i, 1, b"other-%d" % i, None, None))
+            other.add_entries(log.log_id, 0, i, record)
+        other.seal_segment(log.log_id, 0, 19)
+        other.close()
+        lacking = client.transport.engines["node-1"]  # type: ignore[attr-defined]
+
+        def lacks_entries(log_id: int, segment_id: int, last_entry_id: int) -> object:
+            raise SegmentIncompleteError(f"node-1 holds entries up to {last_entry_id - 1} only")
+
+        lacking.seal_segment = lacks_entries
+        uploads = client.ensemble.uploads
+        assert uploads is not None
+        with caplog.at_level(logging.WARNING, logger="woodpecker_idem.ensemble.uploads"):
+            writer = log.open_writer()
+            for i in range(25):
+                writer.write(b"e%d" % i)
+            _until(lambda: (log.log_id, 0) in uploads.conflicts, "the upload stopped")
+        assert uploads.pending() == [] and uploads.failed_attempts == 3
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and "node-1: SegmentIncompleteError" in errors[0], errors
+        assert log.segments()[0].state is SegmentState.COMPLETED
+        writer.close()
+    finally:
+        client.close()
+
+
 def test_an_upload_meeting_a_conflicting_copy_on_every_node_stops_with_one_error(
     tmp_path: Path, caplog
 ):

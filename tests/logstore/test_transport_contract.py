@@ -22,6 +22,7 @@ from woodpecker_idem.errors import (
     InvalidArgumentError,
     NodeUnavailableError,
     SegmentFencedError,
+    SegmentIncompleteError,
     StorageUnavailableError,
     by_code,
 )
@@ -133,6 +134,7 @@ def test_an_unknown_node_is_unavailable(transport):
 
 def test_every_error_class_crosses_by_its_code():
     assert by_code("SEGMENT_FENCED") is SegmentFencedError
+    assert by_code("SEGMENT_INCOMPLETE") is SegmentIncompleteError  # a subclass's own code
     assert by_code("NODE_UNAVAILABLE") is NodeUnavailableError
     assert by_code("no such code").__name__ == "WoodpeckerError"
 
@@ -325,7 +327,7 @@ def test_seal_segment_at_another_end_than_the_completed_one_is_a_conflict(staged
 def test_a_node_lacking_entries_up_to_the_end_refuses_to_seal_and_writes_nothing(staged):
     transport, storage = staged
     transport.add_entries(NODE, LOG, SEG, 0, frame(0, 2))
-    with pytest.raises(SegmentFencedError, match="another node"):
+    with pytest.raises(SegmentIncompleteError, match="another node"):  # its code crosses
         transport.seal_segment(NODE, LOG, SEG, 5)
     assert storage.sealed_store.list(f"{LOG}/") == []
     assert transport.completed_end(NODE, LOG, SEG) is None  # not completed at an end it lacks
@@ -471,6 +473,6 @@ def test_a_node_completed_short_of_the_end_refuses_to_seal_and_writes_nothing(st
     transport, storage = staged
     transport.add_entries(NODE, LOG, SEG, 0, frame(0, 3))
     transport.complete(NODE, LOG, SEG, 5)
-    with pytest.raises(SegmentFencedError, match="another node"):
+    with pytest.raises(SegmentIncompleteError, match="another node"):  # its code crosses
         transport.seal_segment(NODE, LOG, SEG, 5)
     assert storage.sealed_store.list(f"{LOG}/") == []

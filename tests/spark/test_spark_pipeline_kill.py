@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from sparkenv import (
     PACKAGE_PARENT,
     judge_group,
@@ -104,6 +105,7 @@ def run_and_kill(data_dir: Path, kill_at: int) -> None:
     assert b"FINISHED" not in (driver.stdout.read() if driver.stdout else b"")
 
 
+@pytest.mark.timeout(900)  # three driver JVMs and a streaming job: ~2 min on 2 quiet cores
 def test_a_pipeline_killed_twice_and_restarted_after_the_window_is_exactly_once(spark, tmp_path):  # noqa: F811
     prepared = prepare(orders(spark, ROWS), "order_id", P)
     (

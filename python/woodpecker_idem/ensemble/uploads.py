@@ -15,11 +15,12 @@ two clients uploading one segment do no harm.
 One failure is not tried again: a conflict (`EntryConflictError`), where object storage holds
 a copy of the segment with other entries, or sealed at another end, than the node's. Another
 node of the ensemble is asked (its copy may be the one that matches); once every node of it
-found a conflict, the upload stops: one error logged, naming the objects and what to do, the
-segment in `conflicts` (counted by the `woodpecker_segment_upload_conflicts` metric), left
-COMPLETED with its nodes' copies. A retry could only fail the same way, with a warning each
-time, for ever; an operator has to decide which copy is right. A later `submit` of it (the next
-writer's takeover) tries again.
+found a conflict, or lacks entries of the segment (`SegmentIncompleteError`: it can never
+upload it, and once it holds them they are the entries the others compared), the upload stops:
+one error logged, naming the objects and what to do, the segment in `conflicts` (counted by
+the `woodpecker_segment_upload_conflicts` metric), left COMPLETED with its nodes' copies. A
+retry could only fail the same way, with a warning each time, for ever; an operator has to
+decide which copy is right. A later `submit` of it (the next writer's takeover) tries again.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import EntryConflictError, MetadataConflictError
+from ..errors import EntryConflictError, MetadataConflictError, SegmentIncompleteError
 from ..logstore.transport import LogStoreTransport
 from ..meta.base import MetadataStore, SegmentMeta
 from ..retry import Backoff
@@ -56,6 +57,7 @@ class _Upload:
     turn: int = 0  # failed attempts: the node tried next is the turn-th of the live ones
     errors: dict[str, str] = field(default_factory=dict)
     conflicted: dict[str, str] = field(default_factory=dict)  # node -> the conflict it found
+    incomplete: set[str] = field(default_factory=set)  # nodes that lack entries of it
 
 
 class SegmentUploads:
@@ -161,11 +163,19 @@ class SegmentUploads:
             up.errors[node] = f"{type(exc).__name__}: {exc}"
             self.failures.append((key, node, up.errors[node]))
             up.turn += 1
-            if isinstance(exc, EntryConflictError) and seg is not None:
+            if isinstance(exc, SegmentIncompleteError):
+                up.incomplete.add(node)
+            elif isinstance(exc, EntryConflictError):
                 up.conflicted[node] = up.errors[node]
-                if all(n in up.conflicted for n in seg.nodes):
-                    self._stop_at_conflict(key, up)
-                    return
+            # a node lacking entries can only ever answer so, or (once it holds them: replicas
+            # hold the same entries) find the same conflict; under load one often does
+            if (
+                seg is not None
+                and up.conflicted
+                and all(n in up.conflicted or n in up.incomplete for n in seg.nodes)
+            ):
+                self._stop_at_conflict(key, up)
+                return
             delay = up.backoff.next_delay()
             log.warning(
                 "segment %s/%s: upload through %s failed (attempt %d; again in %.1f s, through "
@@ -193,20 +203,22 @@ class SegmentUploads:
         self._forget(key)
 
     def _stop_at_conflict(self, key: tuple[int, int], up: _Upload) -> None:
-        """Every node of the segment's ensemble found a conflicting copy: stop (the module doc)."""
+        """Every node of the segment's ensemble found a conflicting copy, or lacks entries of it:
+        stop (the module doc)."""
         try:
             name = up.meta.get_log_by_id(up.log_id).name
         except Exception:  # noqa: BLE001 - the metric then names the log by its id
             name = str(up.log_id)
-        errors = "; ".join(f"{node}: {error}" for node, error in up.conflicted.items())
+        answers = [*up.conflicted, *sorted(up.incomplete)]
+        errors = "; ".join(f"{node}: {up.errors[node]}" for node in answers)
         with self._lock:
             self.conflicts[key] = (name, errors)
         log.error(
             "segment %s/%s of log %r: not uploaded, and not tried again: object storage holds "
-            "a copy of it under sealed/%s/%s/ that conflicts with the entries of every node of "
-            "its ensemble (%s). It stays COMPLETED and its nodes keep their copies. Find which "
-            "copy is right, then move those objects aside: the next writer to open the log "
-            "uploads it",
+            "a copy of it under sealed/%s/%s/ that conflicts with the entries of its ensemble's "
+            "nodes (those that hold them all: %s). It stays COMPLETED and its nodes keep their "
+            "copies. Find which copy is right, then move those objects aside: the next writer "
+            "to open the log uploads it",
             up.log_id,
             up.segment_id,
             name,

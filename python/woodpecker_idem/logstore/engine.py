@@ -17,7 +17,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .._core import concat, count_records
-from ..errors import EntryConflictError, InvalidArgumentError, SegmentFencedError
+from ..errors import (
+    EntryConflictError,
+    InvalidArgumentError,
+    SegmentFencedError,
+    SegmentIncompleteError,
+)
 from ..objectstore.base import ObjectStore
 from .blocks import split_frame
 from .storage import (
@@ -271,10 +276,10 @@ class LogStoreEngine:
     def seal_segment(self, log_id: int, segment_id: int, last_entry_id: int) -> SealedSegment:
         """Staged storage: complete the segment at `last_entry_id` (as `complete`) and upload it
         to object storage (`StagedSegmentStorage.upload`); returns once the footer is written.
-        `SegmentFencedError` when this node lacks an entry up to that end (seal it through
-        another node) or the segment is deleted (before or during the upload),
-        `EntryConflictError` when it is completed at another end, or object storage holds
-        other entries for it."""
+        `SegmentIncompleteError` when this node lacks an entry up to that end (seal it
+        through another node), `SegmentFencedError` when the segment is deleted (before or
+        during the upload), `EntryConflictError` when it is completed at another end, or
+        object storage holds other entries for it."""
         from .staged import StagedSegmentStorage
 
         storage = self.storage
@@ -292,7 +297,7 @@ class LogStoreEngine:
                 # a node completed at the end may still lack its last entries (completed while
                 # its last batch was on the way): its copy is not the segment's
                 if seg.contig < last_entry_id:
-                    raise SegmentFencedError(
+                    raise SegmentIncompleteError(
                         f"{seg.handle.where} holds entries up to {seg.contig} only, not up to "
                         f"{last_entry_id}: seal it through another node of its ensemble"
                     )
