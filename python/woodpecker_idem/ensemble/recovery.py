@@ -294,7 +294,7 @@ def seal(
             ),
         )
     if current.state is SegmentState.COMPLETED and uploads is not None:
-        uploads.submit(meta, current)
+        uploads.submit(meta, current, epoch)
     elif current.state is SegmentState.COMPLETED:
         current = meta.update_segment(
             epoch, dataclasses.replace(current, state=SegmentState.SEALED)

@@ -20,7 +20,9 @@ upload it, and once it holds them they are the entries the others compared), the
 one error logged, naming the objects and what to do, the segment in `conflicts` (counted by
 the `woodpecker_segment_upload_conflicts` metric), left COMPLETED with its nodes' copies. A
 retry could only fail the same way, with a warning each time, for ever; an operator has to
-decide which copy is right. A later `submit` of it (the next writer's takeover) tries again.
+decide which copy is right. A later `submit` of it by the next writer (its takeover, whose
+epoch is newer) tries again; the writer that met the conflict asking again (its completion
+retried: it hands the segment over each time it finds it COMPLETED) does not.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class _Upload:
     meta: MetadataStore
     log_id: int
     segment_id: int
+    epoch: int | None  # of the writer that asked for it (None: no writer's)
     backoff: Backoff = field(default_factory=lambda: Backoff(RETRY_INITIAL_S, RETRY_MAX_S))
     turn: int = 0  # failed attempts: the node tried next is the turn-th of the live ones
     errors: dict[str, str] = field(default_factory=dict)
@@ -83,15 +86,20 @@ class SegmentUploads:
         self.sealed_by: deque[tuple[tuple[int, int], str]] = deque(maxlen=1000)
         # uploads stopped at a conflict (the module doc): (log, segment) -> (log name, errors)
         self.conflicts: dict[tuple[int, int], tuple[str, str]] = {}
+        self._stopped_for: dict[tuple[int, int], int | None] = {}  # the epoch that asked for it
 
-    def submit(self, meta: MetadataStore, seg: SegmentMeta) -> None:
-        """Upload `seg` (COMPLETED) and record it SEALED, in the background."""
+    def submit(self, meta: MetadataStore, seg: SegmentMeta, epoch: int | None = None) -> None:
+        """Upload `seg` (COMPLETED) and record it SEALED, in the background, for the writer of
+        `epoch` (the module doc: who may ask again after a conflict)."""
         key = (seg.log_id, seg.segment_id)
         with self._lock:
             if key in self._pending:
                 return  # under way already
-            self.conflicts.pop(key, None)  # asked again: tried again
-            self._pending[key] = _Upload(meta, seg.log_id, seg.segment_id)
+            if key in self.conflicts and epoch is not None and self._stopped_for[key] == epoch:
+                return  # the writer that met the conflict: it would only meet it again
+            self.conflicts.pop(key, None)  # a newer writer asks again: tried again
+            self._stopped_for.pop(key, None)
+            self._pending[key] = _Upload(meta, seg.log_id, seg.segment_id, epoch)
         if not self._scheduler.submit(QUEUE, self._attempt, key):
             self._forget(key)  # the client is closing: the next takeover uploads it
 
@@ -213,6 +221,7 @@ class SegmentUploads:
         errors = "; ".join(f"{node}: {up.errors[node]}" for node in answers)
         with self._lock:
             self.conflicts[key] = (name, errors)
+            self._stopped_for[key] = up.epoch
         log.error(
             "segment %s/%s of log %r: not uploaded, and not tried again: object storage holds "
             "a copy of it under sealed/%s/%s/ that conflicts with the entries of its ensemble's "
