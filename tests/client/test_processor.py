@@ -20,6 +20,7 @@ import pytest
 from gate import gate
 from killable import KillableChild
 from processorproc import results as child_results
+from slowprofile import size
 
 import woodpecker_idem as wp
 from woodpecker_idem.clock import ManualClock
@@ -610,5 +611,9 @@ def test_processor_sigkilled_with_a_window_too_short_to_help(tmp_path: Path, wp_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("window_s", [None, 0.001])
-def test_processor_sigkilled_50_rounds(tmp_path: Path, wp_connect, window_s: float | None) -> None:
-    _kill_rounds(tmp_path, wp_connect, {}, rounds=50, seed=2929, window_s=window_s)
+def test_processor_sigkilled_many_rounds(
+    tmp_path: Path, wp_connect, window_s: float | None
+) -> None:
+    """50 rounds (20 in CI's slice of the slow profile, twice the default tests' 10)."""
+    rounds = size(full=50, ci=20)
+    _kill_rounds(tmp_path, wp_connect, {}, rounds=rounds, seed=2929, window_s=window_s)
