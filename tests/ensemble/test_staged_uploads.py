@@ -6,6 +6,7 @@ The real-process faults (node processes, a frozen S3) are tests/e2e/test_staged_
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from heldputs import HeldPuts
 
 import woodpecker_idem as wp
 from woodpecker_idem._core import encode_entry
+from woodpecker_idem.ensemble.uploads import SegmentUploads
 from woodpecker_idem.logstore.blocks import encode_record
 from woodpecker_idem.logstore.staged import StagedSegmentStorage
 from woodpecker_idem.types import SegmentState
@@ -213,6 +215,38 @@ def test_retention_that_drops_a_segment_while_it_uploads_leaves_no_object_behind
         client.close()
 
 
+def _seal_another_copy(client: wp.WoodpeckerClient, log_id: int, where: Path) -> None:
+    """Object storage holds segment 0 of `log_id` sealed, as this log's writer will write it
+    (20 entries), with other payloads: another copy, of unknown origin."""
+    from woodpecker_idem.logstore.engine import LogStoreEngine
+    from woodpecker_idem.logstore.segment_files import FileSegmentStorage
+
+    sealed = client.objects.child("sealed")
+    other = LogStoreEngine(
+        StagedSegmentStorage(FileSegmentStorage(where, fsync=False), sealed), "other"
+    )
+    for i in range(20):
+        record = encode_record(encode_entry(0, i, 1, b"other-%d" % i, None, None))
+        other.add_entries(log_id, 0, i, record)
+    other.seal_segment(log_id, 0, 19)
+    other.close()
+
+
+def _write_until_the_upload_stops(
+    log: wp.LogHandle, caplog: pytest.LogCaptureFixture
+) -> tuple[SegmentUploads, wp.LogWriter]:
+    """25 writes (segment 0 completes at the roll and its upload begins), then wait until the
+    upload of segment 0 stopped at a conflict; its warnings and errors are in `caplog`."""
+    uploads = log.client.ensemble.uploads
+    assert uploads is not None
+    with caplog.at_level(logging.WARNING, logger="woodpecker_idem.ensemble.uploads"):
+        writer = log.open_writer()
+        for i in range(25):
+            writer.write(b"e%d" % i)
+        _until(lambda: (log.log_id, 0) in uploads.conflicts, "the upload stopped")
+    return uploads, writer
+
+
 def test_an_upload_meeting_a_conflict_where_the_other_node_lacks_entries_stops(
     tmp_path: Path, caplog
 ):
@@ -220,39 +254,20 @@ def test_an_upload_meeting_a_conflict_where_the_other_node_lacks_entries_stops(
     last batch was on the way: often, on a loaded machine) and can never upload it: the
     conflict the others found stops the upload all the same, instead of a warning every few
     seconds for ever."""
-    import logging
-
     from woodpecker_idem.errors import SegmentIncompleteError
-    from woodpecker_idem.logstore.engine import LogStoreEngine
-    from woodpecker_idem.logstore.segment_files import FileSegmentStorage
 
     data = tmp_path / "data"
     client = wp.connect(data, STAGED)
     try:
         log = client.open_log("conflict", create=True)
-        sealed = client.objects.child("sealed")
-        other = LogStoreEngine(
-            StagedSegmentStorage(FileSegmentStorage(tmp_path / "other", fsync=False), sealed),
-            "other",
-        )
-        for i in range(20):
-            record = encode_record(encode_entry(0, i, 1, b"other-%d" % i, None, None))
-            other.add_entries(log.log_id, 0, i, record)
-        other.seal_segment(log.log_id, 0, 19)
-        other.close()
+        _seal_another_copy(client, log.log_id, tmp_path / "other")
         lacking = client.transport.engines["node-1"]  # type: ignore[attr-defined]
 
         def lacks_entries(log_id: int, segment_id: int, last_entry_id: int) -> object:
             raise SegmentIncompleteError(f"node-1 holds entries up to {last_entry_id - 1} only")
 
         lacking.seal_segment = lacks_entries
-        uploads = client.ensemble.uploads
-        assert uploads is not None
-        with caplog.at_level(logging.WARNING, logger="woodpecker_idem.ensemble.uploads"):
-            writer = log.open_writer()
-            for i in range(25):
-                writer.write(b"e%d" % i)
-            _until(lambda: (log.log_id, 0) in uploads.conflicts, "the upload stopped")
+        uploads, writer = _write_until_the_upload_stops(log, caplog)
         assert uploads.pending() == [] and uploads.failed_attempts == 3
         errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         assert len(errors) == 1 and "node-1: SegmentIncompleteError" in errors[0], errors
@@ -270,33 +285,14 @@ def test_an_upload_meeting_a_conflicting_copy_on_every_node_stops_with_one_error
     stops: one error naming the objects, the segment in `uploads.conflicts` and the metric
     (until the client closes), left COMPLETED with the nodes' copies, and no retry queued. Once
     the objects are moved aside, the next writer's takeover uploads it."""
-    import logging
-
     from woodpecker_idem import metrics
-    from woodpecker_idem.logstore.engine import LogStoreEngine
-    from woodpecker_idem.logstore.segment_files import FileSegmentStorage
 
     data = tmp_path / "data"
     client = wp.connect(data, STAGED)
     try:
         log = client.open_log("conflict", create=True)
-        sealed = client.objects.child("sealed")
-        other = LogStoreEngine(
-            StagedSegmentStorage(FileSegmentStorage(tmp_path / "other", fsync=False), sealed),
-            "other",
-        )
-        for i in range(20):  # segment 0 as this log's writer will write it, other payloads
-            record = encode_record(encode_entry(0, i, 1, b"other-%d" % i, None, None))
-            other.add_entries(log.log_id, 0, i, record)
-        other.seal_segment(log.log_id, 0, 19)
-        other.close()
-        uploads = client.ensemble.uploads
-        assert uploads is not None
-        with caplog.at_level(logging.WARNING, logger="woodpecker_idem.ensemble.uploads"):
-            writer = log.open_writer()
-            for i in range(25):
-                writer.write(b"e%d" % i)
-            _until(lambda: (log.log_id, 0) in uploads.conflicts, "the upload stopped")
+        _seal_another_copy(client, log.log_id, tmp_path / "other")
+        uploads, writer = _write_until_the_upload_stops(log, caplog)
         assert uploads.pending() == []  # nothing tried again
         conflicted = {node for key, node, _ in uploads.failures if key == (log.log_id, 0)}
         assert conflicted == {"node-0", "node-1", "node-2"}
