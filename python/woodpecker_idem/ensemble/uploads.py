@@ -132,9 +132,12 @@ class SegmentUploads:
 
     def _forget(self, key: tuple[int, int]) -> None:
         with self._lock:
-            self._pending.pop(key, None)
-            if not self._pending:
-                self._idle.notify_all()
+            self._forget_locked(key)
+
+    def _forget_locked(self, key: tuple[int, int]) -> None:
+        self._pending.pop(key, None)
+        if not self._pending:
+            self._idle.notify_all()
 
     def _node(self, up: _Upload, seg: SegmentMeta) -> str:
         """The turn-th node of the segment's ensemble, live ones first (in ensemble order)."""
@@ -219,9 +222,6 @@ class SegmentUploads:
             name = str(up.log_id)
         answers = [*up.conflicted, *sorted(up.incomplete)]
         errors = "; ".join(f"{node}: {up.errors[node]}" for node in answers)
-        with self._lock:
-            self.conflicts[key] = (name, errors)
-            self._stopped_for[key] = up.epoch
         log.error(
             "segment %s/%s of log %r: not uploaded, and not tried again: object storage holds "
             "a copy of it under sealed/%s/%s/ that conflicts with the entries of its ensemble's "
@@ -235,7 +235,12 @@ class SegmentUploads:
             up.segment_id,
             errors,
         )
-        self._forget(key)
+        # logged first, then stopped and no longer pending in one step: whoever sees it in
+        # `conflicts` sees it pending no more, and its error already logged
+        with self._lock:
+            self.conflicts[key] = (name, errors)
+            self._stopped_for[key] = up.epoch
+            self._forget_locked(key)
 
     def _again(self, key: tuple[int, int]) -> None:
         """On the timer thread: queue the next attempt (short: the timer must not block)."""
