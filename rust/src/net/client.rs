@@ -223,7 +223,13 @@ async fn attempt(
         Ok(Err(status)) => {
             // a status made on this side, from a transport error: the node did not answer
             let local = std::error::Error::source(&status).is_some();
-            (Err(Failure::from_status(&status)), local)
+            let mut failure = Failure::from_status(&status);
+            if local && failure.code == Code::Cancelled {
+                // the connection closed under the call (the node stopped): unavailable, as a
+                // refused connection is, not a call someone cancelled
+                failure.code = Code::Unavailable;
+            }
+            (Err(failure), local)
         }
         Err(_) => (
             Err(Failure::new(
