@@ -236,14 +236,33 @@ def _write_until_the_upload_stops(
     log: wp.LogHandle, caplog: pytest.LogCaptureFixture
 ) -> tuple[SegmentUploads, wp.LogWriter]:
     """25 writes (segment 0 completes at the roll and its upload begins), then wait until the
-    upload of segment 0 stopped at a conflict; its warnings and errors are in `caplog`."""
+    upload of segment 0 stopped at a conflict; its warnings and errors are in `caplog`. The stop
+    is seen in one step: when its error is logged the segment is still pending and not yet in
+    `conflicts` (checked as the error is emitted, whatever the machine's load), and once in
+    `conflicts` it is pending no more."""
     uploads = log.client.ensemble.uploads
     assert uploads is not None
-    with caplog.at_level(logging.WARNING, logger="woodpecker_idem.ensemble.uploads"):
-        writer = log.open_writer()
-        for i in range(25):
-            writer.write(b"e%d" % i)
-        _until(lambda: (log.log_id, 0) in uploads.conflicts, "the upload stopped")
+    key = (log.log_id, 0)
+    seen_at_error: list[tuple[bool, bool]] = []  # (in conflicts, pending), per error logged
+
+    class AtError(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.ERROR:
+                seen_at_error.append((key in uploads.conflicts, key in uploads.pending()))
+
+    at_error = AtError()
+    uploads_log = logging.getLogger("woodpecker_idem.ensemble.uploads")
+    uploads_log.addHandler(at_error)
+    try:
+        with caplog.at_level(logging.WARNING, logger=uploads_log.name):
+            writer = log.open_writer()
+            for i in range(25):
+                writer.write(b"e%d" % i)
+            _until(lambda: key in uploads.conflicts, "the upload stopped")
+    finally:
+        uploads_log.removeHandler(at_error)
+    assert seen_at_error == [(False, True)]
+    assert key not in uploads.pending()
     return uploads, writer
 
 
