@@ -269,10 +269,11 @@ def _killed_mid_upload(tmp_path: Path, s3, threads: int, cycles: int) -> None:
                 elif cut:
                     landed += 1  # the kill cut the call: it failed on the lost connection
                 else:
-                    # a node that was down while the segment was written (an earlier victim)
-                    # answered at once that it lacks entries, just before the kill: not a kill
-                    # inside an upload, so the cycle goes again
-                    assert any("SegmentFencedError" in e for e in ended), ended
+                    # a node lacking entries of the segment (an earlier victim, down while it was
+                    # written, or one completed while its last batch was on the way) answered at
+                    # once that it lacks them, just before the kill: not a kill inside an
+                    # upload, so the cycle goes again
+                    assert any("SegmentIncompleteError" in e for e in ended), ended
                     missed.append((key, victim, ended))
                 stream.until_acked(stream.acked_now() + 30, "writes after the kill")
                 by_id[victim].start()  # its stale copy is dropped once it sees it SEALED
